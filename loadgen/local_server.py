@@ -1,0 +1,240 @@
+"""Start and stop a local vLLM OpenAI server: the target the load generator drives in tests and demos.
+
+The server runs in its own process group so that stopping it also stops vLLM's EngineCore and
+worker children; nothing is left behind, even when start-up fails half way.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+__all__ = [
+    "ServerConfig", "LocalVLLM", "ServerStartError", "free_port", "port_is_free", "group_alive",
+]
+
+# 40 blocks of 32 tokens with the tiny model's 8 KiB per token: small enough that 32 concurrent
+# 300-token streams must preempt.
+DEFAULT_KV_CACHE_BYTES = 10 * 1024 * 1024
+DEFAULT_BLOCK_SIZE = 32  # CPU backend wants a multiple of 32
+_LOG_TAIL_LINES = 40
+_KILL_WAIT_S = 5.0
+
+
+class ServerStartError(RuntimeError):
+    """The server could not be started; the message says why and carries the log's tail."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """What the server is started with. `extra_args` go to vLLM verbatim (e.g. --max-num-seqs)."""
+
+    model: Path
+    kv_cache_memory_bytes: int = DEFAULT_KV_CACHE_BYTES
+    block_size: int = DEFAULT_BLOCK_SIZE
+    max_model_len: int = 1024
+    host: str = "127.0.0.1"
+    port: int | None = None
+    served_model_name: str | None = None
+    stats_interval_s: float = 1.0
+    extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+
+    def command(self, port: int) -> list[str]:
+        cmd = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model),
+            "--host", self.host,
+            "--port", str(port),
+            "--dtype", "bfloat16",
+            "--max-model-len", str(self.max_model_len),
+            "--block-size", str(self.block_size),
+            "--kv-cache-memory-bytes", str(self.kv_cache_memory_bytes),
+            "-O0",
+        ]  # fmt: skip
+        if self.served_model_name:
+            cmd += ["--served-model-name", self.served_model_name]
+        return cmd + list(self.extra_args)
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            VLLM_LOG_STATS_INTERVAL=f"{self.stats_interval_s:g}",
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(self.env)
+        return env
+
+
+def _check_model_dir(model: Path) -> None:
+    if not model.is_dir():
+        raise ServerStartError(f"model directory {model} does not exist")
+    missing = [n for n in ("config.json", "tokenizer.json") if not (model / n).is_file()]
+    if missing:
+        raise ServerStartError(f"model directory {model} lacks {', '.join(missing)}")
+    if not any(model.glob("*.safetensors")):
+        raise ServerStartError(f"model directory {model} has no *.safetensors weights")
+
+
+def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
+    try:
+        data = path.read_bytes()[-64 * 1024 :]
+    except OSError:
+        return "(no log)"
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+
+class LocalVLLM:
+    """A vLLM OpenAI server on this machine, as a context manager.
+
+    >>> with LocalVLLM(ServerConfig(model=path), log_path=Path("vllm.log")) as srv:
+    ...     httpx.get(srv.base_url + "/v1/models")
+    """
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        log_path: Path,
+        start_timeout_s: float = 180.0,
+        stop_grace_s: float = 15.0,
+    ) -> None:
+        self.config = config
+        self.log_path = log_path
+        self.start_timeout_s = start_timeout_s
+        self.stop_grace_s = stop_grace_s
+        self.port: int | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        if self.port is None:
+            raise RuntimeError("server not started")
+        return f"http://{self.config.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def start(self) -> LocalVLLM:
+        _check_model_dir(self.config.model)
+        port = self.config.port or free_port(self.config.host)
+        if not port_is_free(port, self.config.host):
+            raise ServerStartError(f"port {port} on {self.config.host} is already in use")
+        self.port = port
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.config.command(port),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.config.environment(),
+                start_new_session=True,
+            )
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + self.start_timeout_s
+        url = self.base_url + "/health"
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                code = self.proc.poll()
+                if code is not None:
+                    raise ServerStartError(
+                        f"vLLM exited with code {code} during start; log {self.log_path}:\n"
+                        + _tail(self.log_path)
+                    )
+                try:
+                    if client.get(url).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise ServerStartError(
+                        f"vLLM not ready after {self.start_timeout_s:.0f} s; log {self.log_path}:\n"
+                        + _tail(self.log_path)
+                    )
+                time.sleep(0.25)
+
+    def stop(self) -> int | None:
+        """SIGTERM the whole process group, wait, then SIGKILL what is left. Returns the exit code."""
+        proc = self.proc
+        if proc is None:
+            return None
+        pgid = proc.pid  # start_new_session: the leader's pid is the group id
+        _signal_group(pgid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=self.stop_grace_s)
+        except subprocess.TimeoutExpired:
+            _signal_group(pgid, signal.SIGKILL)
+            proc.wait()
+        # Children (EngineCore, workers) may outlive the leader for a moment.
+        deadline = time.monotonic() + self.stop_grace_s
+        while group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if group_alive(pgid):
+            _signal_group(pgid, signal.SIGKILL)
+            deadline = time.monotonic() + _KILL_WAIT_S
+            while group_alive(pgid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        self.proc = None
+        return proc.returncode
+
+    def __enter__(self) -> LocalVLLM:
+        return self.start()
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process of the group exists (zombies of ours are reaped by wait())."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
