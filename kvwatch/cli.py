@@ -32,7 +32,6 @@ class CliError(Exception):
 def build_parser() -> argparse.ArgumentParser:
     from loadgen import cli as loadgen_cli
 
-
     parser = argparse.ArgumentParser(
         prog="kvwatch",
         description="Watch a vLLM server's KV cache, detect preemption thrashing, drive load, "

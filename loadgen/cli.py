@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +72,8 @@ def _serve_local(ns: argparse.Namespace) -> int:
         extra_args=tuple(extra),
     )
     server = LocalVLLM(config, log_path=ns.log.resolve(), start_timeout_s=ns.start_timeout)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # SIGTERM ends the run like Ctrl-C does, so `finally` stops the server either way.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     print(f"starting vLLM on {config.host} (log: {server.log_path}) ...", file=sys.stderr)
     try:
         server.start()
@@ -83,10 +83,13 @@ def _serve_local(ns: argparse.Namespace) -> int:
         print(f"base_url={server.base_url}")
         print(f"log={server.log_path}")
         print(f"pid={server.pid}", flush=True)
-        while not stop.wait(0.5):
+        while True:
+            time.sleep(0.5)
             if server.proc is not None and server.proc.poll() is not None:
-                raise CliError(f"vLLM exited with code {server.proc.returncode}; see {server.log_path}",
-                               EXIT_UNREACHABLE)
+                raise CliError(
+                    f"vLLM exited with code {server.proc.returncode}; see {server.log_path}",
+                    EXIT_UNREACHABLE,
+                )
     except KeyboardInterrupt:
         pass
     finally:

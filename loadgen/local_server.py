@@ -19,7 +19,12 @@ from types import TracebackType
 import httpx
 
 __all__ = [
-    "ServerConfig", "LocalVLLM", "ServerStartError", "free_port", "port_is_free", "group_alive",
+    "ServerConfig",
+    "LocalVLLM",
+    "ServerStartError",
+    "free_port",
+    "port_is_free",
+    "group_alive",
 ]
 
 # 40 blocks of 32 tokens with the tiny model's 8 KiB per token: small enough that 32 concurrent

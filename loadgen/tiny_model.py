@@ -17,7 +17,13 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["TinyModelSpec", "DEFAULT_SPEC", "default_cache_dir", "build_tiny_model", "model_dir_for"]
+__all__ = [
+    "TinyModelSpec",
+    "DEFAULT_SPEC",
+    "default_cache_dir",
+    "build_tiny_model",
+    "model_dir_for",
+]
 
 # Bump when the build changes what it writes, so old caches are not reused.
 _BUILD_VERSION = 1

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Set up (idempotent), then run the whole test suite. Extra arguments go to pytest,
+# e.g. `scripts/test.sh -m "not integration"` for the pure-logic part alone.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check .
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,90 @@
+"""The local vLLM target: it preempts under load, and every failure to start is clean."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from loadgen.burst import run_burst
+from loadgen.local_server import (
+    LocalVLLM,
+    ServerConfig,
+    ServerStartError,
+    free_port,
+    group_alive,
+)
+from sidecar.exposition import parse_exposition
+from sidecar.vocabulary import KV_USAGE, PREEMPTIONS
+
+pytestmark = pytest.mark.integration
+
+
+def _read(base_url: str) -> tuple[float, float]:
+    """(preemptions so far, KV usage now) from the server's real /metrics."""
+    text = httpx.get(base_url + "/metrics", timeout=10).text
+    exp = parse_exposition(text)
+    return exp.family(PREEMPTIONS)[0].value, exp.family(KV_USAGE)[0].value
+
+
+class TestLocalVLLM:
+    def test_concurrent_streams_preempt(self, vllm_server: LocalVLLM) -> None:
+        before, _ = _read(vllm_server.base_url)
+        peak = 0.0
+        stop = threading.Event()
+
+        def poll() -> None:
+            nonlocal peak
+            while not stop.is_set():
+                peak = max(peak, _read(vllm_server.base_url)[1])
+                time.sleep(0.2)
+
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        try:
+            records = asyncio.run(run_burst(vllm_server.base_url, n=32, max_tokens=300, seed=1))
+        finally:
+            stop.set()
+            poller.join()
+        after, _ = _read(vllm_server.base_url)
+        assert all(r.ok for r in records), [r.error for r in records if not r.ok]
+        assert [r.output_tokens for r in records] == [300] * 32
+        assert after > before, "no preemption under 32 concurrent streams"
+        assert peak >= 0.9, f"KV usage peaked at {peak:.2f}"
+
+    def test_bad_model_dir(self, tmp_path: Path) -> None:
+        srv = LocalVLLM(ServerConfig(model=tmp_path / "nope"), log_path=tmp_path / "log")
+        with pytest.raises(ServerStartError, match="does not exist"):
+            srv.start()
+        (tmp_path / "empty").mkdir()
+        srv = LocalVLLM(ServerConfig(model=tmp_path / "empty"), log_path=tmp_path / "log")
+        with pytest.raises(ServerStartError, match="lacks config.json"):
+            srv.start()
+        assert srv.proc is None
+
+    def test_port_in_use(self, vllm_server: LocalVLLM, tiny_model: Path, tmp_path: Path) -> None:
+        cfg = ServerConfig(model=tiny_model, port=vllm_server.port)
+        with pytest.raises(ServerStartError, match="already in use"):
+            LocalVLLM(cfg, log_path=tmp_path / "log").start()
+
+    def test_dies_during_start_leaves_nothing(self, tiny_model: Path, tmp_path: Path) -> None:
+        # A KV budget too small for one max-length sequence: vLLM loads, then exits with an error.
+        cfg = ServerConfig(model=tiny_model, kv_cache_memory_bytes=64 * 1024, port=free_port())
+        srv = LocalVLLM(cfg, log_path=tmp_path / "vllm.log")
+        pids: list[int] = []
+        orig = srv._wait_ready
+
+        def spy() -> None:
+            assert srv.proc is not None
+            pids.append(srv.proc.pid)
+            orig()
+
+        srv._wait_ready = spy  # type: ignore[method-assign]
+        with pytest.raises(ServerStartError, match="exited with code") as info:
+            srv.start()
+        assert "log" in str(info.value) and len(str(info.value).splitlines()) > 2
+        assert pids and not group_alive(pids[0])
