@@ -1,4 +1,4 @@
-"""kvwatch: see, alert on and size away KV cache thrashing in vLLM. The `kvwatch` command lives here."""
+"""kvwatch: see, alert on and size away KV cache thrashing in vLLM (the `kvwatch` command)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fire N streaming completions at once: the simplest load that drives a small KV cache into preemption."""
+"""Fire N streaming completions at once: the simplest load that makes a small KV cache preempt."""
 
 from __future__ import annotations
 

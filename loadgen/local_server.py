@@ -1,4 +1,4 @@
-"""Start and stop a local vLLM OpenAI server: the target the load generator drives in tests and demos.
+"""Start and stop a local vLLM OpenAI server: the target the load generator drives.
 
 The server runs in its own process group so that stopping it also stops vLLM's EngineCore and
 worker children; nothing is left behind, even when start-up fails half way.
@@ -6,6 +6,7 @@ worker children; nothing is left behind, even when start-up fails half way.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -195,7 +196,7 @@ class LocalVLLM:
                 time.sleep(0.25)
 
     def stop(self) -> int | None:
-        """SIGTERM the whole process group, wait, then SIGKILL what is left. Returns the exit code."""
+        """SIGTERM the process group, wait, then SIGKILL what is left. Returns the exit code."""
         proc = self.proc
         if proc is None:
             return None
@@ -228,10 +229,8 @@ class LocalVLLM:
 
 
 def _signal_group(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def group_alive(pgid: int) -> bool:
