@@ -31,6 +31,7 @@ class CliError(Exception):
 
 def build_parser() -> argparse.ArgumentParser:
     from loadgen import cli as loadgen_cli
+    from sidecar import cli as sidecar_cli
 
     parser = argparse.ArgumentParser(
         prog="kvwatch",
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kvwatch {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    sidecar_cli.register(sub)
     loadgen_cli.register(sub)
     return parser
 

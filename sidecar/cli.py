@@ -1,0 +1,144 @@
+"""`kvwatch sidecar` (watch a live server) and `kvwatch logs` (read a vLLM log after the fact)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from kvwatch.cli import EXIT_UNREACHABLE, CliError
+
+__all__ = ["register", "read_log_chunks"]
+
+_CHUNK = 4 << 20
+
+
+def register(sub: Any) -> None:
+    s = sub.add_parser(
+        "sidecar",
+        help="watch vLLM servers' metrics and log, export kvwatch_* metrics and a JSON state",
+        description="Run beside one or more vLLM servers: scrape their /metrics every --interval "
+        "seconds, follow the server log (a file like tail -F, stdin with '--log -', or a vLLM "
+        "command started after '--' whose output passes through unchanged), and serve "
+        "/metrics (kvwatch_*), /healthz and /api/state. A log belongs to the first --target.",
+        epilog="examples:\n"
+        "  kvwatch sidecar --target http://127.0.0.1:8000 --log /var/log/vllm.log\n"
+        "  kvwatch sidecar --target http://127.0.0.1:8000 -- vllm serve MODEL --port 8000",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    s.add_argument(
+        "--target",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="vLLM base URL (or full metrics URL); repeat for several servers",
+    )
+    s.add_argument(
+        "--log", type=Path, metavar="FILE", help="vLLM log file to follow, or - for stdin"
+    )
+    s.add_argument(
+        "--log-from-start",
+        action="store_true",
+        help="read the log file from its start (default: only new lines)",
+    )
+    s.add_argument("--interval", type=float, default=1.0, help="seconds between scrapes (1)")
+    s.add_argument("--timeout", type=float, default=2.0, help="scrape timeout in seconds (2)")
+    s.add_argument(
+        "--listen",
+        default="127.0.0.1:9477",
+        metavar="HOST:PORT",
+        help="where to serve kvwatch's own endpoint (127.0.0.1:9477)",
+    )
+    s.add_argument("--short-window", type=float, default=10.0, help="short rate window, s (10)")
+    s.add_argument("--long-window", type=float, default=60.0, help="long rate window, s (60)")
+    s.add_argument(
+        "command", nargs=argparse.REMAINDER, help="after --: the vLLM command to start and read"
+    )
+    s.set_defaults(func=_sidecar)
+
+    g = sub.add_parser(
+        "logs",
+        help="summarise a vLLM log: capacity, preemption warnings, KV usage over time",
+        description="Read a vLLM server log (any version from 0.4 to 0.33) and say what happened: "
+        "the KV capacity at start, preemption warnings (V0) and repeat victims, KV usage, running "
+        "and waiting per minute. '-' reads stdin.",
+    )
+    g.add_argument("file", type=Path, help="log file, or - for stdin")
+    g.add_argument(
+        "--json", action="store_true", help="one JSON event per line, then a summary object"
+    )
+    g.set_defaults(func=_logs)
+
+
+def _listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise CliError(f"--listen wants HOST:PORT, got {value!r}")
+    return host or "127.0.0.1", int(port)
+
+
+def _sidecar(ns: argparse.Namespace) -> int:
+    from sidecar.daemon import SidecarConfig, run_sidecar
+    from sidecar.signals import Windows
+
+    command = tuple(a for a in ns.command if a != "--") if ns.command else ()
+    host, port = _listen(ns.listen)
+    try:
+        cfg = SidecarConfig(
+            targets=tuple(ns.target),
+            interval_s=ns.interval,
+            timeout_s=ns.timeout,
+            listen_host=host,
+            listen_port=port,
+            log_path=ns.log,
+            log_from_start=ns.log_from_start,
+            command=command,
+            windows=Windows(ns.short_window, ns.long_window),
+        )
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    try:
+        return run_sidecar(cfg)
+    except OSError as e:
+        raise CliError(f"cannot start: {e}", EXIT_UNREACHABLE) from None
+
+
+def read_log_chunks(fh: BinaryIO) -> Iterator[str]:
+    """Whole-line text chunks of a byte stream; bad UTF-8 is replaced, never fatal."""
+    rest = b""
+    while chunk := fh.read(_CHUNK):
+        data = rest + chunk
+        cut = data.rfind(b"\n") + 1
+        rest = data[cut:]
+        if cut:
+            yield data[:cut].decode("utf-8", "replace")
+    if rest:
+        yield rest.decode("utf-8", "replace") + "\n"
+
+
+def _logs(ns: argparse.Namespace) -> int:
+    from sidecar.logformats import event_to_dict, parse_text
+    from sidecar.logsummary import render_summary, summarize
+
+    try:
+        fh = sys.stdin.buffer if str(ns.file) == "-" else open(ns.file, "rb")  # noqa: SIM115
+    except OSError as e:
+        raise CliError(f"cannot read {ns.file}: {e.strerror}") from None
+    lines = 0
+    events = []
+    with fh:
+        for text in read_log_chunks(fh):
+            lines += text.count("\n")
+            for ev in parse_text(text):
+                events.append(ev)
+                if ns.json:
+                    sys.stdout.write(json.dumps(event_to_dict(ev)) + "\n")
+    summary = summarize(events, lines)
+    if ns.json:
+        print(json.dumps({"kind": "summary", **summary.to_dict()}))
+    else:
+        print(render_summary(summary))
+    return 0

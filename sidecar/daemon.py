@@ -1,0 +1,155 @@
+"""The long-running sidecar: scrape loops, a log reader, the HTTP endpoint, and a clean shutdown.
+
+The scrape loops run on asyncio in the main thread; the log reader and the HTTP server run in
+threads. None of them can take the others down: every failure is counted in the state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+import httpx
+
+from sidecar.follow import FileFollower, FollowStats, read_stream, run_and_read
+from sidecar.scrape import metrics_url, scrape_once
+from sidecar.signals import Windows
+from sidecar.state import SidecarState
+
+__all__ = ["SidecarConfig", "run_sidecar"]
+
+_LOG_POLL_S = 0.2
+_CHILD_STOP_WAIT_S = 60.0
+
+
+@dataclass(frozen=True)
+class SidecarConfig:
+    targets: tuple[str, ...]
+    interval_s: float = 1.0
+    timeout_s: float = 2.0
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 9477
+    log_path: Path | None = None  # Path("-") means stdin
+    log_from_start: bool = False
+    command: tuple[str, ...] = ()
+    windows: Windows = field(default_factory=Windows)
+
+    def __post_init__(self) -> None:
+        if not self.targets:
+            raise ValueError("give at least one --target")
+        if self.interval_s <= 0 or self.timeout_s <= 0:
+            raise ValueError("--interval and --timeout must be positive")
+        if self.log_path is not None and self.command:
+            raise ValueError("use either --log or a command after --, not both")
+
+
+async def _scrape_loop(
+    client: httpx.AsyncClient, state: SidecarState, target: str, cfg: SidecarConfig
+) -> None:
+    url = metrics_url(target)
+    deadline = time.monotonic()
+    while True:
+        outcome = await scrape_once(client, url, cfg.timeout_s)
+        state.record_scrape(target, time.monotonic(), outcome)
+        deadline += cfg.interval_s
+        delay = deadline - time.monotonic()
+        if delay < 0:  # fell behind (slow target): skip the missed ticks, don't burst
+            deadline = time.monotonic()
+            delay = 0
+        await asyncio.sleep(delay)
+
+
+def _follow_file(follower: FileFollower, state: SidecarState, stop: threading.Event) -> None:
+    while not stop.is_set():
+        lines = follower.poll()
+        if lines:
+            state.record_log_lines(lines)
+        stop.wait(_LOG_POLL_S)
+    follower.close()
+
+
+def _start_log_reader(
+    cfg: SidecarConfig, state: SidecarState, stop: threading.Event, echo: BinaryIO
+) -> subprocess.Popen[bytes] | None:
+    """Start whichever log source the config names; returns the child process in command mode."""
+    if cfg.command:
+        stats = FollowStats()
+        state.log_stats, state.log_source = stats, "command"
+        proc, _ = run_and_read(cfg.command, state.record_log_lines, stats, echo=echo)
+        return proc
+    if cfg.log_path is None:
+        return None
+    if str(cfg.log_path) == "-":
+        stats = FollowStats()
+        state.log_stats, state.log_source = stats, "stdin"
+        threading.Thread(
+            target=read_stream,
+            args=(sys.stdin.buffer, state.record_log_lines, stats),
+            name="kvwatch-stdin",
+            daemon=True,
+        ).start()
+        return None
+    follower = FileFollower(cfg.log_path, from_start=cfg.log_from_start)
+    state.log_stats, state.log_source = follower.stats, str(cfg.log_path)
+    threading.Thread(
+        target=_follow_file, args=(follower, state, stop), name="kvwatch-log", daemon=True
+    ).start()
+    return None
+
+
+async def _main(
+    cfg: SidecarConfig, state: SidecarState, child: subprocess.Popen[bytes] | None
+) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    limits = httpx.Limits(max_connections=len(cfg.targets) * 2)
+    async with httpx.AsyncClient(limits=limits) as client:
+        tasks = [asyncio.create_task(_scrape_loop(client, state, t, cfg)) for t in cfg.targets]
+        code = 0
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.5)
+            if child is not None and child.poll() is not None:
+                print(f"kvwatch sidecar: command exited with {child.returncode}", file=sys.stderr)
+                code = child.returncode
+                break
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    if child is not None and child.poll() is None:
+        child.terminate()  # forward the stop to the command we started
+        try:
+            code = await asyncio.to_thread(child.wait, _CHILD_STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            code = child.wait()
+    return code
+
+
+def run_sidecar(cfg: SidecarConfig, echo: BinaryIO | None = None) -> int:
+    from sidecar.exporter import serve
+
+    state = SidecarState(list(cfg.targets), cfg.windows)
+    stale_after = max(10.0, 3 * (cfg.interval_s + cfg.timeout_s))
+    server = serve(cfg.listen_host, cfg.listen_port, state.snapshot, stale_after)
+    host, port = server.server_address[:2]
+    print(f"kvwatch sidecar: serving http://{host}:{port}/metrics, /healthz, /api/state; "
+          f"watching {', '.join(cfg.targets)}", file=sys.stderr, flush=True)  # fmt: skip
+    stop = threading.Event()
+    child = _start_log_reader(cfg, state, stop, echo or sys.stdout.buffer)
+    try:
+        return asyncio.run(_main(cfg, state, child))
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()

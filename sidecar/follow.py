@@ -1,0 +1,187 @@
+"""Read log lines from a file (like `tail -F`), a stream (stdin), or a command kvwatch starts.
+
+All three share one line splitter, which caps line length: a 10 MB line of garbage costs one
+counted "oversized" line, not 10 MB of memory. Bytes that are not UTF-8 are replaced, not fatal.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+__all__ = ["LineSplitter", "FollowStats", "FileFollower", "read_stream", "run_and_read"]
+
+DEFAULT_MAX_LINE = 64 * 1024
+_CHUNK = 1 << 20
+
+LineSink = Callable[[list[str]], None]
+
+
+@dataclass
+class FollowStats:
+    lines: int = 0
+    bytes: int = 0
+    oversized_lines: int = 0
+    rotations: int = 0
+    truncations: int = 0
+    missing: bool = False  # the followed file does not exist (yet)
+
+
+class LineSplitter:
+    """Turns byte chunks into complete decoded lines, dropping the rest of any overlong line."""
+
+    def __init__(self, stats: FollowStats, max_line: int = DEFAULT_MAX_LINE) -> None:
+        self.stats = stats
+        self.max_line = max_line
+        self._partial = b""
+        self._skipping = False  # inside an overlong line, until its newline
+
+    def feed(self, chunk: bytes) -> list[str]:
+        self.stats.bytes += len(chunk)
+        parts = chunk.split(b"\n")
+        tail = parts.pop()
+        out: list[str] = []
+        for i, part in enumerate(parts):
+            if i == 0:
+                if self._skipping:
+                    self._skipping = False
+                    continue
+                part = self._partial + part
+                self._partial = b""
+            if len(part) > self.max_line:
+                self.stats.oversized_lines += 1
+                continue
+            out.append(part.decode("utf-8", "replace"))
+        if parts:
+            self._partial = tail
+        elif not self._skipping:
+            self._partial += tail
+        if not self._skipping and len(self._partial) > self.max_line:
+            self.stats.oversized_lines += 1
+            self._partial = b""
+            self._skipping = True
+        self.stats.lines += len(out)
+        return out
+
+    def flush(self) -> list[str]:
+        """The last line when the input ended without a newline."""
+        rest, self._partial = self._partial, b""
+        if not rest or self._skipping:
+            return []
+        self.stats.lines += 1
+        return [rest.decode("utf-8", "replace")]
+
+
+class FileFollower:
+    """Follows a path across rotation (new inode), truncation, and a file that appears later.
+
+    `poll()` returns the complete lines added since the last call; it never blocks.
+    """
+
+    def __init__(
+        self, path: Path, from_start: bool = True, max_line: int = DEFAULT_MAX_LINE
+    ) -> None:
+        self.path = path
+        self.stats = FollowStats()
+        self._split = LineSplitter(self.stats, max_line)
+        self._fh: BinaryIO | None = None
+        self._inode: int | None = None
+        self._from_start = from_start
+
+    def _open(self, at_end: bool) -> None:
+        try:
+            fh = open(self.path, "rb")  # noqa: SIM115 (kept open across polls)
+        except OSError:
+            self.stats.missing = True
+            return
+        self.stats.missing = False
+        st = os.fstat(fh.fileno())
+        self._fh, self._inode = fh, st.st_ino
+        if at_end:
+            fh.seek(0, os.SEEK_END)
+
+    def _drain(self) -> list[str]:
+        assert self._fh is not None
+        out: list[str] = []
+        while chunk := self._fh.read(_CHUNK):
+            out += self._split.feed(chunk)
+        return out
+
+    def poll(self) -> list[str]:
+        if self._fh is None:
+            self._open(at_end=not self._from_start)
+            self._from_start = True  # a file that appears later is read from its start
+            if self._fh is None:
+                return []
+        out = self._drain()
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return out  # rotated away; keep the old handle until a new file appears
+        if st.st_ino != self._inode:
+            self.stats.rotations += 1
+            out += self._drain() + self._split.flush()
+            self.close()
+            self._open(at_end=False)
+            if self._fh is not None:
+                out += self._drain()
+        elif st.st_size < self._fh.tell():
+            self.stats.truncations += 1
+            self._split.flush()
+            self._fh.seek(0)
+            out += self._drain()
+        return out
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def read_stream(
+    stream: BinaryIO,
+    sink: LineSink,
+    stats: FollowStats,
+    echo: BinaryIO | None = None,
+    max_line: int = DEFAULT_MAX_LINE,
+) -> None:
+    """Read a byte stream to its end, passing lines to `sink` (and bytes to `echo` unchanged)."""
+    split = LineSplitter(stats, max_line)
+    fd = stream.fileno()
+    while chunk := os.read(fd, 65536):
+        if echo is not None:
+            echo.write(chunk)
+            echo.flush()
+        lines = split.feed(chunk)
+        if lines:
+            sink(lines)
+    last = split.flush()
+    if last:
+        sink(last)
+
+
+def run_and_read(
+    command: Sequence[str],
+    sink: LineSink,
+    stats: FollowStats,
+    echo: BinaryIO | None = None,
+) -> tuple[subprocess.Popen[bytes], threading.Thread]:
+    """Start `command` with stdout and stderr merged into one pipe and read it in a thread.
+
+    The output goes on to `echo` (our stdout) byte for byte, so wrapping vLLM in the sidecar
+    changes nothing in what its own log collector sees.
+    """
+    proc = subprocess.Popen(
+        list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+    )
+    assert proc.stdout is not None
+    thread = threading.Thread(
+        target=read_stream, args=(proc.stdout, sink, stats, echo), name="vllm-output", daemon=True
+    )
+    thread.start()
+    return proc, thread

@@ -1,0 +1,217 @@
+"""vLLM log lines kvwatch understands, across versions (docs/log-formats.md has examples).
+
+- V0 preemption warning (0.4.3-0.10.2), printed on the 1st, 51st, 101st... preemption only;
+- V1 periodic stats line (all wordings: GPU/CPU/other device, optional Deferred and Preemptions
+  fields, `N Engines Aggregated`, with or without the `Engine 000:` prefix);
+- V0 periodic stats line (Swapped/Pending, GPU and CPU KV usage);
+- startup capacity: `<dev> KV cache size: N tokens` and `Maximum concurrency for L tokens per
+  request: Cx` (one line or two, by era), and V0's `# GPU blocks: N, # CPU blocks: M`.
+
+Most lines of a busy log are access-log lines. `parse_text` finds candidate lines with plain
+substring search over a whole chunk and runs a regex only on those, so unknown lines cost almost
+nothing (bench/bench_logs.py).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = [
+    "PreemptionWarning", "StatsLine", "Capacity", "LogEvent", "parse_line", "parse_text",
+    "event_to_dict",
+]  # fmt: skip
+
+_TIME = re.compile(r"(?:INFO|WARNING|DEBUG|ERROR|WARN)\s+(\d\d-\d\d \d\d:\d\d:\d\d)")
+_NUM = r"(\d[\d,]*)"
+
+_PREEMPT = re.compile(
+    r"Sequence group (?P<id>\S+) is preempted by (?:PreemptionMode\.)?(?P<mode>\w+) mode because "
+    r"there is not enough KV cache space\..*?total_num_cumulative_preemption=(?P<n>\d+)"
+)
+_V1_STATS = re.compile(
+    r"(?:(?:Engine (?P<engine>\d+)|(?P<agg>\d+) Engines Aggregated): )?"
+    r"Avg prompt throughput: (?P<prompt>[\d.]+) tokens/s, "
+    r"Avg generation throughput: (?P<gen>[\d.]+) tokens/s, "
+    r"Running: (?P<running>\d+) reqs, Waiting: (?P<waiting>\d+) reqs"
+    r"(?:, Deferred: (?P<deferred>\d+) reqs)?"
+    r"(?:, Preemptions: (?P<preempt>\d+))?"
+    r", (?P<device>\w+) KV cache usage: (?P<kv>[\d.]+)%"
+    r"(?:, Prefix cache hit rate: (?P<hit>[\d.]+)%)?"
+)
+_V0_STATS = re.compile(
+    r"Avg prompt throughput: (?P<prompt>[\d.]+) tokens/s, "
+    r"Avg generation throughput: (?P<gen>[\d.]+) tokens/s, "
+    r"Running: (?P<running>\d+) reqs, Swapped: (?P<swapped>\d+) reqs, "
+    r"Pending: (?P<waiting>\d+) reqs, GPU KV cache usage: (?P<kv>[\d.]+)%, "
+    r"CPU KV cache usage: (?P<cpukv>[\d.]+)%"
+)
+_CAP_SIZE = re.compile(rf"(?P<device>\w+) KV cache size: {_NUM} tokens")
+_CAP_CONC = re.compile(rf"Maximum concurrency for {_NUM} tokens per request: (?P<conc>[\d.]+)x")
+_CAP_BLOCKS = re.compile(r"# (?P<device>\w+) blocks: (?P<n>\d+)(?:, # CPU blocks: (?P<cpu>\d+))?")
+
+# Substrings that every line we parse contains; chosen to be rare in other lines.
+_NEEDLES = ("is preempted by", "KV cache usage:", "KV cache size:", "Maximum concurrency for",
+            " blocks: ")  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionWarning:
+    """V0's warning. `cumulative` is the server's running total; warnings come every 50th time."""
+
+    request_id: str
+    mode: str
+    cumulative: int
+    logged_at: str | None = None
+    kind: str = "preemption_warning"
+
+
+@dataclass(frozen=True, slots=True)
+class StatsLine:
+    """A periodic stats line. Fractions are 0..1; `engine` is "000"-style, "all" if aggregated."""
+
+    era: str  # "v1" or "v0"
+    engine: str | None
+    prompt_tps: float
+    generation_tps: float
+    running: int
+    waiting: int
+    kv_usage: float
+    device: str
+    deferred: int | None = None
+    preemptions: int | None = None  # per interval (V1 0.11.1+; printed only once upstream fixes it)
+    prefix_hit_rate: float | None = None
+    swapped: int | None = None  # V0
+    cpu_kv_usage: float | None = None  # V0
+    engines: int = 1
+    logged_at: str | None = None
+    kind: str = "stats"
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """Startup KV capacity. Fields a given era does not print are None."""
+
+    device: str | None = None
+    kv_tokens: int | None = None
+    max_model_len: int | None = None
+    max_concurrency: float | None = None
+    gpu_blocks: int | None = None
+    cpu_blocks: int | None = None
+    logged_at: str | None = None
+    kind: str = "capacity"
+
+
+LogEvent = PreemptionWarning | StatsLine | Capacity
+
+
+def _int(s: str) -> int:
+    return int(s.replace(",", ""))
+
+
+def _opt_int(s: str | None) -> int | None:
+    return None if s is None else int(s)
+
+
+def _stamp(line: str, end: int) -> str | None:
+    m = _TIME.search(line, 0, end)
+    return m.group(1) if m else None
+
+
+def parse_line(line: str) -> LogEvent | None:
+    """The event in one log line, or None if it is not one kvwatch reads."""
+    if "is preempted by" in line:
+        m = _PREEMPT.search(line)
+        if m:
+            return PreemptionWarning(
+                m["id"], m["mode"].upper(), int(m["n"]), _stamp(line, m.start())
+            )
+        return None
+    if "KV cache usage:" in line:
+        m = _V1_STATS.search(line)
+        if m:
+            agg = m["agg"]
+            return StatsLine(
+                era="v1",
+                engine="all" if agg else m["engine"],
+                prompt_tps=float(m["prompt"]),
+                generation_tps=float(m["gen"]),
+                running=int(m["running"]),
+                waiting=int(m["waiting"]),
+                kv_usage=float(m["kv"]) / 100.0,
+                device=m["device"],
+                deferred=_opt_int(m["deferred"]),
+                preemptions=_opt_int(m["preempt"]),
+                prefix_hit_rate=None if m["hit"] is None else float(m["hit"]) / 100.0,
+                engines=int(agg) if agg else 1,
+                logged_at=_stamp(line, m.start()),
+            )
+        m = _V0_STATS.search(line)
+        if m:
+            return StatsLine(
+                era="v0",
+                engine=None,
+                prompt_tps=float(m["prompt"]),
+                generation_tps=float(m["gen"]),
+                running=int(m["running"]),
+                waiting=int(m["waiting"]),
+                kv_usage=float(m["kv"]) / 100.0,
+                device="GPU",
+                swapped=int(m["swapped"]),
+                cpu_kv_usage=float(m["cpukv"]) / 100.0,
+                logged_at=_stamp(line, m.start()),
+            )
+        return None
+    size = _CAP_SIZE.search(line) if "KV cache size:" in line else None
+    conc = _CAP_CONC.search(line) if "Maximum concurrency for" in line else None
+    if size or conc:
+        first = size or conc
+        assert first is not None
+        return Capacity(
+            device=size["device"] if size else None,
+            kv_tokens=_int(size.group(2)) if size else None,
+            max_model_len=_int(conc.group(1)) if conc else None,
+            max_concurrency=float(conc["conc"]) if conc else None,
+            logged_at=_stamp(line, first.start()),
+        )
+    if " blocks: " in line:
+        m = _CAP_BLOCKS.search(line)
+        if m:
+            return Capacity(
+                device=m["device"],
+                gpu_blocks=int(m["n"]),
+                cpu_blocks=_opt_int(m["cpu"]),
+                logged_at=_stamp(line, m.start()),
+            )
+    return None
+
+
+def _candidate_starts(text: str) -> list[int]:
+    """Start offsets of the lines that contain any needle, in order, each once."""
+    starts: set[int] = set()
+    for needle in _NEEDLES:
+        find, pos = text.find, 0
+        while True:
+            i = find(needle, pos)
+            if i == -1:
+                break
+            start = text.rfind("\n", 0, i) + 1
+            starts.add(start)
+            end = text.find("\n", i)
+            pos = len(text) if end == -1 else end
+    return sorted(starts)
+
+
+def parse_text(text: str) -> Iterator[LogEvent]:
+    """Events in a chunk of log text (whole lines), in order."""
+    for start in _candidate_starts(text):
+        end = text.find("\n", start)
+        event = parse_line(text[start:] if end == -1 else text[start:end])
+        if event is not None:
+            yield event
+
+
+def event_to_dict(event: LogEvent) -> dict[str, Any]:
+    return asdict(event)

@@ -1,0 +1,138 @@
+"""`kvwatch logs`: what a vLLM log says happened, for "what happened last night?".
+
+Pure: events in, a summary dict out; rendering is separate from computing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sidecar.logformats import Capacity, LogEvent, PreemptionWarning, StatsLine, event_to_dict
+
+__all__ = ["LogSummary", "summarize", "render_summary"]
+
+HIGH_KV = 0.90  # KV usage counted as "high" in the per-minute table
+V0_WARNING_EVERY = 50  # V0 logs only the 1st, 51st, 101st... preemption
+
+
+@dataclass
+class _Minute:
+    samples: int = 0
+    kv_sum: float = 0.0
+    kv_max: float = 0.0
+    high: int = 0
+    running_max: int = 0
+    waiting_max: int = 0
+    gen_tps_sum: float = 0.0
+
+
+@dataclass
+class LogSummary:
+    lines: int = 0
+    capacity: dict[str, Any] | None = None
+    stats_lines: int = 0
+    eras: set[str] = field(default_factory=set)
+    warnings: int = 0
+    max_cumulative: int = 0
+    warned: dict[str, int] = field(default_factory=dict)
+    interval_preemptions: int = 0
+    minutes: dict[str, _Minute] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        repeat = {k: v for k, v in self.warned.items() if v > 1}
+        return {
+            "lines": self.lines,
+            "capacity": self.capacity,
+            "stats_lines": self.stats_lines,
+            "eras": sorted(self.eras),
+            "preemption_warnings": self.warnings,
+            "cumulative_preemptions": self.max_cumulative,
+            "stats_line_preemptions": self.interval_preemptions,
+            "requests_warned_repeatedly": repeat,
+            "minutes": [
+                {
+                    "minute": k,
+                    "kv_usage_mean": round(m.kv_sum / m.samples, 4),
+                    "kv_usage_max": m.kv_max,
+                    "high_kv_fraction": round(m.high / m.samples, 3),
+                    "running_max": m.running_max,
+                    "waiting_max": m.waiting_max,
+                    "generation_tps_mean": round(m.gen_tps_sum / m.samples, 1),
+                }
+                for k, m in self.minutes.items()
+            ],
+        }
+
+
+def summarize(events: Iterable[LogEvent], lines: int = 0) -> LogSummary:
+    s = LogSummary(lines=lines)
+    for ev in events:
+        if isinstance(ev, Capacity):
+            given = {k: v for k, v in event_to_dict(ev).items() if v is not None and k != "kind"}
+            s.capacity = {**(s.capacity or {}), **given}
+        elif isinstance(ev, PreemptionWarning):
+            s.warnings += 1
+            s.max_cumulative = max(s.max_cumulative, ev.cumulative)
+            s.warned[ev.request_id] = s.warned.get(ev.request_id, 0) + 1
+        elif isinstance(ev, StatsLine):
+            s.stats_lines += 1
+            s.eras.add(ev.era)
+            s.interval_preemptions += ev.preemptions or 0
+            key = ev.logged_at[:11] if ev.logged_at else "?"
+            m = s.minutes.setdefault(key, _Minute())
+            m.samples += 1
+            m.kv_sum += ev.kv_usage
+            m.kv_max = max(m.kv_max, ev.kv_usage)
+            m.high += ev.kv_usage >= HIGH_KV
+            m.running_max = max(m.running_max, ev.running)
+            m.waiting_max = max(m.waiting_max, ev.waiting)
+            m.gen_tps_sum += ev.generation_tps
+    return s
+
+
+def render_summary(s: LogSummary) -> str:
+    out = [f"lines read: {s.lines:,}"]
+    if s.capacity:
+        cap = s.capacity
+        parts = []
+        if "kv_tokens" in cap:
+            parts.append(f"{cap['kv_tokens']:,} tokens of KV ({cap.get('device', '?')})")
+        if "max_concurrency" in cap:
+            parts.append(
+                f"{cap['max_concurrency']}x concurrency at {cap.get('max_model_len', '?')} tokens"
+            )
+        if "gpu_blocks" in cap:
+            parts.append(f"{cap['gpu_blocks']:,} {cap.get('device', 'GPU')} blocks")
+        out.append("capacity: " + ", ".join(parts))
+    else:
+        out.append("capacity: no startup capacity line in this log")
+    if s.warnings:
+        repeat = sum(1 for v in s.warned.values() if v > 1)
+        out.append(
+            f"preemptions (V0 warnings): {s.warnings} warnings, cumulative count "
+            f"{s.max_cumulative} (V0 logs every {V0_WARNING_EVERY}th); "
+            f"{repeat} request(s) warned more than once"
+        )
+    elif s.interval_preemptions:
+        out.append(f"preemptions (stats lines): {s.interval_preemptions}")
+    else:
+        out.append(
+            "preemptions: none logged (V1 logs no per-preemption line; scrape /metrics "
+            "with `kvwatch sidecar` to count them)"
+        )
+    if s.minutes:
+        out.append(
+            f"KV usage over time ({s.stats_lines} stats lines, {', '.join(sorted(s.eras))}):"
+        )
+        out.append("  minute        mean   max   >=90%  running  waiting  gen tok/s")
+        for row in s.to_dict()["minutes"]:
+            out.append(
+                f"  {row['minute']:<12}  {row['kv_usage_mean']:>4.0%}  {row['kv_usage_max']:>4.0%}"
+                f"  {row['high_kv_fraction']:>5.0%}  {row['running_max']:>7}  "
+                f"{row['waiting_max']:>7}  {row['generation_tps_mean']:>9.1f}"
+            )
+    else:
+        out.append("KV usage: no stats lines (vLLM prints them at INFO while busy)")
+    return "\n".join(out)

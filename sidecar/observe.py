@@ -1,0 +1,148 @@
+"""Turn one parsed `/metrics` body into one typed observation per (model, engine).
+
+`vllm:cache_config_info` carries `engine` but no `model_name`, so capacity is joined on engine.
+V0 servers have no `engine` label: their engine is "" (and so is their cache config's).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sidecar.exposition import Exposition, Sample
+from sidecar.vocabulary import (
+    CACHE_CONFIG,
+    GENERATION_TOKENS,
+    KV_USAGE,
+    PREEMPTIONS,
+    PROMPT_TOKENS,
+    REQUEST_PREEMPTIONS,
+    RUNNING,
+    SWAPPED,
+    WAITING,
+    WAITING_BY_REASON,
+    Family,
+)  # fmt: skip
+
+__all__ = ["EngineKey", "CacheConfig", "EngineObservation", "observe"]
+
+EngineKey = tuple[str, str]  # (model_name, engine)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    block_size: int | None = None
+    num_blocks: int | None = None
+    kv_tokens: int | None = None
+    cache_dtype: str | None = None
+    gpu_memory_utilization: float | None = None
+    kv_cache_memory_bytes: int | None = None
+    enable_prefix_caching: bool | None = None
+
+    @classmethod
+    def from_labels(cls, labels: dict[str, str]) -> CacheConfig:
+        block_size = _label_float(labels, "block_size")
+        blocks = _label_float(labels, "num_gpu_blocks")
+        tokens = _label_float(labels, "kv_cache_size_tokens")
+        if tokens is None and block_size is not None and blocks is not None:
+            tokens = block_size * blocks
+        mem = _label_float(labels, "kv_cache_memory_bytes")
+        prefix = labels.get("enable_prefix_caching")
+        return cls(
+            block_size=None if block_size is None else int(block_size),
+            num_blocks=None if blocks is None else int(blocks),
+            kv_tokens=None if tokens is None else int(tokens),
+            cache_dtype=labels.get("cache_dtype"),
+            gpu_memory_utilization=_label_float(labels, "gpu_memory_utilization"),
+            kv_cache_memory_bytes=None if mem is None else int(mem),
+            enable_prefix_caching=None if prefix is None else prefix == "True",
+        )
+
+
+def _label_float(labels: dict[str, str], key: str) -> float | None:
+    """A numeric label; vLLM writes "None" for unset values."""
+    try:
+        return float(labels[key])
+    except (KeyError, ValueError):
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineObservation:
+    """What one scrape said about one engine. None: the server does not export that metric."""
+
+    kv_usage: float | None = None
+    running: float | None = None
+    waiting: float | None = None
+    waiting_capacity: float | None = None
+    waiting_deferred: float | None = None
+    swapped: float | None = None
+    preemptions_total: float | None = None
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
+    finished_requests_total: float | None = None  # count of request_num_preemptions
+    repeat_preempted_total: float | None = None  # finished requests preempted 2+ times
+    cache: CacheConfig | None = None
+
+
+def _key(s: Sample) -> EngineKey:
+    return (s.labels.get("model_name", ""), s.labels.get("engine", ""))
+
+
+def _sum_by_key(samples: list[Sample]) -> dict[EngineKey, float]:
+    out: dict[EngineKey, float] = {}
+    for s in samples:
+        if s.suffix == "" and not math.isnan(s.value):
+            k = _key(s)
+            out[k] = out.get(k, 0.0) + s.value
+    return out
+
+
+def _gauge(exp: Exposition, fam: Family) -> dict[EngineKey, float]:
+    return _sum_by_key(exp.family(fam))
+
+
+def observe(exp: Exposition) -> dict[EngineKey, EngineObservation]:
+    kv = _gauge(exp, KV_USAGE)
+    running = _gauge(exp, RUNNING)
+    waiting = _gauge(exp, WAITING)
+    swapped = _gauge(exp, SWAPPED)
+    preempt = _gauge(exp, PREEMPTIONS)
+    prompt = _gauge(exp, PROMPT_TOKENS)
+    gen = _gauge(exp, GENERATION_TOKENS)
+    by_reason: dict[str, dict[EngineKey, float]] = {}
+    for s in exp.family(WAITING_BY_REASON):
+        d = by_reason.setdefault(s.labels.get("reason", ""), {})
+        d[_key(s)] = d.get(_key(s), 0.0) + s.value
+    finished: dict[EngineKey, float] = {}
+    le1: dict[EngineKey, float] = {}
+    for s in exp.family(REQUEST_PREEMPTIONS):
+        k = _key(s)
+        if s.suffix == "count":
+            finished[k] = finished.get(k, 0.0) + s.value
+        elif s.suffix == "bucket":
+            le = s.labels.get("le", "")
+            if le in ("1", "1.0"):
+                le1[k] = le1.get(k, 0.0) + s.value
+    caches = {s.labels.get("engine", ""): CacheConfig.from_labels(s.labels)
+              for s in exp.family(CACHE_CONFIG)}  # fmt: skip
+
+    keys = set(kv) | set(running) | set(waiting) | set(preempt) | set(gen)
+    out: dict[EngineKey, EngineObservation] = {}
+    for k in keys:
+        fin = finished.get(k)
+        out[k] = EngineObservation(
+            kv_usage=kv.get(k),
+            running=running.get(k),
+            waiting=waiting.get(k),
+            waiting_capacity=by_reason.get("capacity", {}).get(k),
+            waiting_deferred=by_reason.get("deferred", {}).get(k),
+            swapped=swapped.get(k),
+            preemptions_total=preempt.get(k),
+            prompt_tokens_total=prompt.get(k),
+            generation_tokens_total=gen.get(k),
+            finished_requests_total=fin,
+            repeat_preempted_total=None if fin is None or k not in le1 else fin - le1[k],
+            cache=caches.get(k[1]),
+        )
+    return out

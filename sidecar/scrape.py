@@ -1,0 +1,50 @@
+"""Scrape one vLLM `/metrics` endpoint with httpx, turning every failure into a counted reason."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from sidecar.exposition import parse_exposition
+from sidecar.state import ScrapeOutcome
+
+__all__ = ["metrics_url", "scrape_once", "MAX_BODY_BYTES"]
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+# Ask for the classic text format: with OpenMetrics, prometheus-client 0.23-0.26 writes `vllm_`
+# sample names (client_python #1177). We read both spellings anyway.
+_ACCEPT = "text/plain; version=0.0.4"
+
+
+def metrics_url(target: str) -> str:
+    """A base URL gets `/metrics`; a URL that already names a path is used as given."""
+    url = httpx.URL(target)
+    if url.path in ("", "/"):
+        return str(url.copy_with(path="/metrics"))
+    return target
+
+
+async def scrape_once(client: httpx.AsyncClient, url: str, timeout_s: float) -> ScrapeOutcome:
+    t0 = time.monotonic()
+
+    def fail(reason: str, msg: str) -> ScrapeOutcome:
+        return ScrapeOutcome(time.monotonic() - t0, error_reason=reason, error=msg)
+
+    try:
+        async with client.stream("GET", url, headers={"Accept": _ACCEPT}, timeout=timeout_s) as r:
+            if r.status_code != 200:
+                return fail(f"http_{r.status_code // 100}xx", f"{url}: HTTP {r.status_code}")
+            body = bytearray()
+            async for chunk in r.aiter_bytes():
+                body += chunk
+                if len(body) > MAX_BODY_BYTES:
+                    return fail("too_large", f"{url}: body over {MAX_BODY_BYTES} bytes")
+    except httpx.TimeoutException as e:
+        return fail("timeout", f"{url}: timed out after {timeout_s:g} s ({type(e).__name__})")
+    except httpx.ConnectError as e:
+        return fail("connect", f"{url}: cannot connect ({e})")
+    except httpx.HTTPError as e:
+        return fail("transport", f"{url}: {type(e).__name__}: {e}")
+    exp = parse_exposition(body.decode("utf-8", "replace"))
+    return ScrapeOutcome(time.monotonic() - t0, exposition=exp)

@@ -1,0 +1,99 @@
+"""Signals derived from one engine's timeline; each is defined in docs/signals.md.
+
+- KV headroom: free blocks = blocks x (1 - usage); free tokens = free blocks x block size.
+- New-block demand per step: running / block_size (each running request needs a fresh block every
+  block_size tokens, so that many blocks are asked for per decode step on average).
+- Seconds to exhaustion: free tokens / generation tokens per second. Every generated token takes a
+  KV slot, so at the current pace the free slots are gone in that time if nothing finishes.
+- Preemption rate: reset-corrected increase of the preemption counter over a window, per second.
+- Repeat preemptions: finished requests that were preempted 2+ times, in the long window (from the
+  per-request preemption histogram, vLLM 0.30+).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sidecar.observe import CacheConfig
+from sidecar.timeline import Timeline
+
+__all__ = ["Windows", "EngineSignals", "derive"]
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Rate windows in seconds. Short reacts within seconds; long smooths a bursty load."""
+
+    short_s: float = 10.0
+    long_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class EngineSignals:
+    kv_usage: float | None
+    running: float | None
+    waiting: float | None
+    waiting_capacity: float | None
+    block_size: int | None
+    capacity_blocks: int | None
+    capacity_tokens: int | None
+    free_blocks: float | None
+    free_tokens: float | None
+    block_demand_per_step: float | None
+    generation_tokens_per_s: float | None
+    prompt_tokens_per_s: float | None
+    seconds_to_exhaustion: float | None
+    preemptions_per_s_short: float | None
+    preemptions_per_s_long: float | None
+    repeat_preempted_long: float | None
+    finished_long: float | None
+    preemptions_observed: float  # since the sidecar began, across vLLM restarts
+    counter_resets: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def derive(
+    tl: Timeline, now: float, windows: Windows, fallback: CacheConfig | None = None
+) -> EngineSignals | None:
+    latest = tl.latest
+    if latest is None:
+        return None
+    obs = latest[1]
+    cache = obs.cache or fallback or CacheConfig()
+    block_size = cache.block_size
+    blocks = cache.num_blocks
+    tokens = cache.kv_tokens
+    if tokens is None and blocks is not None and block_size is not None:
+        tokens = blocks * block_size
+    usage = obs.kv_usage
+    free_blocks = None if usage is None or blocks is None else blocks * max(0.0, 1.0 - usage)
+    free_tokens = None if usage is None or tokens is None else tokens * max(0.0, 1.0 - usage)
+    gen_rate = tl.rate("generation_tokens_total", windows.short_s, now)
+    demand = None if obs.running is None or not block_size else obs.running / block_size
+    exhaustion = None
+    if free_tokens is not None and gen_rate:
+        exhaustion = free_tokens / gen_rate
+    return EngineSignals(
+        kv_usage=usage,
+        running=obs.running,
+        waiting=obs.waiting,
+        waiting_capacity=obs.waiting_capacity,
+        block_size=block_size,
+        capacity_blocks=blocks,
+        capacity_tokens=tokens,
+        free_blocks=free_blocks,
+        free_tokens=free_tokens,
+        block_demand_per_step=demand,
+        generation_tokens_per_s=gen_rate,
+        prompt_tokens_per_s=tl.rate("prompt_tokens_total", windows.short_s, now),
+        seconds_to_exhaustion=exhaustion,
+        preemptions_per_s_short=tl.rate("preemptions_total", windows.short_s, now),
+        preemptions_per_s_long=tl.rate("preemptions_total", windows.long_s, now),
+        repeat_preempted_long=tl.increase("repeat_preempted_total", windows.long_s, now),
+        finished_long=tl.increase("finished_requests_total", windows.long_s, now),
+        preemptions_observed=tl.observed["preemptions_total"],
+        counter_resets=tl.resets,
+    )

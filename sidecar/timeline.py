@@ -1,0 +1,84 @@
+"""Bounded history of one engine's observations, with counter arithmetic that survives restarts.
+
+Counter increases follow Prometheus' rule: a drop means the counter was reset (vLLM restarted), so
+the increase across the drop is the new value itself, never a negative or a huge fake jump.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from sidecar.observe import EngineObservation
+
+__all__ = ["COUNTERS", "Timeline"]
+
+COUNTERS = (
+    "preemptions_total",
+    "prompt_tokens_total",
+    "generation_tokens_total",
+    "finished_requests_total",
+    "repeat_preempted_total",
+)
+
+
+@dataclass
+class Timeline:
+    """Points are (monotonic seconds, observation). `max_points` bounds memory."""
+
+    max_points: int = 900
+    points: deque[tuple[float, EngineObservation]] = field(init=False)
+    # Reset-corrected increase of each counter since this timeline began: monotonic by construction.
+    observed: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0.0))
+    resets: int = 0
+
+    def __post_init__(self) -> None:
+        self.points = deque(maxlen=self.max_points)
+
+    def add(self, t: float, obs: EngineObservation) -> None:
+        if self.points:
+            prev = self.points[-1][1]
+            reset = False
+            for name in COUNTERS:
+                a, b = getattr(prev, name), getattr(obs, name)
+                if a is None or b is None:
+                    continue
+                if b < a:
+                    reset = True
+                self.observed[name] += _delta(a, b)
+            self.resets += reset
+        self.points.append((t, obs))
+
+    @property
+    def latest(self) -> tuple[float, EngineObservation] | None:
+        return self.points[-1] if self.points else None
+
+    def _window(self, window_s: float, now: float) -> list[tuple[float, EngineObservation]]:
+        start = now - window_s
+        out = []
+        for p in reversed(self.points):
+            if p[0] < start:
+                break
+            out.append(p)
+        out.reverse()
+        return out
+
+    def increase(self, counter: str, window_s: float, now: float) -> float | None:
+        """Reset-corrected increase over the points inside the window; None with fewer than 2."""
+        pts = [(t, getattr(o, counter)) for t, o in self._window(window_s, now)]
+        pts = [(t, v) for t, v in pts if v is not None]
+        if len(pts) < 2:
+            return None
+        return sum(_delta(a[1], b[1]) for a, b in zip(pts, pts[1:], strict=False))
+
+    def rate(self, counter: str, window_s: float, now: float) -> float | None:
+        """Per-second rate over the window, from the points it holds."""
+        pts = [t for t, o in self._window(window_s, now) if getattr(o, counter) is not None]
+        inc = self.increase(counter, window_s, now)
+        if inc is None or pts[-1] <= pts[0]:
+            return None
+        return inc / (pts[-1] - pts[0])
+
+
+def _delta(a: float, b: float) -> float:
+    return b - a if b >= a else b
