@@ -179,9 +179,13 @@ def run_and_read(
     proc = subprocess.Popen(
         list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
     )
-    assert proc.stdout is not None
-    thread = threading.Thread(
-        target=read_stream, args=(proc.stdout, sink, stats, echo), name="vllm-output", daemon=True
-    )
+    pipe = proc.stdout
+    assert pipe is not None
+
+    def pump() -> None:
+        with pipe:
+            read_stream(pipe, sink, stats, echo)
+
+    thread = threading.Thread(target=pump, name="vllm-output", daemon=True)
     thread.start()
     return proc, thread

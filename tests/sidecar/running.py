@@ -1,0 +1,62 @@
+"""Run `kvwatch sidecar` as its own process (as in production) and read its endpoint."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+
+from loadgen.local_server import free_port
+from sidecar.exposition import Sample
+
+__all__ = ["running_sidecar", "kvwatch_samples"]
+
+
+@contextmanager
+def running_sidecar(args: list[str], ready_timeout: float = 20.0) -> Iterator[str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "kvwatch", "sidecar", "--listen", f"127.0.0.1:{port}", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            try:
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                out = proc.stdout.read().decode() if proc.stdout else ""
+                raise RuntimeError(f"sidecar did not start: {out}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
+
+
+def kvwatch_samples(url: str) -> dict[str, list[Sample]]:
+    """The sidecar's own metrics by name (labels and value), read with a plain text split."""
+    text = httpx.get(url + "/metrics", timeout=5).text
+    out: dict[str, list[Sample]] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line:
+            continue
+        head, _, value = line.rpartition(" ")
+        name, _, labels = head.partition("{")
+        pairs = dict(p.split("=", 1) for p in labels.rstrip("}").split(",") if p)
+        out.setdefault(name, []).append(
+            Sample("", {k: v.strip('"') for k, v in pairs.items()}, float(value))
+        )
+    return out

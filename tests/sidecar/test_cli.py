@@ -1,0 +1,67 @@
+"""`kvwatch logs` and the sidecar's argument errors, as a user meets them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.sidecar.test_logformats import V0_STATS, V0_WARNING
+
+
+def kvwatch(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvwatch", *args], input=stdin, capture_output=True, timeout=60
+    )
+
+
+class TestLogsCommand:
+    def test_real_log_summary(self, data_dir: Path) -> None:
+        p = kvwatch("logs", str(data_dir / "vllm-0.32-cpu-server.log"))
+        assert p.returncode == 0, p.stderr
+        out = p.stdout.decode()
+        assert "1,280 tokens of KV (CPU)" in out and "1.25x concurrency" in out
+        assert "11-29 09:02" in out and "100%" in out
+
+    def test_v0_log_from_stdin_counts_repeat_victims(self) -> None:
+        other = V0_WARNING.replace("cmpl-8f3c2a9e4b1d4f7a-0", "cmpl-aa-0").replace("=51", "=101")
+        log = "\n".join([V0_WARNING, V0_STATS, other, V0_WARNING.replace("=51", "=151")])
+        p = kvwatch("logs", "-", stdin=log.encode() + b"\n\xff\xfe garbage\n")
+        assert p.returncode == 0
+        out = p.stdout.decode()
+        assert (
+            "3 warnings, cumulative count 151" in out
+            and "1 request(s) warned more than once" in out
+        )
+
+    def test_json_events_then_summary(self, data_dir: Path) -> None:
+        p = kvwatch("logs", "--json", str(data_dir / "vllm-0.32-cpu-server.log"))
+        rows = [json.loads(x) for x in p.stdout.decode().splitlines()]
+        assert rows[0]["kind"] == "capacity" and rows[-1]["kind"] == "summary"
+        assert rows[-1]["lines"] == 239 and sum(r["kind"] == "stats" for r in rows) == 39
+
+    def test_missing_file_is_a_clear_error(self, tmp_path: Path) -> None:
+        p = kvwatch("logs", str(tmp_path / "nope.log"))
+        assert p.returncode == 2 and b"cannot read" in p.stderr and b"Traceback" not in p.stderr
+
+    def test_ten_megabyte_line(self, tmp_path: Path) -> None:
+        f = tmp_path / "big.log"
+        f.write_bytes(b"A" * 10_000_000 + b"\n" + V0_STATS.encode() + b"\n")
+        p = kvwatch("logs", "--json", str(f))
+        assert p.returncode == 0
+        assert json.loads(p.stdout.decode().splitlines()[0])["kind"] == "stats"
+
+
+class TestSidecarArgs:
+    def test_bad_listen(self) -> None:
+        p = kvwatch("sidecar", "--target", "http://x", "--listen", "nope")
+        assert p.returncode == 2 and b"HOST:PORT" in p.stderr
+
+    def test_log_and_command_together(self) -> None:
+        p = kvwatch("sidecar", "--target", "http://x", "--log", "f", "--", "true")
+        assert p.returncode == 2 and b"not both" in p.stderr
+
+    def test_help_explains(self) -> None:
+        p = kvwatch("sidecar", "--help")
+        assert p.returncode == 0 and b"--target" in p.stdout and b"examples" in p.stdout

@@ -1,0 +1,127 @@
+"""The sidecar against the real vLLM fixture, under a preempting load and across a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from loadgen.burst import run_burst
+from loadgen.local_server import LocalVLLM, ServerConfig, free_port
+from tests.sidecar.running import kvwatch_samples, running_sidecar
+
+pytestmark = pytest.mark.integration
+
+
+def _value(samples: dict, name: str) -> float | None:
+    got = samples.get(name)
+    return got[0].value if got else None
+
+
+class _Watcher:
+    """Polls the sidecar in a thread and keeps every reading."""
+
+    def __init__(self, url: str, period: float = 0.5) -> None:
+        self.url, self.period = url, period
+        self.readings: list[dict] = []
+        self._stop = threading.Event()
+        self._th = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.readings.append(kvwatch_samples(self.url))
+            self._stop.wait(self.period)
+
+    def __enter__(self) -> _Watcher:
+        self._th.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._th.join()
+
+    def series(self, name: str) -> list[float]:
+        return [v for r in self.readings if (v := _value(r, name)) is not None]
+
+
+def test_preempting_load_then_quiet(vllm_server: LocalVLLM) -> None:
+    args = ["--target", vllm_server.base_url, "--log", str(vllm_server.log_path),
+            "--log-from-start", "--interval", "0.5", "--short-window", "3"]  # fmt: skip
+    with running_sidecar(args) as url, _Watcher(url) as w:
+        records = asyncio.run(run_burst(vllm_server.base_url, n=32, max_tokens=300, seed=2))
+        assert all(r.ok for r in records)
+        rate = w.series("kvwatch_preemptions_per_second_short")
+        usage = w.series("kvwatch_kv_cache_usage_ratio")
+        assert max(rate) > 0, "sidecar saw no preemption under a preempting load"
+        assert max(usage) >= 0.9
+        # after the load: rates fall to zero within the short window (plus a scrape or two)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            s = kvwatch_samples(url)
+            if (_value(s, "kvwatch_preemptions_per_second_short") == 0
+                    and _value(s, "kvwatch_generation_tokens_per_second") == 0):  # fmt: skip
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"rates did not return to zero: {s}")
+        assert _value(s, "kvwatch_kv_cache_usage_ratio") == 0
+        assert _value(s, "kvwatch_preemptions_observed_total") >= 1
+        assert _value(s, "kvwatch_log_lines_total") > 50
+        assert _value(s, "kvwatch_kv_cache_capacity_blocks") == 40
+
+
+def test_restart_under_the_sidecar(tiny_model: Path, tmp_path: Path) -> None:
+    port = free_port()
+    cfg = ServerConfig(model=tiny_model, port=port)
+    base = f"http://127.0.0.1:{port}"
+    args = ["--target", base, "--interval", "0.5", "--short-window", "3"]
+    with running_sidecar(args) as url, _Watcher(url, period=0.3) as w:
+        with LocalVLLM(cfg, log_path=tmp_path / "a.log"):
+            asyncio.run(run_burst(base, n=24, max_tokens=200, seed=3))
+            time.sleep(1.5)
+        # stopped: the sidecar says down, and drops the engine series instead of showing zeros
+        time.sleep(2)
+        down = kvwatch_samples(url)
+        assert _value(down, "kvwatch_target_up") == 0
+        assert "kvwatch_kv_cache_usage_ratio" not in down
+        with LocalVLLM(cfg, log_path=tmp_path / "b.log"):
+            asyncio.run(run_burst(base, n=4, max_tokens=64, seed=4))
+            time.sleep(2)
+            after = kvwatch_samples(url)
+    assert _value(after, "kvwatch_target_up") == 1
+    assert _value(after, "kvwatch_counter_resets_total") >= 1
+    for name in ("kvwatch_preemptions_per_second_short", "kvwatch_preemptions_per_second_long",
+                 "kvwatch_generation_tokens_per_second"):  # fmt: skip
+        values = w.series(name)
+        assert values and min(values) >= 0, name
+    # 200 tokens x 24 requests cannot make more than a few thousand tokens/s here
+    assert max(w.series("kvwatch_generation_tokens_per_second")) < 5000
+    observed = w.series("kvwatch_preemptions_observed_total")
+    assert observed == sorted(observed), "observed preemptions went backwards"
+
+
+def test_command_mode_passes_output_through_and_exits_with_its_code(tmp_path: Path) -> None:
+    import subprocess
+
+    from tests.sidecar.test_logformats import CAP_CPU, V1_DEFERRED
+
+    script = tmp_path / "fake_vllm.py"
+    script.write_text(
+        "import sys, time\n"
+        f"print({CAP_CPU!r}, flush=True)\n"
+        f"print({V1_DEFERRED!r}, file=sys.stderr, flush=True)\n"
+        "time.sleep(2)\nsys.exit(3)\n"
+    )
+    port = free_port()
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvwatch", "sidecar", "--target", "http://127.0.0.1:9",
+         "--listen", f"127.0.0.1:{port}", "--", sys.executable, str(script)],
+        capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 3
+    assert CAP_CPU.encode() in proc.stdout and V1_DEFERRED.encode() in proc.stdout
+    assert b"Traceback" not in proc.stderr
