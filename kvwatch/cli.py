@@ -30,6 +30,7 @@ class CliError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from kvwatch import demo
     from loadgen import cli as loadgen_cli
     from sidecar import cli as sidecar_cli
 
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kvwatch {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    demo.register(sub)
     sidecar_cli.register(sub)
     loadgen_cli.register(sub)
     return parser
