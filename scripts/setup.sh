@@ -42,8 +42,10 @@ fi
 stamp=".venv/.kvwatch-deps-$(sha256sum pyproject.toml | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   say "installing kvwatch with vLLM (CPU) into .venv (about 2 minutes the first time)"
+  # (the grep hides pip's notes about this machine's local wheel folders; pip's status decides)
   .venv/bin/pip install -q --disable-pip-version-check -e '.[cpu,test]' 2>&1 \
-    | grep -v "^WARNING: Location" || true
+    | { grep -v "^WARNING: Location" || true; }
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { say "pip install failed"; exit 1; }
   .venv/bin/pip uninstall -y -q "${CUDA_ONLY[@]}" 2>/dev/null || true
   .venv/bin/python -c 'import vllm.entrypoints.openai.api_server' 2>/dev/null \
     || { say "vLLM does not import in .venv"; exit 1; }
