@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kvwatch.cli import EXIT_UNREACHABLE, CliError
+from loadgen.cmd_run import register_run
 
 __all__ = ["register"]
 
@@ -48,6 +49,8 @@ def register(sub: Any) -> None:
     s.add_argument("--start-timeout", type=float, default=180.0, help="seconds to wait for /health")
     s.add_argument("vllm_args", nargs=argparse.REMAINDER, help="extra vLLM arguments after --")
     s.set_defaults(func=_serve_local)
+
+    register_run(lsub)
 
 
 def _build_model(ns: argparse.Namespace) -> int:

@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import statistics
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RequestRecord"]
+__all__ = ["RequestRecord", "StallRule"]
+
+
+@dataclass(frozen=True)
+class StallRule:
+    """A gap is a stall when it is far above that request's own typical gap.
+
+    The client-side trace of a preemption: the victim's stream stops until it is recomputed.
+    Above `factor` x the request's median gap and above `min_s` (jitter of a fast stream is none).
+    """
+
+    factor: float = 5.0
+    min_s: float = 0.25
+
+    def stalls(self, gaps: list[float]) -> list[float]:
+        if len(gaps) < 3:
+            return []
+        limit = max(self.factor * statistics.median(gaps), self.min_s)
+        return [g for g in gaps if g > limit]
 
 
 @dataclass
@@ -14,6 +33,10 @@ class RequestRecord:
 
     request_id: str
     scheduled_at: float
+    stage: str = ""
+    warmup: bool = False
+    expected_input_tokens: int | None = None
+    expected_output_tokens: int | None = None
     sent_at: float | None = None
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -45,7 +68,49 @@ class RequestRecord:
         t = self.token_times
         return [b - a for a, b in zip(t, t[1:], strict=False)]
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.update(ttft=self.ttft, e2e=self.e2e)
-        return d
+    def to_dict(self, t0: float = 0.0, stall: StallRule | None = None) -> dict[str, Any]:
+        """A flat record with times relative to `t0` and the derived latencies.
+
+        `*_from_scheduled` count from when the request was due, so a queue in the client
+        (coordinated omission) shows up in them rather than hiding.
+        """
+
+        def rel(t: float | None) -> float | None:
+            return None if t is None else t - t0
+
+        gaps = self.gaps
+        stalls = (stall or StallRule()).stalls(gaps)
+        n_out = self.output_tokens
+        tpot = None
+        if self.ok and n_out and n_out > 1 and self.first_token_at and self.finished_at:
+            tpot = (self.finished_at - self.first_token_at) / (n_out - 1)
+        due = self.scheduled_at
+        return {
+            "request_id": self.request_id,
+            "stage": self.stage,
+            "warmup": self.warmup,
+            "ok": self.ok,
+            "status": self.status,
+            "error": self.error,
+            "scheduled_at": rel(due),
+            "sent_at": rel(self.sent_at),
+            "first_token_at": rel(self.first_token_at),
+            "finished_at": rel(self.finished_at),
+            "dispatch_lag": None if self.sent_at is None else self.sent_at - due,
+            "ttft": self.ttft,
+            "ttft_from_scheduled": None
+            if self.first_token_at is None
+            else self.first_token_at - due,
+            "e2e": self.e2e,
+            "e2e_from_scheduled": None if self.finished_at is None else self.finished_at - due,
+            "tpot": tpot,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": n_out,
+            "expected_input_tokens": self.expected_input_tokens,
+            "expected_output_tokens": self.expected_output_tokens,
+            "chunks": len(self.token_times),
+            "gaps": gaps,
+            "max_gap": max(gaps, default=None),
+            "stalls": len(stalls),
+            "stall_time": sum(stalls),
+        }

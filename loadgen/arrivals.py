@@ -1,0 +1,116 @@
+"""Arrival patterns: when each request is sent, as offsets from the start of its stage.
+
+Each open-loop pattern is a small seeded class whose `offsets()` yields send times; the runner sends
+against absolute deadlines (stage start + offset), never relative sleeps, so a slow send cannot
+shift every later one. Fixed concurrency is closed-loop and has no schedule: N workers each send
+their next request when the previous one ends.
+
+| pattern | parameters | inter-arrival times |
+|---|---|---|
+| constant | rate | exactly 1/rate |
+| poisson | rate | exponential, mean 1/rate |
+| gamma | rate, burstiness | gamma(shape=burstiness, mean 1/rate); 1 = Poisson, < 1 burstier |
+| ramp | start, end (rates) | the rate grows linearly; sends spaced by its integral |
+| concurrency | n | closed loop, n in flight |
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+__all__ = ["Constant", "Poisson", "Gamma", "Ramp", "Concurrency", "Pattern", "OpenPattern"]
+
+
+def _positive(name: str, value: float) -> None:
+    if not value > 0 or math.isinf(value):
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Constant:
+    rate: float
+
+    def __post_init__(self) -> None:
+        _positive("rate", self.rate)
+
+    def offsets(self, rng: random.Random, duration_s: float) -> Iterator[float]:
+        t = 0.0
+        while t < duration_s:
+            yield t
+            t += 1.0 / self.rate
+
+
+@dataclass(frozen=True)
+class Poisson:
+    rate: float
+
+    def __post_init__(self) -> None:
+        _positive("rate", self.rate)
+
+    def offsets(self, rng: random.Random, duration_s: float) -> Iterator[float]:
+        t = rng.expovariate(self.rate)
+        while t < duration_s:
+            yield t
+            t += rng.expovariate(self.rate)
+
+
+@dataclass(frozen=True)
+class Gamma:
+    rate: float
+    burstiness: float = 1.0
+
+    def __post_init__(self) -> None:
+        _positive("rate", self.rate)
+        _positive("burstiness", self.burstiness)
+
+    def offsets(self, rng: random.Random, duration_s: float) -> Iterator[float]:
+        shape, scale = self.burstiness, 1.0 / (self.rate * self.burstiness)
+        t = rng.gammavariate(shape, scale)
+        while t < duration_s:
+            yield t
+            t += rng.gammavariate(shape, scale)
+
+
+@dataclass(frozen=True)
+class Ramp:
+    start: float
+    end: float
+
+    def __post_init__(self) -> None:
+        if self.start < 0 or self.end < 0 or self.start == self.end == 0:
+            raise ValueError(
+                f"ramp rates must be >= 0 and not both 0, got {self.start}, {self.end}"
+            )
+
+    def offsets(self, rng: random.Random, duration_s: float) -> Iterator[float]:
+        # The k-th send is where the cumulative rate r0*t + (r1-r0)*t^2/(2D) reaches k.
+        r0, slope = self.start, (self.end - self.start) / duration_s
+        k = 0
+        while True:
+            if slope == 0:
+                t = k / r0
+            else:
+                disc = r0 * r0 + 2 * slope * k
+                if disc < 0:
+                    return
+                t = (-r0 + math.sqrt(disc)) / slope
+            if t >= duration_s:
+                return
+            yield t
+            k += 1
+
+
+@dataclass(frozen=True)
+class Concurrency:
+    n: int
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"concurrency must be at least 1, got {self.n}")
+
+
+OpenPattern = Constant | Poisson | Gamma | Ramp
+Pattern = OpenPattern | Concurrency

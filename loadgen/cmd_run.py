@@ -1,0 +1,268 @@
+"""`kvwatch loadgen run`: drive a server with stages of load and write a run directory."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kvwatch.cli import EXIT_FOUND, EXIT_UNREACHABLE, CliError
+from loadgen.arrivals import Concurrency, Constant, Gamma, Pattern, Poisson, Ramp
+from loadgen.client import served_model
+from loadgen.records import StallRule
+from loadgen.runner import Progress, RunOptions, run_stages
+from loadgen.schedule import Stage, StageSpecError, parse_stage, sweep_stages
+from loadgen.workload import (
+    DatasetError,
+    WorkItem,
+    load_dataset,
+    parse_length,
+    synthetic_items,
+    tokenize_corpus,
+)  # fmt: skip
+
+__all__ = ["register_run"]
+
+_EPILOG = """stages (repeat --stage for a multi-stage schedule):
+  poisson:rate=4@30s   gamma:rate=4,burstiness=0.5@60s   constant:rate=2#100
+  ramp:start=1,end=10@60s   concurrency:n=16@45s#500      (@SECONDS and/or #COUNT)
+examples:
+  kvwatch loadgen run --url http://127.0.0.1:8000 --rate 4 --duration 60
+  kvwatch loadgen run --url URL --concurrency 32 --requests 200 --input-len uniform:100,300
+  kvwatch loadgen run --url URL --sweep rate=1,2,4,8 --duration 30 --slo ttft=500ms,tpot=50ms
+  kvwatch loadgen run --url URL --stage poisson:rate=1@20s --stage poisson:rate=8@40s"""
+
+
+def register_run(lsub: Any) -> None:
+    r = lsub.add_parser(
+        "run",
+        help="drive a vLLM/OpenAI server with a load and record every request",
+        description="Send streaming completions to an OpenAI-compatible server following "
+        "arrival stages, record per request the scheduled and sent time, TTFT, every "
+        "inter-token gap and stalls, and write a run directory (spec, requests.jsonl/.parquet, "
+        "events, summary). Exit 0 if every request completed, 1 if any failed, 3 if the server "
+        "cannot be reached.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    r.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    r.add_argument("--model", help="model name (default: the first /v1/models lists)")
+    r.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
+    r.add_argument(
+        "--api-key-env",
+        default="OPENAI_API_KEY",
+        metavar="VAR",
+        help="environment variable holding an API key, if any (OPENAI_API_KEY)",
+    )
+    g = r.add_argument_group("load")
+    g.add_argument("--stage", action="append", default=[], metavar="SPEC", help="a stage")
+    g.add_argument("--rate", type=float, help="requests per second (one stage)")
+    g.add_argument("--arrival", choices=["poisson", "constant", "gamma"], default="poisson")
+    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (1 = Poisson)")
+    g.add_argument("--concurrency", type=int, help="requests in flight (closed loop)")
+    g.add_argument("--ramp", metavar="START,END", help="linear ramp of the rate")
+    g.add_argument(
+        "--sweep",
+        metavar="rate=A,B,...|concurrency=A,B,...",
+        help="one stage per value, each --duration/--requests long",
+    )
+    g.add_argument("--duration", type=float, help="seconds per stage")
+    g.add_argument("--requests", type=int, help="requests per stage")
+    g.add_argument(
+        "--warmup",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="run the first stage's pattern this long first, left out of the summary",
+    )
+    g.add_argument("--max-inflight", type=int, help="cap on open requests (extra ones wait)")
+    w = r.add_argument_group("workload")
+    w.add_argument("--input-len", default="128", metavar="DIST", help="prompt tokens (128)")
+    w.add_argument(
+        "--output-len",
+        default=None,
+        metavar="DIST",
+        help="output tokens (128; datasets: the recorded reply's length)",
+    )
+    w.add_argument("--dataset", type=Path, help="ShareGPT JSON/JSONL or JSONL with prompt")
+    w.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="common prefix length for every prompt",
+    )
+    w.add_argument("--prefix-groups", type=int, default=1, help="distinct shared prefixes")
+    w.add_argument("--no-ignore-eos", action="store_true", help="let the model stop early")
+    w.add_argument("--seed", type=int, default=0)
+    o = r.add_argument_group("output")
+    o.add_argument("--run-dir", type=Path, help="default runs/loadgen-TIME")
+    o.add_argument("--slo", default="", help="e.g. ttft=500ms,tpot=50ms for goodput")
+    o.add_argument(
+        "--stall-factor",
+        type=float,
+        default=5.0,
+        help="a gap above FACTOR x the request's median gap is a stall (5)",
+    )
+    o.add_argument("--stall-min", type=float, default=0.25, help="and above this many s (0.25)")
+    o.add_argument("--json", action="store_true", help="print the summary as JSON")
+    o.add_argument("--no-progress", action="store_true", help="no live progress line")
+    r.set_defaults(func=_run)
+
+
+def _single_pattern(ns: argparse.Namespace) -> Pattern | None:
+    given = [x is not None for x in (ns.rate, ns.concurrency, ns.ramp)]
+    if sum(given) > 1:
+        raise CliError("use one of --rate, --concurrency, --ramp (or --stage/--sweep)")
+    if ns.rate is not None:
+        if ns.arrival == "constant":
+            return Constant(ns.rate)
+        if ns.arrival == "gamma":
+            return Gamma(ns.rate, ns.burstiness)
+        return Poisson(ns.rate)
+    if ns.concurrency is not None:
+        return Concurrency(ns.concurrency)
+    if ns.ramp is not None:
+        try:
+            start, end = (float(x) for x in ns.ramp.split(","))
+        except ValueError:
+            raise CliError(f"--ramp wants START,END rates, got {ns.ramp!r}") from None
+        return Ramp(start, end)
+    return None
+
+
+def build_stages(ns: argparse.Namespace) -> list[Stage]:
+    try:
+        pattern = _single_pattern(ns)
+        if sum(bool(x) for x in (ns.stage, ns.sweep, pattern)) != 1:
+            raise CliError(
+                "give the load as --stage, --sweep, or one of --rate/--concurrency/--ramp"
+            )
+        if ns.stage:
+            stages = [parse_stage(s) for s in ns.stage]
+        elif ns.sweep:
+            kind, sep, values = ns.sweep.partition("=")
+            try:
+                nums = [float(v) for v in values.split(",")]
+            except ValueError:
+                raise CliError(f"--sweep {ns.sweep!r}: numbers expected") from None
+            stages = sweep_stages(kind, nums, ns.duration, ns.requests, ns.burstiness)
+        else:
+            assert pattern is not None
+            stages = [Stage("main", pattern, ns.duration, ns.requests)]
+        if ns.warmup > 0:
+            stages.insert(0, Stage("warmup", stages[0].pattern, ns.warmup, None, warmup=True))
+        return stages
+    except (StageSpecError, ValueError) as e:
+        raise CliError(str(e)) from None
+
+
+async def _items(ns: argparse.Namespace, client: httpx.AsyncClient, model: str
+                 ) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+    out_len = parse_length(ns.output_len) if ns.output_len else None
+    if ns.dataset:
+        items = load_dataset(ns.dataset, out_len)
+        return _cycle(items, ns.seed), {"dataset": str(ns.dataset), "records": len(items)}
+    tok = await tokenize_corpus(client, ns.url, model, ns.seed)
+    stream = synthetic_items(
+        parse_length(ns.input_len), out_len or parse_length("128"), ns.seed,
+        tokens=tok[0] if tok else None, shared_prefix=ns.shared_prefix,
+        prefix_groups=max(1, ns.prefix_groups),
+    )  # fmt: skip
+    return stream, {
+        "synthetic": True,
+        "input_len": ns.input_len,
+        "output_len": ns.output_len or "128",
+        "token_exact": tok is not None,
+        "shared_prefix": ns.shared_prefix,
+        "prefix_groups": ns.prefix_groups,
+    }
+
+
+def _cycle(items: list[WorkItem], seed: int) -> Any:
+    import random
+
+    rng = random.Random(seed)
+    while True:
+        order = items[:]
+        rng.shuffle(order)
+        yield from order
+
+
+async def _progress(p: Progress, t0: float) -> None:
+    tty = sys.stderr.isatty()
+    period = 0.5 if tty else 5.0
+    while True:
+        await asyncio.sleep(period)
+        el = time.perf_counter() - t0
+        line = (f"[{el:6.1f}s] {p.stage}: sent {p.sent}, done {p.done}, in flight {p.inflight}, "
+                f"errors {p.errors}, {p.output_tokens / el:.0f} tok/s")  # fmt: skip
+        print(("\r" + line + "   ") if tty else line, end="" if tty else "\n", file=sys.stderr,
+              flush=True)  # fmt: skip
+
+
+def _run(ns: argparse.Namespace) -> int:
+    from loadgen.rundir import write_run
+    from loadgen.summary import SloError, parse_slo, render_table, summarize_records
+
+    stages = build_stages(ns)
+    try:
+        slo = parse_slo(ns.slo)
+    except SloError as e:
+        raise CliError(str(e)) from None
+    api_key = os.environ.get(ns.api_key_env) or None
+    progress = Progress()
+
+    async def go() -> tuple[Any, dict[str, Any], str]:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        async with httpx.AsyncClient(timeout=10, headers=headers) as client:
+            try:
+                model = ns.model or await served_model(client, ns.url)
+            except (httpx.HTTPError, ValueError, KeyError) as e:
+                raise CliError(f"cannot reach {ns.url}: {e}", EXIT_UNREACHABLE) from None
+            try:
+                items, workload = await _items(ns, client, model)
+            except DatasetError as e:
+                raise CliError(str(e)) from None
+        opts = RunOptions(ns.url, model, chat=ns.chat, ignore_eos=not ns.no_ignore_eos,
+                          seed=ns.seed, api_key=api_key, max_inflight=ns.max_inflight)  # fmt: skip
+        ticker = None
+        if not ns.no_progress:
+            ticker = asyncio.create_task(_progress(progress, time.perf_counter()))
+        try:
+            result = await run_stages(stages, opts, items, progress)
+        finally:
+            if ticker:
+                ticker.cancel()
+        return result, workload, model
+
+    result, workload, model = asyncio.run(go())
+    if not ns.no_progress:
+        print(file=sys.stderr)
+    stall = StallRule(ns.stall_factor, ns.stall_min)
+    records = [r.to_dict(result.t0, stall) for r in result.records]
+    summary = summarize_records(records, slo)
+    run_dir = ns.run_dir or Path("runs") / time.strftime("loadgen-%Y%m%d-%H%M%S")
+    spec = {
+        "target": ns.url, "model": model, "endpoint": "chat" if ns.chat else "completions",
+        "start_unix": result.start_unix, "seed": ns.seed, "slo": slo,
+        "stages": [{"name": s.name, "pattern": s.pattern, "duration_s": s.duration_s,
+                    "count": s.count, "warmup": s.warmup} for s in stages],
+        "workload": workload, "ignore_eos": not ns.no_ignore_eos,
+        "stall_rule": {"factor": stall.factor, "min_s": stall.min_s},
+    }  # fmt: skip
+    write_run(run_dir, spec, records, result.events, summary)
+    if ns.json:
+        import json
+
+        print(json.dumps(summary, indent=2))
+    else:
+        print(render_table(summary))
+        print(f"run directory: {run_dir}")
+    return EXIT_FOUND if summary["overall"].get("failed") else 0

@@ -1,0 +1,167 @@
+"""Run stages against a server: send on schedule, record every request, mark stage boundaries.
+
+Open-loop stages send against absolute deadlines (stage start + offset) and record when each
+request was due and when it actually went out; the difference is the dispatch lag, reported with
+the run. Closed-loop (concurrency) stages keep N requests in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from loadgen.arrivals import Concurrency
+from loadgen.client import stream_completion
+from loadgen.records import RequestRecord
+from loadgen.schedule import Stage
+from loadgen.workload import WorkItem
+
+__all__ = ["RunOptions", "RunResult", "Progress", "run_stages"]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    base_url: str
+    model: str
+    chat: bool = False
+    ignore_eos: bool = True
+    seed: int = 0
+    api_key: str | None = None
+    request_timeout_s: float = 600.0
+    max_inflight: int | None = None  # cap on open requests; excess waits (and shows as lag)
+
+    @property
+    def endpoint(self) -> str:
+        return "/v1/chat/completions" if self.chat else "/v1/completions"
+
+
+@dataclass
+class Progress:
+    """Live figures the progress line shows; updated by the runner, read by the printer."""
+
+    stage: str = ""
+    sent: int = 0
+    done: int = 0
+    errors: int = 0
+    output_tokens: int = 0
+
+    @property
+    def inflight(self) -> int:
+        return self.sent - self.done
+
+
+@dataclass
+class RunResult:
+    t0: float  # perf_counter at the start; record times are relative to it when written
+    start_unix: float
+    records: list[RequestRecord] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+class _Sender:
+    def __init__(self, client: httpx.AsyncClient, opts: RunOptions, items: Iterator[WorkItem],
+                 result: RunResult, progress: Progress) -> None:  # fmt: skip
+        self.client, self.opts, self.items = client, opts, items
+        self.result, self.progress = result, progress
+        self.counter = itertools.count()
+        self.gate = asyncio.Semaphore(opts.max_inflight) if opts.max_inflight else None
+
+    def new_record(self, stage: Stage, due: float) -> tuple[RequestRecord, WorkItem]:
+        item = next(self.items)
+        rec = RequestRecord(
+            request_id=f"req-{next(self.counter)}",
+            scheduled_at=due,
+            stage=stage.name,
+            warmup=stage.warmup,
+            expected_input_tokens=item.input_tokens,
+            expected_output_tokens=item.max_tokens,
+        )
+        self.result.records.append(rec)
+        return rec, item
+
+    async def send(self, rec: RequestRecord, item: WorkItem) -> None:
+        body = item.body(self.opts.model, self.opts.chat, self.opts.ignore_eos)
+        if self.gate is not None:
+            await self.gate.acquire()
+        self.progress.sent += 1
+        try:
+            await stream_completion(self.client, self.opts.base_url, body, rec, self.opts.endpoint)
+        finally:
+            if self.gate is not None:
+                self.gate.release()
+            self.progress.done += 1
+            self.progress.errors += not rec.ok
+            self.progress.output_tokens += rec.output_tokens or 0
+
+
+async def _open_stage(sender: _Sender, stage: Stage, rng: random.Random) -> None:
+    assert not isinstance(stage.pattern, Concurrency)
+    duration = stage.duration_s if stage.duration_s is not None else float("inf")
+    start = time.perf_counter()
+    tasks = []
+    for i, offset in enumerate(stage.pattern.offsets(rng, duration)):
+        if stage.count is not None and i >= stage.count:
+            break
+        due = start + offset
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        rec, item = sender.new_record(stage, due)
+        tasks.append(asyncio.create_task(sender.send(rec, item)))
+    await asyncio.gather(*tasks)
+
+
+async def _closed_stage(sender: _Sender, stage: Stage) -> None:
+    assert isinstance(stage.pattern, Concurrency)
+    end = time.perf_counter() + stage.duration_s if stage.duration_s is not None else float("inf")
+    issued = 0
+
+    async def worker() -> None:
+        nonlocal issued
+        while time.perf_counter() < end and (stage.count is None or issued < stage.count):
+            issued += 1
+            rec, item = sender.new_record(stage, time.perf_counter())
+            await sender.send(rec, item)
+
+    await asyncio.gather(*(worker() for _ in range(stage.pattern.n)))
+
+
+async def run_stages(
+    stages: list[Stage],
+    opts: RunOptions,
+    items: Iterator[WorkItem],
+    progress: Progress | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+) -> RunResult:
+    progress = progress or Progress()
+    headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=1000)
+    timeout = httpx.Timeout(opts.request_timeout_s, connect=10.0)
+    result = RunResult(t0=time.perf_counter(), start_unix=time.time())
+    rng = random.Random(opts.seed)
+
+    def event(kind: str, stage: Stage) -> None:
+        ev = {"event": kind, "stage": stage.name, "warmup": stage.warmup,
+              "t": time.perf_counter() - result.t0, "unix": time.time()}  # fmt: skip
+        result.events.append(ev)
+        if on_event:
+            on_event(ev)
+
+    async with httpx.AsyncClient(headers=headers, limits=limits, timeout=timeout) as client:
+        sender = _Sender(client, opts, items, result, progress)
+        for stage in stages:
+            progress.stage = stage.name
+            event("stage_start", stage)
+            if isinstance(stage.pattern, Concurrency):
+                await _closed_stage(sender, stage)
+            else:
+                await _open_stage(sender, stage, rng)
+            event("stage_end", stage)
+    return result

@@ -1,0 +1,126 @@
+"""Summaries of a run: per stage and overall, from the flat request records (pandas).
+
+Goodput counts the completed requests that met every SLO given (`--slo ttft=500ms,tpot=50ms`);
+latencies are also summarised from the scheduled time, so a client-side queue cannot hide.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import pandas as pd
+
+__all__ = ["parse_slo", "summarize_records", "render_table", "SLO_METRICS", "SloError"]
+
+SLO_METRICS = ("ttft", "tpot", "e2e", "ttft_from_scheduled", "e2e_from_scheduled")
+_QUANTILES = (0.5, 0.9, 0.99)
+_DURATION = re.compile(r"^([\d.]+)\s*(ms|s)?$")
+
+
+class SloError(ValueError):
+    pass
+
+
+def parse_slo(spec: str) -> dict[str, float]:
+    """`ttft=500ms,tpot=50ms,e2e=10s` -> seconds per metric."""
+    out: dict[str, float] = {}
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        key, sep, raw = item.partition("=")
+        m = _DURATION.match(raw.strip())
+        if not sep or key not in SLO_METRICS or m is None:
+            names = ", ".join(SLO_METRICS)
+            raise SloError(f"--slo {item!r}: use METRIC=VALUE[ms|s], METRIC one of {names}")
+        value = float(m[1]) / (1000.0 if m[2] == "ms" else 1.0)
+        if value <= 0:
+            raise SloError(f"--slo {item!r}: the limit must be positive")
+        out[key] = value
+    return out
+
+
+def _q(series: pd.Series) -> dict[str, float | None]:
+    s = series.dropna()
+    if s.empty:
+        return {f"p{int(q * 100)}": None for q in _QUANTILES} | {"mean": None, "max": None}
+    out: dict[str, float | None] = {f"p{int(q * 100)}": float(s.quantile(q)) for q in _QUANTILES}
+    out["mean"] = float(s.mean())
+    out["max"] = float(s.max())
+    return out
+
+
+def _one(df: pd.DataFrame, slo: dict[str, float]) -> dict[str, Any]:
+    ok = df[df["ok"]]
+    if df.empty:
+        return {"requests": 0}
+    span_start = df["scheduled_at"].min()
+    span_end = df["finished_at"].max()
+    duration = float(span_end - span_start) if not math.isnan(span_end) else 0.0
+    itl = pd.Series([g for gaps in ok["gaps"] for g in gaps], dtype=float)
+    good = ok
+    for metric, limit in slo.items():
+        good = good[good[metric].notna() & (good[metric] <= limit)]
+    errors = df.loc[~df["ok"], "error"].fillna("").str.split(":").str[0].value_counts()
+    out_tokens = float(ok["output_tokens"].fillna(0).sum())
+    return {
+        "requests": int(len(df)),
+        "completed": int(len(ok)),
+        "failed": int(len(df) - len(ok)),
+        "errors": {str(k): int(v) for k, v in errors.items()},
+        "duration_s": duration,
+        "request_throughput": len(ok) / duration if duration > 0 else None,
+        "output_token_throughput": out_tokens / duration if duration > 0 else None,
+        "input_token_throughput": (
+            float(ok["prompt_tokens"].fillna(0).sum()) / duration if duration > 0 else None
+        ),
+        "goodput": (len(good) / duration if duration > 0 else None) if slo else None,
+        "slo_attainment": (len(good) / len(df)) if slo else None,
+        "ttft": _q(ok["ttft"]),
+        "tpot": _q(ok["tpot"]),
+        "itl": _q(itl),
+        "e2e": _q(ok["e2e"]),
+        "ttft_from_scheduled": _q(ok["ttft_from_scheduled"]),
+        "e2e_from_scheduled": _q(ok["e2e_from_scheduled"]),
+        "dispatch_lag": _q(df["dispatch_lag"]),
+        "stalls": int(ok["stalls"].sum()),
+        "requests_with_stalls": int((ok["stalls"] > 0).sum()),
+    }
+
+
+def summarize_records(records: list[dict[str, Any]], slo: dict[str, float] | None = None
+                      ) -> dict[str, Any]:  # fmt: skip
+    """{"overall": ..., "stages": {name: ...}}; warm-up stages are left out of both."""
+    slo = slo or {}
+    df = pd.DataFrame.from_records(records)
+    if df.empty:
+        return {"overall": {"requests": 0}, "stages": {}, "slo": slo}
+    measured = df[~df["warmup"]] if "warmup" in df else df
+    stages = {str(name): _one(g, slo) for name, g in measured.groupby("stage", sort=False)}
+    return {"overall": _one(measured, slo), "stages": stages, "slo": slo}
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:.0f}"
+
+
+def render_table(summary: dict[str, Any]) -> str:
+    rows = [("stage", "done/sent", "req/s", "tok/s", "TTFT p50/p99 ms", "TPOT p50 ms",
+             "e2e p99 ms", "lag p99 ms", "stalls", "goodput")]  # fmt: skip
+    items = list(summary["stages"].items()) + [("overall", summary["overall"])]
+    for name, s in items:
+        if not s.get("requests"):
+            continue
+        rows.append((
+            name,
+            f"{s['completed']}/{s['requests']}",
+            "-" if s["request_throughput"] is None else f"{s['request_throughput']:.2f}",
+            "-" if s["output_token_throughput"] is None else f"{s['output_token_throughput']:.0f}",
+            f"{_ms(s['ttft']['p50'])}/{_ms(s['ttft']['p99'])}",
+            _ms(s["tpot"]["p50"]),
+            _ms(s["e2e"]["p99"]),
+            _ms(s["dispatch_lag"]["p99"]),
+            f"{s['stalls']} in {s['requests_with_stalls']}",
+            "-" if s["goodput"] is None else f"{s['goodput']:.2f}/s",
+        ))  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)

@@ -1,0 +1,234 @@
+"""What each request asks for: synthetic prompts of chosen token lengths, or a dataset.
+
+Synthetic prompts are measured in tokens of the served model: when the server has `/tokenize`, a
+seeded corpus is tokenized once and prompts are slices of its token ids, sent as token-id prompts
+(exact lengths on /v1/completions) and as their text on chat (length within a few tokens after the
+chat template). Without `/tokenize`, text is built from words at a measured 1.3 tokens per word.
+
+Length distributions (`--input-len`, `--output-len`):
+    300 | fixed:300 | uniform:100,300 | normal:200,50 | lognormal:200,0.5 (median, sigma)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+__all__ = [
+    "LengthDist", "WorkItem", "DatasetError", "parse_length", "tokenize_corpus",
+    "synthetic_items", "load_dataset",
+]  # fmt: skip
+
+_WORDS_PER_TOKEN = 1 / 1.3
+_CORPUS_WORDS = 6000
+
+
+class DatasetError(ValueError):
+    """A dataset or length spec that cannot be used; says which file/line and why."""
+
+
+@dataclass(frozen=True)
+class LengthDist:
+    kind: str
+    a: float
+    b: float = 0.0
+
+    def sample(self, rng: random.Random) -> int:
+        if self.kind == "fixed":
+            v = self.a
+        elif self.kind == "uniform":
+            v = rng.uniform(self.a, self.b)
+        elif self.kind == "normal":
+            v = rng.gauss(self.a, self.b)
+        else:  # lognormal with median a and sigma b
+            v = rng.lognormvariate(math.log(self.a), self.b)
+        return max(1, round(v))
+
+
+def parse_length(spec: str) -> LengthDist:
+    kind, sep, rest = spec.partition(":")
+    if not sep:
+        kind, rest = "fixed", spec
+    try:
+        nums = [float(x) for x in rest.split(",")]
+    except ValueError:
+        raise DatasetError(f"length {spec!r}: numbers expected") from None
+    want = {"fixed": 1, "uniform": 2, "normal": 2, "lognormal": 2}
+    if kind not in want or len(nums) != want[kind]:
+        raise DatasetError(
+            f"length {spec!r}: use N, fixed:N, uniform:LO,HI, normal:MEAN,SD or "
+            "lognormal:MEDIAN,SIGMA"
+        )
+    if nums[0] <= 0 or (kind == "uniform" and nums[1] < nums[0]) or (len(nums) > 1 and nums[1] < 0):
+        raise DatasetError(f"length {spec!r}: lengths must be positive (and LO <= HI)")
+    return LengthDist(kind, *nums)
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One request's content. `token_ids` is set when lengths were measured with /tokenize."""
+
+    text: str
+    max_tokens: int
+    input_tokens: int | None = None  # the length we aimed for, when known
+    token_ids: tuple[int, ...] | None = None
+
+    def body(self, model: str, chat: bool, ignore_eos: bool) -> dict[str, Any]:
+        base: dict[str, Any] = {"model": model, "max_tokens": self.max_tokens}
+        if ignore_eos:
+            base["ignore_eos"] = True
+        if chat:
+            base["messages"] = [{"role": "user", "content": self.text}]
+        else:
+            base["prompt"] = list(self.token_ids) if self.token_ids else self.text
+        return base
+
+
+def _corpus(seed: int, words: int = _CORPUS_WORDS) -> list[str]:
+    rng = random.Random(seed)
+    vocab = ["".join(rng.choices("etaoinshrdlucmfwyp", k=rng.randint(2, 8))) for _ in range(800)]
+    return [rng.choice(vocab) for _ in range(words)]
+
+
+async def tokenize_corpus(client: httpx.AsyncClient, base_url: str, model: str, seed: int
+                          ) -> tuple[list[int], str] | None:  # fmt: skip
+    """Token ids of the seeded corpus (and its text), or None if the server has no /tokenize."""
+    text = " ".join(_corpus(seed))
+    try:
+        r = await client.post(
+            base_url.rstrip("/") + "/tokenize",
+            json={"model": model, "prompt": text, "add_special_tokens": False},
+        )
+    except httpx.HTTPError:
+        return None
+    if r.status_code != 200:
+        return None
+    tokens = r.json().get("tokens")
+    return (list(tokens), text) if isinstance(tokens, list) and tokens else None
+
+
+def synthetic_items(
+    input_len: LengthDist,
+    output_len: LengthDist,
+    seed: int,
+    tokens: list[int] | None = None,
+    shared_prefix: int = 0,
+    prefix_groups: int = 1,
+) -> Iterator[WorkItem]:
+    """Endless seeded prompts; with `shared_prefix`, each starts with one of `prefix_groups`
+    common prefixes (so prefix caching can share their blocks)."""
+    rng = random.Random(seed)
+    words = _corpus(seed)
+    prefixes = [_slice(rng, tokens, words, shared_prefix) for _ in range(prefix_groups)]
+    i = 0
+    while True:
+        want = input_len.sample(rng)
+        ids, text = _slice(rng, tokens, words, want)
+        if shared_prefix:
+            pids, ptext = prefixes[i % prefix_groups]
+            ids = pids + ids if ids is not None and pids is not None else None
+            text = ptext + " " + text
+            want += shared_prefix
+        yield WorkItem(text, output_len.sample(rng), want, tuple(ids) if ids is not None else None)
+        i += 1
+
+
+def _slice(rng: random.Random, tokens: list[int] | None, words: list[str], n: int
+           ) -> tuple[list[int] | None, str]:  # fmt: skip
+    if n <= 0:
+        return ([] if tokens is not None else None), ""
+    if tokens is not None:
+        reps = tokens * (n // len(tokens) + 2)
+        start = rng.randrange(len(tokens))
+        ids = reps[start : start + n]
+        nwords = max(1, round(n * _WORDS_PER_TOKEN))
+        return ids, " ".join(_cycle_slice(words, rng.randrange(len(words)), nwords))
+    nwords = max(1, round(n * _WORDS_PER_TOKEN))
+    return None, " ".join(_cycle_slice(words, rng.randrange(len(words)), nwords))
+
+
+def _cycle_slice(items: list[str], start: int, n: int) -> list[str]:
+    return [items[(start + k) % len(items)] for k in range(n)]
+
+
+def _json_records(path: Path) -> Iterator[tuple[int, Any]]:
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise DatasetError(f"{path}: not UTF-8 text") from None
+    stripped = raw.lstrip()
+    if stripped.startswith("["):
+        try:
+            data = json.loads(raw)
+        except ValueError as e:
+            raise DatasetError(f"{path}: not valid JSON ({e})") from None
+        yield from enumerate(data, 1)
+        return
+    for lineno, line in enumerate(raw.splitlines(), 1):
+        if line.strip():
+            try:
+                yield lineno, json.loads(line)
+            except ValueError as e:
+                raise DatasetError(f"{path}:{lineno}: not valid JSON ({e})") from None
+
+
+def _sharegpt_item(rec: Any) -> tuple[str, str | None] | None:
+    conv = rec.get("conversations") if isinstance(rec, dict) else None
+    if not isinstance(conv, list):
+        return None
+    human = next((t for t in conv if isinstance(t, dict) and t.get("from") in ("human", "user")),
+                 None)  # fmt: skip
+    if human is None or not isinstance(human.get("value"), str):
+        return None
+    idx = conv.index(human)
+    reply = conv[idx + 1] if idx + 1 < len(conv) and isinstance(conv[idx + 1], dict) else None
+    return human["value"], (reply or {}).get("value")
+
+
+def load_dataset(path: Path, output_len: LengthDist | None, limit: int | None = None
+                 ) -> list[WorkItem]:  # fmt: skip
+    """ShareGPT JSON/JSONL (`conversations`) or custom JSONL (`prompt`, optional `max_tokens`).
+
+    Without `output_len`, a ShareGPT item asks for about as many tokens as its recorded reply.
+    Records that are not usable are skipped; a file with none left is an error.
+    """
+    items: list[WorkItem] = []
+    skipped = 0
+    for where, rec in _json_records(path):
+        if isinstance(rec, dict) and isinstance(rec.get("prompt"), str):
+            mt = rec.get("max_tokens")
+            if mt is not None and (not isinstance(mt, int) or mt < 1):
+                raise DatasetError(f"{path}:{where}: max_tokens must be a positive integer")
+            if mt is None and output_len is None:
+                raise DatasetError(f"{path}:{where}: no max_tokens; give --output-len")
+            n_out = mt if mt is not None else output_len.sample(random.Random(where))  # type: ignore[union-attr]
+            items.append(WorkItem(rec["prompt"], n_out))
+        elif (pair := _sharegpt_item(rec)) is not None:
+            prompt, reply = pair
+            if output_len is not None:
+                n_out = output_len.sample(random.Random(where))
+            elif reply:
+                n_out = max(1, round(len(reply.split()) / _WORDS_PER_TOKEN))
+            else:
+                skipped += 1
+                continue
+            items.append(WorkItem(prompt, n_out))
+        else:
+            skipped += 1
+        if limit is not None and len(items) >= limit:
+            break
+    if not items:
+        raise DatasetError(
+            f"{path}: no usable records ({skipped} skipped); expected ShareGPT "
+            '{"conversations": [{"from": "human", "value": ...}, ...]} or {"prompt": ...}'
+        )
+    return items

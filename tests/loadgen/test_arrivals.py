@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import random
+import statistics
+
+import pytest
+
+from loadgen.arrivals import Concurrency, Constant, Gamma, Poisson, Ramp
+
+
+def gaps(offsets: list[float]) -> list[float]:
+    return [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
+
+
+class TestConstant:
+    def test_exact_spacing(self) -> None:
+        offs = list(Constant(4).offsets(random.Random(0), 2.0))
+        assert offs == pytest.approx([0, 0.25, 0.5, 0.75, 1, 1.25, 1.5, 1.75])
+
+
+class TestPoisson:
+    def test_mean_rate_and_seeded(self) -> None:
+        a = list(Poisson(50).offsets(random.Random(1), 200.0))
+        b = list(Poisson(50).offsets(random.Random(1), 200.0))
+        assert a == b
+        assert len(a) / 200 == pytest.approx(50, rel=0.03)
+        g = gaps(a)
+        assert statistics.stdev(g) / statistics.mean(g) == pytest.approx(1.0, rel=0.05)
+
+
+class TestGamma:
+    @pytest.mark.parametrize("burstiness", [0.25, 1.0, 4.0])
+    def test_rate_kept_and_cv_follows_burstiness(self, burstiness: float) -> None:
+        offs = list(Gamma(40, burstiness).offsets(random.Random(2), 300.0))
+        assert len(offs) / 300 == pytest.approx(40, rel=0.05)
+        g = gaps(offs)
+        cv = statistics.stdev(g) / statistics.mean(g)
+        assert cv == pytest.approx(burstiness**-0.5, rel=0.08)
+
+
+class TestRamp:
+    def test_count_is_the_integral_and_rate_grows(self) -> None:
+        offs = list(Ramp(1, 9).offsets(random.Random(0), 10.0))
+        assert len(offs) == pytest.approx(50, abs=1)  # (1 + 9) / 2 x 10
+        first, last = gaps(offs[:5]), gaps(offs[-5:])
+        assert statistics.mean(first) > 3 * statistics.mean(last)
+
+    def test_down_ramp_and_flat(self) -> None:
+        assert len(list(Ramp(10, 0).offsets(random.Random(0), 10.0))) == pytest.approx(50, abs=1)
+        assert len(list(Ramp(2, 2).offsets(random.Random(0), 10.0))) == 20
+
+
+class TestValidation:
+    @pytest.mark.parametrize(
+        "make",
+        [
+            lambda: Poisson(0),
+            lambda: Constant(-1),
+            lambda: Gamma(1, 0),
+            lambda: Ramp(0, 0),
+            lambda: Concurrency(0),
+            lambda: Poisson(float("inf")),
+        ],
+    )
+    def test_bad_values(self, make: object) -> None:
+        with pytest.raises(ValueError):
+            make()  # type: ignore[operator]
