@@ -77,10 +77,7 @@ def _take_chunk(chunk: dict[str, Any], record: RequestRecord, now: float) -> Non
         record.error = f"server error in stream: {str(chunk['error'])[:200]}"
         return
     for choice in chunk.get("choices") or []:
-        text = choice.get("text")
-        if text is None:
-            text = (choice.get("delta") or {}).get("content")
-        if text:
+        if _carries_output(choice):
             if record.first_token_at is None:
                 record.first_token_at = now
             record.token_times.append(now)
@@ -89,3 +86,12 @@ def _take_chunk(chunk: dict[str, Any], record: RequestRecord, now: float) -> Non
     if usage:
         record.prompt_tokens = usage.get("prompt_tokens")
         record.output_tokens = usage.get("completion_tokens")
+
+
+def _carries_output(choice: dict[str, Any]) -> bool:
+    """A chunk for generated output, even with empty text: a token that ends mid-way through a
+    UTF-8 character streams as "". Chat's first delta only announces the role and is no token."""
+    if "text" in choice:
+        return choice["text"] is not None
+    delta = choice.get("delta") or {}
+    return delta.get("content") is not None and "role" not in delta

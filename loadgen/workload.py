@@ -2,8 +2,9 @@
 
 Synthetic prompts are measured in tokens of the served model: when the server has `/tokenize`, a
 seeded corpus is tokenized once and prompts are slices of its token ids, sent as token-id prompts
-(exact lengths on /v1/completions) and as their text on chat (length within a few tokens after the
-chat template). Without `/tokenize`, text is built from words at a measured 1.3 tokens per word.
+(exact lengths on /v1/completions); chat gets text of the same length at the tokens-per-word ratio
+measured on the corpus, plus the chat template's few tokens. Without `/tokenize`, text is built
+from words at an assumed 1.3 tokens per word.
 
 Length distributions (`--input-len`, `--output-len`):
     300 | fixed:300 | uniform:100,300 | normal:200,50 | lognormal:200,0.5 (median, sigma)
@@ -126,11 +127,13 @@ def synthetic_items(
     common prefixes (so prefix caching can share their blocks)."""
     rng = random.Random(seed)
     words = _corpus(seed)
-    prefixes = [_slice(rng, tokens, words, shared_prefix) for _ in range(prefix_groups)]
+    # Text for chat: as many corpus words as give the wanted tokens in this model's tokenizer.
+    wpt = len(words) / len(tokens) if tokens else _WORDS_PER_TOKEN
+    prefixes = [_slice(rng, tokens, words, shared_prefix, wpt) for _ in range(prefix_groups)]
     i = 0
     while True:
         want = input_len.sample(rng)
-        ids, text = _slice(rng, tokens, words, want)
+        ids, text = _slice(rng, tokens, words, want, wpt)
         if shared_prefix:
             pids, ptext = prefixes[i % prefix_groups]
             ids = pids + ids if ids is not None and pids is not None else None
@@ -140,21 +143,19 @@ def synthetic_items(
         i += 1
 
 
-def _slice(rng: random.Random, tokens: list[int] | None, words: list[str], n: int
-           ) -> tuple[list[int] | None, str]:  # fmt: skip
+def _slice(rng: random.Random, tokens: list[int] | None, words: list[str], n: int,
+           words_per_token: float) -> tuple[list[int] | None, str]:  # fmt: skip
     if n <= 0:
         return ([] if tokens is not None else None), ""
-    if tokens is not None:
-        reps = tokens * (n // len(tokens) + 2)
-        start = rng.randrange(len(tokens))
-        ids = reps[start : start + n]
-        nwords = max(1, round(n * _WORDS_PER_TOKEN))
-        return ids, " ".join(_cycle_slice(words, rng.randrange(len(words)), nwords))
-    nwords = max(1, round(n * _WORDS_PER_TOKEN))
-    return None, " ".join(_cycle_slice(words, rng.randrange(len(words)), nwords))
+    nwords = max(1, round(n * words_per_token))
+    text = " ".join(_cycle_slice(words, rng.randrange(len(words)), nwords))
+    if tokens is None:
+        return None, text
+    start = rng.randrange(len(tokens))
+    return _cycle_slice(tokens, start, n), text
 
 
-def _cycle_slice(items: list[str], start: int, n: int) -> list[str]:
+def _cycle_slice(items: list[Any], start: int, n: int) -> list[Any]:
     return [items[(start + k) % len(items)] for k in range(n)]
 
 
