@@ -37,10 +37,10 @@ class Constant:
         _positive("rate", self.rate)
 
     def offsets(self, rng: random.Random, duration_s: float) -> Iterator[float]:
-        t = 0.0
-        while t < duration_s:
+        k = 0
+        while (t := k / self.rate) < duration_s:  # k / rate: no drift from summing 1 / rate
             yield t
-            t += 1.0 / self.rate
+            k += 1
 
 
 @dataclass(frozen=True)

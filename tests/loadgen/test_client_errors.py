@@ -91,3 +91,23 @@ class TestRunCli:
     def test_bad_load_specs(self, args: list[str]) -> None:
         p = _kvwatch("loadgen", "run", "--url", "http://127.0.0.1:9", *args)
         assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.strip()
+
+
+class TestSeeded:
+    def test_same_seed_same_schedule_and_workload(self, tmp_path: Path) -> None:
+        runs = []
+        with fake_openai() as (base, _):
+            for i in range(2):
+                stage = "gamma:rate=40,burstiness=0.3@1s"
+                _kvwatch("loadgen", "run", "--url", base, "--stage", stage, "--seed", "11",
+                         "--output-len", "uniform:1,9", "--no-progress",
+                         "--run-dir", str(tmp_path / str(i)))  # fmt: skip
+                lines = (tmp_path / str(i) / "requests.jsonl").read_text().splitlines()
+                runs.append([json.loads(x) for x in lines])
+        a, b = runs
+        assert len(a) == len(b) > 10
+        assert [r["expected_output_tokens"] for r in a] == [r["expected_output_tokens"] for r in b]
+        # send times are the stage start plus seeded offsets: the intervals repeat exactly
+        ia = [y["scheduled_at"] - x["scheduled_at"] for x, y in zip(a, a[1:], strict=False)]
+        ib = [y["scheduled_at"] - x["scheduled_at"] for x, y in zip(b, b[1:], strict=False)]
+        assert ia == pytest.approx(ib, abs=1e-6)
