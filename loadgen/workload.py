@@ -23,9 +23,15 @@ from typing import Any
 import httpx
 
 __all__ = [
-    "LengthDist", "WorkItem", "DatasetError", "parse_length", "tokenize_corpus",
-    "synthetic_items", "load_dataset",
-]  # fmt: skip
+    "LengthDist",
+    "WorkItem",
+    "DatasetError",
+    "parse_length",
+    "tokenize_corpus",
+    "synthetic_items",
+    "load_dataset",
+    "WorkloadSpec",
+]
 
 _WORDS_PER_TOKEN = 1 / 1.3
 _CORPUS_WORDS = 6000
@@ -98,8 +104,9 @@ def _corpus(seed: int, words: int = _CORPUS_WORDS) -> list[str]:
     return [rng.choice(vocab) for _ in range(words)]
 
 
-async def tokenize_corpus(client: httpx.AsyncClient, base_url: str, model: str, seed: int
-                          ) -> tuple[list[int], str] | None:  # fmt: skip
+async def tokenize_corpus(
+    client: httpx.AsyncClient, base_url: str, model: str, seed: int
+) -> tuple[list[int], str] | None:
     """Token ids of the seeded corpus (and its text), or None if the server has no /tokenize."""
     text = " ".join(_corpus(seed))
     try:
@@ -111,8 +118,13 @@ async def tokenize_corpus(client: httpx.AsyncClient, base_url: str, model: str, 
         return None
     if r.status_code != 200:
         return None
-    tokens = r.json().get("tokens")
-    return (list(tokens), text) if isinstance(tokens, list) and tokens else None
+    try:
+        tokens = r.json().get("tokens")
+    except (ValueError, AttributeError):
+        return None  # not vLLM's /tokenize: fall back to words
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, int) for t in tokens):
+        return None
+    return list(tokens), text
 
 
 def synthetic_items(
@@ -143,8 +155,9 @@ def synthetic_items(
         i += 1
 
 
-def _slice(rng: random.Random, tokens: list[int] | None, words: list[str], n: int,
-           words_per_token: float) -> tuple[list[int] | None, str]:  # fmt: skip
+def _slice(
+    rng: random.Random, tokens: list[int] | None, words: list[str], n: int, words_per_token: float
+) -> tuple[list[int] | None, str]:
     if n <= 0:
         return ([] if tokens is not None else None), ""
     nwords = max(1, round(n * words_per_token))
@@ -186,8 +199,9 @@ def _sharegpt_item(rec: Any) -> tuple[str, str | None] | None:
     conv = rec.get("conversations") if isinstance(rec, dict) else None
     if not isinstance(conv, list):
         return None
-    human = next((t for t in conv if isinstance(t, dict) and t.get("from") in ("human", "user")),
-                 None)  # fmt: skip
+    human = next(
+        (t for t in conv if isinstance(t, dict) and t.get("from") in ("human", "user")), None
+    )
     if human is None or not isinstance(human.get("value"), str):
         return None
     idx = conv.index(human)
@@ -195,8 +209,9 @@ def _sharegpt_item(rec: Any) -> tuple[str, str | None] | None:
     return human["value"], (reply or {}).get("value")
 
 
-def load_dataset(path: Path, output_len: LengthDist | None, limit: int | None = None
-                 ) -> list[WorkItem]:  # fmt: skip
+def load_dataset(
+    path: Path, output_len: LengthDist | None, limit: int | None = None
+) -> list[WorkItem]:
     """ShareGPT JSON/JSONL (`conversations`) or custom JSONL (`prompt`, optional `max_tokens`).
 
     Without `output_len`, a ShareGPT item asks for about as many tokens as its recorded reply.
@@ -233,3 +248,46 @@ def load_dataset(path: Path, output_len: LengthDist | None, limit: int | None = 
             '{"conversations": [{"from": "human", "value": ...}, ...]} or {"prompt": ...}'
         )
     return items
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """Everything needed to rebuild the same item sequence, in this or a worker process."""
+
+    input_len: str = "128"
+    output_len: str | None = None
+    seed: int = 0
+    dataset: Path | None = None
+    shared_prefix: int = 0
+    prefix_groups: int = 1
+    tokens: tuple[int, ...] | None = None  # the seeded corpus, tokenized by the server
+
+    def items(self) -> Iterator[WorkItem]:
+        out_len = parse_length(self.output_len) if self.output_len else None
+        if self.dataset is not None:
+            records = load_dataset(self.dataset, out_len)
+            rng = random.Random(self.seed)
+            while True:
+                order = records[:]
+                rng.shuffle(order)
+                yield from order
+        yield from synthetic_items(
+            parse_length(self.input_len),
+            out_len or parse_length("128"),
+            self.seed,
+            tokens=list(self.tokens) if self.tokens else None,
+            shared_prefix=self.shared_prefix,
+            prefix_groups=max(1, self.prefix_groups),
+        )
+
+    def describe(self) -> dict[str, Any]:
+        if self.dataset is not None:
+            return {"dataset": str(self.dataset), "output_len": self.output_len}
+        return {
+            "synthetic": True,
+            "input_len": self.input_len,
+            "output_len": self.output_len or "128",
+            "token_exact": self.tokens is not None,
+            "shared_prefix": self.shared_prefix,
+            "prefix_groups": self.prefix_groups,
+        }

@@ -63,13 +63,15 @@ def test_every_pattern_in_one_multi_stage_run(vllm_server: LocalVLLM, tmp_path: 
     assert summary["overall"]["completed"] == len(records)
 
 
-def test_sweep_warmup_and_chat(vllm_server: LocalVLLM, tmp_path: Path) -> None:
+def test_sweep_warmup_chat_in_two_processes(vllm_server: LocalVLLM, tmp_path: Path) -> None:
     records = run(vllm_server.base_url, tmp_path, "--chat", "--sweep", "concurrency=1,2",
                   "--requests", "4", "--warmup", "1", "--input-len", "40",
-                  "--output-len", "16", "--slo", "ttft=5s")  # fmt: skip
+                  "--output-len", "16", "--slo", "ttft=5s", "--workers", "2")  # fmt: skip
     check_records(records, exact_input=False)
     stages = [r["stage"] for r in records]
     assert "warmup" in stages and stages.count("concurrency=2") == 4
+    assert stages.count("concurrency=1") == 4
+    assert len({r["request_id"] for r in records}) == len(records)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert set(summary["stages"]) == {"concurrency=1", "concurrency=2"}
     assert summary["overall"]["requests"] == 8 and summary["overall"]["goodput"] > 0
