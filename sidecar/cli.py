@@ -52,8 +52,22 @@ def register(sub: Any) -> None:
         metavar="HOST:PORT",
         help="where to serve kvwatch's own endpoint (127.0.0.1:9477)",
     )
-    s.add_argument("--short-window", type=float, default=10.0, help="short rate window, s (10)")
-    s.add_argument("--long-window", type=float, default=60.0, help="long rate window, s (60)")
+    s.add_argument("--short-window", type=float, help="short rate window, s (10)")
+    s.add_argument("--long-window", type=float, help="long rate window, s (60)")
+    s.add_argument(
+        "--threshold",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override a detection threshold (see docs/detection.md); repeatable",
+    )
+    s.add_argument(
+        "--db",
+        default=str(_default_db()),
+        metavar="FILE",
+        help="SQLite file that keeps thrashing episodes across restarts "
+        "(default ~/.local/state/kvwatch/sidecar.db; '' for memory only)",
+    )
     s.add_argument(
         "command", nargs=argparse.REMAINDER, help="after --: the vLLM command to start and read"
     )
@@ -73,6 +87,10 @@ def register(sub: Any) -> None:
     g.set_defaults(func=_logs)
 
 
+def _default_db() -> Path:
+    return Path.home() / ".local" / "state" / "kvwatch" / "sidecar.db"
+
+
 def _listen(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit():
@@ -82,10 +100,15 @@ def _listen(value: str) -> tuple[str, int]:
 
 def _sidecar(ns: argparse.Namespace) -> int:
     from sidecar.daemon import SidecarConfig, run_sidecar
-    from sidecar.signals import Windows
+    from sidecar.thresholds import parse_overrides
 
     command = tuple(a for a in ns.command if a != "--") if ns.command else ()
     host, port = _listen(ns.listen)
+    overrides = list(ns.threshold)
+    if ns.short_window is not None:
+        overrides.append(f"short_window_s={ns.short_window}")
+    if ns.long_window is not None:
+        overrides.append(f"long_window_s={ns.long_window}")
     try:
         cfg = SidecarConfig(
             targets=tuple(ns.target),
@@ -96,7 +119,8 @@ def _sidecar(ns: argparse.Namespace) -> int:
             log_path=ns.log,
             log_from_start=ns.log_from_start,
             command=command,
-            windows=Windows(ns.short_window, ns.long_window),
+            thresholds=parse_overrides(overrides),
+            db_path=Path(ns.db) if ns.db else None,
         )
     except ValueError as e:
         raise CliError(str(e)) from None

@@ -19,10 +19,11 @@ from typing import BinaryIO
 
 import httpx
 
+from sidecar.episodes import EpisodeStore
 from sidecar.follow import FileFollower, FollowStats, read_stream, run_and_read
 from sidecar.scrape import metrics_url, scrape_once
-from sidecar.signals import Windows
 from sidecar.state import SidecarState
+from sidecar.thresholds import Thresholds
 
 __all__ = ["SidecarConfig", "run_sidecar"]
 
@@ -40,7 +41,8 @@ class SidecarConfig:
     log_path: Path | None = None  # Path("-") means stdin
     log_from_start: bool = False
     command: tuple[str, ...] = ()
-    windows: Windows = field(default_factory=Windows)
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    db_path: Path | None = None  # SQLite file for episodes; None keeps them in memory
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -139,12 +141,22 @@ async def _main(
 def run_sidecar(cfg: SidecarConfig, echo: BinaryIO | None = None) -> int:
     from sidecar.exporter import serve
 
-    state = SidecarState(list(cfg.targets), cfg.windows)
+    state = SidecarState(list(cfg.targets), cfg.thresholds, EpisodeStore(cfg.db_path))
     stale_after = max(10.0, 3 * (cfg.interval_s + cfg.timeout_s))
-    server = serve(cfg.listen_host, cfg.listen_port, state.snapshot, stale_after)
+    server = serve(
+        cfg.listen_host,
+        cfg.listen_port,
+        state.snapshot,
+        stale_after,
+        lambda: [e.to_dict() for e in state.episodes()],
+    )
     host, port = server.server_address[:2]
-    print(f"kvwatch sidecar: serving http://{host}:{port}/metrics, /healthz, /api/state; "
-          f"watching {', '.join(cfg.targets)}", file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"kvwatch sidecar: serving http://{host}:{port}/metrics, /healthz, /api/state; "
+        f"watching {', '.join(cfg.targets)}",
+        file=sys.stderr,
+        flush=True,
+    )
     stop = threading.Event()
     child = _start_log_reader(cfg, state, stop, echo or sys.stdout.buffer)
     try:

@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 __all__ = ["StateCollector", "serve", "ENGINE_GAUGES"]
 
 _ENGINE_LABELS = ["target", "model_name", "engine"]
+_STATES = ("ok", "pressure", "saturated", "thrashing")
 
 # (metric name, signal key, help). Windows are in the help text and the docs.
 ENGINE_GAUGES: tuple[tuple[str, str, str], ...] = (
@@ -30,23 +31,47 @@ ENGINE_GAUGES: tuple[tuple[str, str, str], ...] = (
     ("kvwatch_kv_cache_free_tokens", "free_tokens", "KV headroom in tokens"),
     ("kvwatch_requests_running", "running", "requests in the running batch"),
     ("kvwatch_requests_waiting", "waiting", "requests waiting"),
-    ("kvwatch_requests_waiting_capacity", "waiting_capacity",
-     "requests waiting for KV capacity (preempted ones included)"),
-    ("kvwatch_block_demand_per_step", "block_demand_per_step",
-     "new KV blocks the running batch asks for per decode step (running / block_size)"),
-    ("kvwatch_seconds_to_kv_exhaustion", "seconds_to_exhaustion",
-     "free KV tokens / generation tokens per second (short window)"),
-    ("kvwatch_generation_tokens_per_second", "generation_tokens_per_s",
-     "generation throughput over the short window"),
-    ("kvwatch_prompt_tokens_per_second", "prompt_tokens_per_s",
-     "prompt throughput over the short window"),
-    ("kvwatch_preemptions_per_second_short", "preemptions_per_s_short",
-     "preemptions per second over the short window"),
-    ("kvwatch_preemptions_per_second_long", "preemptions_per_s_long",
-     "preemptions per second over the long window"),
-    ("kvwatch_repeat_preempted_requests", "repeat_preempted_long",
-     "finished requests preempted 2+ times in the long window"),
-)  # fmt: skip
+    (
+        "kvwatch_requests_waiting_capacity",
+        "waiting_capacity",
+        "requests waiting for KV capacity (preempted ones included)",
+    ),
+    (
+        "kvwatch_block_demand_per_step",
+        "block_demand_per_step",
+        "new KV blocks the running batch asks for per decode step (running / block_size)",
+    ),
+    (
+        "kvwatch_seconds_to_kv_exhaustion",
+        "seconds_to_exhaustion",
+        "free KV tokens / generation tokens per second (short window)",
+    ),
+    (
+        "kvwatch_generation_tokens_per_second",
+        "generation_tokens_per_s",
+        "generation throughput over the short window",
+    ),
+    (
+        "kvwatch_prompt_tokens_per_second",
+        "prompt_tokens_per_s",
+        "prompt throughput over the short window",
+    ),
+    (
+        "kvwatch_preemptions_per_second_short",
+        "preemptions_per_s_short",
+        "preemptions per second over the short window",
+    ),
+    (
+        "kvwatch_preemptions_per_second_long",
+        "preemptions_per_s_long",
+        "preemptions per second over the long window",
+    ),
+    (
+        "kvwatch_repeat_preempted_requests",
+        "repeat_preempted_long",
+        "finished requests preempted 2+ times in the long window",
+    ),
+)
 
 
 class StateCollector(Collector):
@@ -84,6 +109,31 @@ class StateCollector(Collector):
         warnings = CounterMetricFamily(
             "kvwatch_log_preemption_warnings", "V0 preemption warnings read", labels=["target"]
         )
+        state = GaugeMetricFamily(
+            "kvwatch_state",
+            "1 for the engine's current state (ok, pressure, saturated, thrashing), else 0",
+            labels=[*_ENGINE_LABELS, "state"],
+        )
+        level = GaugeMetricFamily(
+            "kvwatch_state_level",
+            "0 ok, 1 pressure, 2 saturated, 3 thrashing",
+            labels=_ENGINE_LABELS,
+        )
+        episodes = CounterMetricFamily(
+            "kvwatch_thrashing_episodes",
+            "thrashing episodes begun (kept across sidecar restarts)",
+            labels=_ENGINE_LABELS,
+        )
+        ep_pre = GaugeMetricFamily(
+            "kvwatch_episode_preemptions",
+            "preemptions in the current thrashing episode",
+            labels=_ENGINE_LABELS,
+        )
+        ep_tok = GaugeMetricFamily(
+            "kvwatch_episode_recomputed_tokens",
+            "estimated tokens recomputed in the current thrashing episode",
+            labels=_ENGINE_LABELS,
+        )
         gauges = {
             name: GaugeMetricFamily(name, doc, labels=_ENGINE_LABELS)
             for name, _, doc in ENGINE_GAUGES
@@ -106,11 +156,18 @@ class StateCollector(Collector):
                 sig = e["signals"]
                 observed.add_metric(labels, sig["preemptions_observed"])
                 resets.add_metric(labels, sig["counter_resets"])
+                episodes.add_metric(labels, e["episodes"])
                 if not (t["up"] and e["present"]):
                     continue  # stale: say nothing rather than zeros
                 for name, key, _ in ENGINE_GAUGES:
                     if sig[key] is not None:
                         gauges[name].add_metric(labels, sig[key])
+                for st in _STATES:
+                    state.add_metric([*labels, st], 1.0 if e["state"] == st else 0.0)
+                level.add_metric(labels, e["state_level"])
+                if e["episode"] is not None:
+                    ep_pre.add_metric(labels, e["episode"]["preemptions"])
+                    ep_tok.add_metric(labels, e["episode"]["tokens_recomputed"])
         yield from (
             up,
             present,
@@ -121,6 +178,11 @@ class StateCollector(Collector):
             observed,
             resets,
             warnings,
+            state,
+            level,
+            episodes,
+            ep_pre,
+            ep_tok,
         )
         yield from gauges.values()
         log = snap["log"]
@@ -139,7 +201,10 @@ class StateCollector(Collector):
 
 
 def _handler(
-    registry: CollectorRegistry, snapshot: Callable[[], dict[str, Any]], stale_after_s: float
+    registry: CollectorRegistry,
+    snapshot: Callable[[], dict[str, Any]],
+    stale_after_s: float,
+    episodes: Callable[[], list[dict[str, Any]]],
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
@@ -154,8 +219,12 @@ def _handler(
             elif path == "/api/state":
                 body = json.dumps(snapshot(), indent=1, default=str).encode()
                 self._send(200, body, "application/json")
+            elif path == "/api/episodes":
+                body = json.dumps(episodes(), indent=1).encode()
+                self._send(200, body, "application/json")
             else:
-                self._send(404, b"not found: try /metrics, /healthz, /api/state\n", "text/plain")
+                msg = b"not found: try /metrics, /healthz, /api/state, /api/episodes\n"
+                self._send(404, msg, "text/plain")
 
         def _send(self, code: int, body: bytes, ctype: str) -> None:
             self.send_response(code)
@@ -171,12 +240,17 @@ def _handler(
 
 
 def serve(
-    host: str, port: int, snapshot: Callable[[], dict[str, Any]], stale_after_s: float
+    host: str,
+    port: int,
+    snapshot: Callable[[], dict[str, Any]],
+    stale_after_s: float,
+    episodes: Callable[[], list[dict[str, Any]]] = list,
 ) -> ThreadingHTTPServer:
     """Start the endpoint in a daemon thread; `server.shutdown()` stops it."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StateCollector(snapshot))
-    server = ThreadingHTTPServer((host, port), _handler(registry, snapshot, stale_after_s))
+    handler = _handler(registry, snapshot, stale_after_s, episodes)
+    server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="kvwatch-http", daemon=True).start()
     return server

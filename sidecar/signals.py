@@ -16,17 +16,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from sidecar.observe import CacheConfig
+from sidecar.thresholds import Thresholds
 from sidecar.timeline import Timeline
 
-__all__ = ["Windows", "EngineSignals", "derive"]
-
-
-@dataclass(frozen=True)
-class Windows:
-    """Rate windows in seconds. Short reacts within seconds; long smooths a bursty load."""
-
-    short_s: float = 10.0
-    long_s: float = 60.0
+__all__ = ["EngineSignals", "derive"]
 
 
 @dataclass(frozen=True)
@@ -56,7 +49,7 @@ class EngineSignals:
 
 
 def derive(
-    tl: Timeline, now: float, windows: Windows, fallback: CacheConfig | None = None
+    tl: Timeline, now: float, th: Thresholds, fallback: CacheConfig | None = None
 ) -> EngineSignals | None:
     latest = tl.latest
     if latest is None:
@@ -71,7 +64,7 @@ def derive(
     usage = obs.kv_usage
     free_blocks = None if usage is None or blocks is None else blocks * max(0.0, 1.0 - usage)
     free_tokens = None if usage is None or tokens is None else tokens * max(0.0, 1.0 - usage)
-    gen_rate = tl.rate("generation_tokens_total", windows.short_s, now)
+    gen_rate = tl.rate("generation_tokens_total", th.short_window_s, now)
     demand = None if obs.running is None or not block_size else obs.running / block_size
     exhaustion = None
     if free_tokens is not None and gen_rate:
@@ -88,12 +81,12 @@ def derive(
         free_tokens=free_tokens,
         block_demand_per_step=demand,
         generation_tokens_per_s=gen_rate,
-        prompt_tokens_per_s=tl.rate("prompt_tokens_total", windows.short_s, now),
+        prompt_tokens_per_s=tl.rate("prompt_tokens_total", th.short_window_s, now),
         seconds_to_exhaustion=exhaustion,
-        preemptions_per_s_short=tl.rate("preemptions_total", windows.short_s, now),
-        preemptions_per_s_long=tl.rate("preemptions_total", windows.long_s, now),
-        repeat_preempted_long=tl.increase("repeat_preempted_total", windows.long_s, now),
-        finished_long=tl.increase("finished_requests_total", windows.long_s, now),
+        preemptions_per_s_short=tl.rate("preemptions_total", th.short_window_s, now),
+        preemptions_per_s_long=tl.rate("preemptions_total", th.long_window_s, now),
+        repeat_preempted_long=tl.increase("repeat_preempted_total", th.long_window_s, now),
+        finished_long=tl.increase("finished_requests_total", th.long_window_s, now),
         preemptions_observed=tl.observed["preemptions_total"],
         counter_resets=tl.resets,
     )

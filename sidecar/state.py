@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter, OrderedDict
-from dataclasses import dataclass, field, replace
+from collections import Counter, OrderedDict, deque
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from sidecar.detect import Detector, Level, gather_evidence, judge
+from sidecar.episodes import Episode, EpisodeStore, EpisodeTracker
 from sidecar.exposition import Exposition
 from sidecar.follow import FollowStats
 from sidecar.logformats import (
@@ -21,14 +23,16 @@ from sidecar.logformats import (
     StatsLine,
     event_to_dict,
     parse_line,
-)  # fmt: skip
+)
 from sidecar.observe import CacheConfig, EngineKey, observe
-from sidecar.signals import Windows, derive
+from sidecar.signals import derive
+from sidecar.thresholds import Thresholds
 from sidecar.timeline import Timeline
 
 __all__ = ["TargetState", "LogState", "SidecarState", "ScrapeOutcome"]
 
 _MAX_WARNED_IDS = 10_000
+_MAX_TRANSITIONS = 500
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,16 @@ class LogState:
 
 
 @dataclass
+class EngineState:
+    """One engine's history and judgement."""
+
+    timeline: Timeline
+    detector: Detector
+    episodes: EpisodeTracker
+    episode_count: int = 0
+
+
+@dataclass
 class TargetState:
     url: str
     up: bool | None = None  # None until the first scrape ends
@@ -91,16 +105,25 @@ class TargetState:
     last_duration_s: float | None = None
     last_success_wall: float | None = None
     vllm_metrics_present: bool | None = None
-    engines: dict[EngineKey, Timeline] = field(default_factory=dict)
+    engines: dict[EngineKey, EngineState] = field(default_factory=dict)
     present: set[EngineKey] = field(default_factory=set)
     log: LogState = field(default_factory=LogState)
 
 
 class SidecarState:
-    def __init__(self, targets: list[str], windows: Windows | None = None) -> None:
+    def __init__(
+        self,
+        targets: list[str],
+        thresholds: Thresholds | None = None,
+        store: EpisodeStore | None = None,
+    ) -> None:
         if not targets:
             raise ValueError("at least one target is needed")
-        self.windows = windows or Windows()
+        self.th = thresholds or Thresholds()
+        self.store = store or EpisodeStore(None)
+        self.store.close_dangling(time.time())
+        self._episode_counts = self.store.counts()
+        self.transitions: deque[dict[str, Any]] = deque(maxlen=_MAX_TRANSITIONS)
         self.targets = {url: TargetState(url) for url in targets}
         self.log_target = targets[0]
         self.log_stats: FollowStats | None = None
@@ -130,10 +153,53 @@ class SidecarState:
             ts.vllm_metrics_present = bool(observed)
             ts.present = set(observed)
             for key, obs in observed.items():
-                tl = ts.engines.get(key)
-                if tl is None:
-                    tl = ts.engines[key] = Timeline()
-                tl.add(now, obs)
+                es = ts.engines.get(key)
+                if es is None:
+                    es = ts.engines[key] = EngineState(
+                        Timeline(),
+                        Detector(self.th),
+                        EpisodeTracker(url, *key),
+                        self._episode_counts.get((url, *key), 0),
+                    )
+                self._judge(ts, key, es, now, obs)
+
+    def _judge(
+        self, ts: TargetState, key: EngineKey, es: EngineState, now: float, obs: Any
+    ) -> None:
+        tl = es.timeline
+        before = dict(tl.observed)
+        tl.add(now, obs)
+        sig = derive(tl, now, self.th, ts.log.cache_fallback())
+        if sig is None:
+            return
+        ev = gather_evidence(tl, sig, now, self.th)
+        raw, reasons = judge(ev, self.th, es.detector.level)
+        old = es.detector.level
+        if es.detector.update(now, raw, reasons):
+            self.transitions.append(
+                {
+                    "unix": time.time(),
+                    "target": ts.url,
+                    "model_name": key[0],
+                    "engine": key[1],
+                    "from": old.label,
+                    "to": es.detector.level.label,
+                    "reasons": es.detector.reasons,
+                }
+            )
+        thrashing = es.detector.level is Level.THRASHING
+        opened = es.episodes.current is None
+        ep = es.episodes.tick(
+            time.time(),
+            thrashing,
+            sig,
+            tl.observed["preemptions_total"] - before["preemptions_total"],
+            tl.observed["repeat_preempted_total"] - before["repeat_preempted_total"],
+        )
+        if ep is not None:
+            if opened:
+                es.episode_count += 1
+            self.store.save(ep)
 
     def record_log_lines(self, lines: list[str]) -> None:
         events = [ev for ev in map(parse_line, lines) if ev is not None]
@@ -156,42 +222,59 @@ class SidecarState:
             for ts in self.targets.values():
                 fallback = ts.log.cache_fallback()
                 engines = []
-                for (model, engine), tl in ts.engines.items():
-                    sig = derive(tl, now, self.windows, fallback)
+                for (model, engine), es in ts.engines.items():
+                    sig = derive(es.timeline, now, self.th, fallback)
                     if sig is None:
                         continue
-                    engines.append({
-                        "model_name": model,
-                        "engine": engine,
-                        "present": (model, engine) in ts.present,
-                        "signals": sig.to_dict(),
-                    })  # fmt: skip
+                    det = es.detector
+                    cur = es.episodes.current
+                    engines.append(
+                        {
+                            "model_name": model,
+                            "engine": engine,
+                            "present": (model, engine) in ts.present,
+                            "state": det.level.label,
+                            "state_level": int(det.level),
+                            "state_reasons": list(det.reasons),
+                            "episodes": es.episode_count,
+                            "episode": None if cur is None else cur.to_dict(),
+                            "signals": sig.to_dict(),
+                        }
+                    )
                 log = ts.log
-                targets.append({
-                    "target": ts.url,
-                    "up": ts.up,
-                    "scrapes": ts.scrapes,
-                    "scrape_errors": dict(ts.scrape_errors),
-                    "parse_errors": ts.parse_errors,
-                    "last_error": ts.last_error,
-                    "last_scrape_duration_s": ts.last_duration_s,
-                    "last_success_unix": ts.last_success_wall,
-                    "vllm_metrics_present": ts.vllm_metrics_present,
-                    "engines": engines,
-                    "log": {
-                        "capacity": None if log.capacity is None else event_to_dict(log.capacity),
-                        "events": dict(log.events),
-                        "preemption_warnings": log.warnings,
-                        "max_cumulative_preemptions": log.max_cumulative,
-                        "repeat_warned_requests": log.repeat_warned_ids,
-                        "stats": {k: event_to_dict(v) for k, v in log.stats.items()},
-                    },
-                })  # fmt: skip
+                targets.append(
+                    {
+                        "target": ts.url,
+                        "up": ts.up,
+                        "scrapes": ts.scrapes,
+                        "scrape_errors": dict(ts.scrape_errors),
+                        "parse_errors": ts.parse_errors,
+                        "last_error": ts.last_error,
+                        "last_scrape_duration_s": ts.last_duration_s,
+                        "last_success_unix": ts.last_success_wall,
+                        "vllm_metrics_present": ts.vllm_metrics_present,
+                        "engines": engines,
+                        "log": {
+                            "capacity": None
+                            if log.capacity is None
+                            else event_to_dict(log.capacity),
+                            "events": dict(log.events),
+                            "preemption_warnings": log.warnings,
+                            "max_cumulative_preemptions": log.max_cumulative,
+                            "repeat_warned_requests": log.repeat_warned_ids,
+                            "stats": {k: event_to_dict(v) for k, v in log.stats.items()},
+                        },
+                    }
+                )
             ls = self.log_stats
             return {
                 "started_unix": self.started_wall,
                 "heartbeat_age_s": now - self.heartbeat,
-                "windows": {"short_s": self.windows.short_s, "long_s": self.windows.long_s},
+                "thresholds": asdict(self.th),
+                "transitions": list(self.transitions)[-50:],
                 "log": None if ls is None else {"source": self.log_source, **ls.__dict__},
                 "targets": targets,
             }
+
+    def episodes(self, limit: int = 50) -> list[Episode]:
+        return self.store.recent(limit)

@@ -63,6 +63,11 @@ class Timeline:
         out.reverse()
         return out
 
+    def peak(self, name: str, window_s: float, now: float) -> float | None:
+        """Largest value of a gauge field inside the window."""
+        vals = [v for _, o in self._window(window_s, now) if (v := getattr(o, name)) is not None]
+        return max(vals, default=None)
+
     def increase(self, counter: str, window_s: float, now: float) -> float | None:
         """Reset-corrected increase over the points inside the window; None with fewer than 2."""
         pts = [(t, getattr(o, counter)) for t, o in self._window(window_s, now)]

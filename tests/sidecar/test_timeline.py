@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 
 from sidecar.observe import CacheConfig, EngineObservation
-from sidecar.signals import Windows, derive
+from sidecar.signals import derive
+from sidecar.thresholds import Thresholds
 from sidecar.timeline import Timeline
 
 CACHE = CacheConfig(block_size=32, num_blocks=40, kv_tokens=1280)
@@ -50,7 +51,7 @@ class TestSignals:
         tl = Timeline()
         tl.add(0.0, obs(0, 0, kv_usage=0.5, running=8))
         tl.add(2.0, obs(4, 400, kv_usage=0.75, running=8, waiting=3))
-        s = derive(tl, 2.0, Windows(short_s=10, long_s=60))
+        s = derive(tl, 2.0, Thresholds(short_window_s=10, long_window_s=60))
         assert s is not None
         assert s.free_blocks == pytest.approx(10)  # 40 x 0.25
         assert s.free_tokens == pytest.approx(320)
@@ -62,6 +63,6 @@ class TestSignals:
     def test_capacity_falls_back_to_log(self) -> None:
         tl = Timeline()
         tl.add(0.0, EngineObservation(kv_usage=0.5, running=1))
-        s = derive(tl, 0.0, Windows(), fallback=CacheConfig(kv_tokens=1000))
+        s = derive(tl, 0.0, Thresholds(), fallback=CacheConfig(kv_tokens=1000))
         assert s is not None and s.free_tokens == 500 and s.free_blocks is None
         assert s.seconds_to_exhaustion is None  # no generation rate yet

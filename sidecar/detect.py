@@ -1,0 +1,167 @@
+"""Judge each engine: ok, pressure, saturated or thrashing, with hysteresis so states do not flap.
+
+Values come from sidecar/thresholds.py:
+- pressure: KV usage >= pressure_kv (left below pressure_exit_kv);
+- saturated: peak KV usage in the short window >= saturated_kv, and requests waiting;
+- thrashing: saturated, a sustained preemption stream (rate and count in the short window), and
+  evidence that work is redone: finished requests preempted 2+ times (per-request histogram),
+  running requests collapsed below a fraction of their recent peak while others wait, or
+  generation throughput fell below a fraction of its recent peak.
+
+A worse state is entered once its conditions held `enter_after_s`; a state is left once its
+conditions stayed false for `exit_after_s`. Pure: the caller passes the clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from sidecar.signals import EngineSignals
+from sidecar.thresholds import Thresholds
+from sidecar.timeline import Timeline
+
+__all__ = ["Level", "Evidence", "judge", "Detector", "gather_evidence"]
+
+
+class Level(IntEnum):
+    OK = 0
+    PRESSURE = 1
+    SATURATED = 2
+    THRASHING = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the judgement looked at, kept with it so every state can be explained."""
+
+    kv_usage: float | None
+    peak_kv_short: float | None
+    waiting: float | None
+    running: float | None
+    peak_running_long: float | None
+    preemptions_short: float | None
+    preemption_rate_short: float | None
+    repeat_preempted_long: float | None
+    generation_rate: float | None
+    peak_generation_rate_long: float | None
+
+
+def gather_evidence(tl: Timeline, sig: EngineSignals, now: float, th: Thresholds) -> Evidence:
+    gen_peak = None
+    pts = list(tl.points)
+    rates = []
+    # generation rate per scrape interval over the long window, for its recent peak
+    for (t0, a), (t1, b) in zip(pts, pts[1:], strict=False):
+        if t1 < now - th.long_window_s or t1 <= t0:
+            continue
+        x, y = a.generation_tokens_total, b.generation_tokens_total
+        if x is not None and y is not None:
+            rates.append((y - x if y >= x else y) / (t1 - t0))
+    if rates:
+        gen_peak = max(rates)
+    return Evidence(
+        kv_usage=sig.kv_usage,
+        peak_kv_short=tl.peak("kv_usage", th.short_window_s, now),
+        waiting=sig.waiting,
+        running=sig.running,
+        peak_running_long=tl.peak("running", th.long_window_s, now),
+        preemptions_short=tl.increase("preemptions_total", th.short_window_s, now),
+        preemption_rate_short=sig.preemptions_per_s_short,
+        repeat_preempted_long=sig.repeat_preempted_long,
+        generation_rate=sig.generation_tokens_per_s,
+        peak_generation_rate_long=gen_peak,
+    )
+
+
+def judge(ev: Evidence, th: Thresholds, current: Level = Level.OK) -> tuple[Level, list[str]]:
+    """The level the evidence supports right now (before hysteresis), and why."""
+    reasons: list[str] = []
+    kv = ev.kv_usage or 0.0
+    peak = ev.peak_kv_short or kv
+    waiting = ev.waiting or 0.0
+    saturated = peak >= th.saturated_kv and waiting >= th.saturated_waiting
+    rate = ev.preemption_rate_short or 0.0
+    count = ev.preemptions_short or 0.0
+    stream = rate >= th.thrashing_preemptions_per_s and count >= th.thrashing_min_preemptions
+    if saturated and stream:
+        redone = []
+        if (ev.repeat_preempted_long or 0) > 0:
+            redone.append(
+                f"{ev.repeat_preempted_long:.0f} finished requests were preempted 2+ times"
+            )
+        if (
+            ev.peak_running_long
+            and ev.running is not None
+            and waiting >= 1
+            and ev.running <= th.collapse_running_fraction * ev.peak_running_long
+        ):
+            redone.append(
+                f"running fell to {ev.running:.0f} from a peak of {ev.peak_running_long:.0f} "
+                f"while {waiting:.0f} wait"
+            )
+        if (
+            ev.peak_generation_rate_long
+            and ev.generation_rate is not None
+            and ev.generation_rate <= th.throughput_drop_fraction * ev.peak_generation_rate_long
+        ):
+            redone.append(
+                f"generation fell to {ev.generation_rate:.0f} tok/s from "
+                f"{ev.peak_generation_rate_long:.0f}"
+            )
+        if redone:
+            reasons.append(f"{rate:.1f} preemptions/s ({count:.0f} in the short window)")
+            return Level.THRASHING, reasons + redone
+    if saturated:
+        return Level.SATURATED, [f"KV usage peaked at {peak:.0%} with {waiting:.0f} waiting"]
+    limit = th.pressure_exit_kv if current >= Level.PRESSURE else th.pressure_kv
+    if kv >= limit:
+        return Level.PRESSURE, [f"KV usage {kv:.0%}"]
+    return Level.OK, []
+
+
+@dataclass
+class Detector:
+    """One engine's state with hysteresis."""
+
+    th: Thresholds
+    level: Level = Level.OK
+    reasons: list[str] = field(default_factory=list)
+    since: float | None = None  # when the current level was entered
+    _above: dict[Level, float | None] = field(default_factory=dict)
+    _below: dict[Level, float | None] = field(default_factory=dict)
+
+    def update(self, now: float, raw: Level, reasons: list[str]) -> bool:
+        """Feed one judgement; returns True if the level changed."""
+        for lv in (Level.PRESSURE, Level.SATURATED, Level.THRASHING):
+            if raw >= lv:
+                if self._above.get(lv) is None:
+                    self._above[lv] = now
+                self._below[lv] = None
+            else:
+                self._above[lv] = None
+                if self._below.get(lv) is None:
+                    self._below[lv] = now
+        held = [
+            lv
+            for lv, t in self._above.items()
+            if t is not None and now - t >= self.th.enter_after_s
+        ]
+        up = max(held, default=Level.OK)
+        new = self.level
+        if up > self.level:
+            new = up
+        elif self.level > Level.OK:
+            gone = self._below.get(self.level)
+            if gone is not None and now - gone >= self.th.exit_after_s:
+                new = max(raw, up)
+        if raw >= new:
+            self.reasons = reasons
+        if new != self.level:
+            self.level, self.since = new, now
+            return True
+        return False

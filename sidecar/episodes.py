@@ -1,0 +1,140 @@
+"""Thrashing episodes: tracked per engine, kept in SQLite so they survive a sidecar restart.
+
+An episode opens when an engine enters `thrashing` and closes when it leaves. Per episode:
+start and end, peak KV usage, preemptions and repeat preemptions in it, and estimates of the work
+redone: tokens recomputed (each preemption recomputes the victim's context, estimated as the
+average context of a running request, KV tokens in use / running) and the time that takes at the
+best prompt throughput seen (a rough figure: prefill speed is not measured directly).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from sidecar.signals import EngineSignals
+
+__all__ = ["Episode", "EpisodeTracker", "EpisodeStore"]
+
+
+@dataclass
+class Episode:
+    target: str
+    model_name: str
+    engine: str
+    start_unix: float
+    end_unix: float | None = None
+    peak_kv: float = 0.0
+    preemptions: float = 0.0
+    repeat_preempted: float = 0.0
+    tokens_recomputed: float = 0.0
+    recompute_s_estimate: float | None = None
+    closed_by: str | None = None  # "recovered" or "sidecar restart"
+    id: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class EpisodeTracker:
+    """Follows one engine; returns the episode whenever it opens, grows or closes."""
+
+    def __init__(self, target: str, model_name: str, engine: str) -> None:
+        self.key = (target, model_name, engine)
+        self.current: Episode | None = None
+        self._peak_prefill = 0.0
+
+    def tick(
+        self,
+        now_unix: float,
+        thrashing: bool,
+        sig: EngineSignals,
+        d_preempt: float,
+        d_repeat: float,
+    ) -> Episode | None:
+        self._peak_prefill = max(self._peak_prefill, sig.prompt_tokens_per_s or 0.0)
+        ep = self.current
+        if ep is None and not thrashing:
+            return None
+        if ep is None:
+            ep = self.current = Episode(*self.key, start_unix=now_unix)
+        ep.peak_kv = max(ep.peak_kv, sig.kv_usage or 0.0)
+        ep.preemptions += d_preempt
+        ep.repeat_preempted += d_repeat
+        if d_preempt and sig.kv_usage is not None and sig.capacity_tokens:
+            context = sig.kv_usage * sig.capacity_tokens / max(sig.running or 1.0, 1.0)
+            ep.tokens_recomputed += d_preempt * context
+        if self._peak_prefill > 0:
+            ep.recompute_s_estimate = ep.tokens_recomputed / self._peak_prefill
+        if not thrashing:
+            ep.end_unix, ep.closed_by = now_unix, "recovered"
+            self.current = None
+        return ep
+
+
+_COLUMNS = [f.name for f in fields(Episode) if f.name != "id"]
+
+
+class EpisodeStore:
+    """SQLite table of episodes. `path=None` keeps them in memory only."""
+
+    def __init__(self, path: Path | None) -> None:
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(
+            ":memory:" if path is None else str(path), check_same_thread=False
+        )
+        self._lock = threading.Lock()
+        with self._lock, self._db:
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS episodes (id INTEGER PRIMARY KEY, "
+                + ", ".join(_COLUMNS)
+                + ")"
+            )
+
+    def close_dangling(self, now_unix: float) -> int:
+        """Episodes a previous sidecar left open (it was killed) end now; returns how many."""
+        with self._lock, self._db:
+            cur = self._db.execute(
+                "UPDATE episodes SET end_unix = ?, closed_by = 'sidecar restart' "
+                "WHERE end_unix IS NULL",
+                (now_unix,),
+            )
+            return cur.rowcount
+
+    def save(self, ep: Episode) -> None:
+        values = [getattr(ep, c) for c in _COLUMNS]
+        with self._lock, self._db:
+            if ep.id is None:
+                cur = self._db.execute(
+                    f"INSERT INTO episodes ({', '.join(_COLUMNS)}) "
+                    f"VALUES ({', '.join('?' * len(_COLUMNS))})",
+                    values,
+                )
+                ep.id = cur.lastrowid
+            else:
+                sets = ", ".join(f"{c} = ?" for c in _COLUMNS)
+                self._db.execute(f"UPDATE episodes SET {sets} WHERE id = ?", [*values, ep.id])
+
+    def recent(self, limit: int = 50) -> list[Episode]:
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT id, {', '.join(_COLUMNS)} FROM episodes ORDER BY id DESC LIMIT ?",
+                (limit,),
+            ).fetchall()
+        return [Episode(**dict(zip(_COLUMNS, r[1:], strict=True)), id=r[0]) for r in rows]
+
+    def counts(self) -> dict[tuple[str, str, str], int]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT target, model_name, engine, COUNT(*) FROM episodes "
+                "GROUP BY target, model_name, engine"
+            ).fetchall()
+        return {(t, m, e): n for t, m, e, n in rows}
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

@@ -1,0 +1,75 @@
+"""Every threshold and window kvwatch judges KV pressure by, in one place.
+
+The detector, the sidecar's webhook alerts and the generated Prometheus rules all read these
+values, so the sidecar and Prometheus cannot disagree about what "thrashing" means. Each field
+says why someone would change it. Override from the CLI with `--threshold NAME=VALUE`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+__all__ = ["Thresholds", "DEFAULT_THRESHOLDS", "parse_overrides"]
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    # KV usage at which the cache is under pressure. Common practice alerts at 0.90; lower it for
+    # bursty traffic where 90% leaves no room for a burst's prompts.
+    pressure_kv: float = 0.90
+    # Pressure ends below this (hysteresis), so usage hovering at the threshold does not flap.
+    pressure_exit_kv: float = 0.85
+    # Peak KV usage over the short window at or above which the cache counts as full. Below 1.0
+    # because vLLM keeps a block in reserve and usage moves in whole blocks on small caches.
+    saturated_kv: float = 0.95
+    # Requests waiting (for capacity) needed to call a full cache saturated rather than just full.
+    saturated_waiting: float = 1.0
+    # Preemptions per second over the short window that count as a sustained stream. A single
+    # preemption now and then is normal; raise it for very large batches.
+    thrashing_preemptions_per_s: float = 0.5
+    # ...and at least this many preemptions in the short window, so one burst is not a stream.
+    thrashing_min_preemptions: float = 3.0
+    # Evidence that work is redone: running requests fell to this fraction of their recent peak
+    # while requests wait (preempted requests go back to the queue).
+    collapse_running_fraction: float = 0.6
+    # Evidence: generation throughput fell to this fraction of its recent peak while preempting.
+    throughput_drop_fraction: float = 0.8
+    # How long a worse state's conditions must hold before it is entered, in seconds. Short: the
+    # counter already lags (it rises when the victim next produces output).
+    enter_after_s: float = 2.0
+    # How long the conditions must stay false before the state steps down, in seconds.
+    exit_after_s: float = 15.0
+    # Rate windows in seconds. Short reacts within seconds; long smooths and holds the evidence.
+    short_window_s: float = 10.0
+    long_window_s: float = 60.0
+    # Where alert annotations point for the runbook (one section per alert).
+    runbook_base_url: str = "https://github.com/kvwatch/kvwatch/blob/main/alerts/runbook.md"
+
+
+DEFAULT_THRESHOLDS = Thresholds()
+
+
+def parse_overrides(items: list[str], base: Thresholds = DEFAULT_THRESHOLDS) -> Thresholds:
+    """`["pressure_kv=0.8", ...]` -> a new Thresholds; unknown names and bad numbers are errors."""
+    known = {f.name: f.type for f in fields(Thresholds)}
+    changes: dict[str, float | str] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep or name not in known:
+            raise ValueError(
+                f"--threshold {item!r}: use NAME=VALUE, NAME one of {', '.join(known)}"
+            )
+        if name == "runbook_base_url":
+            changes[name] = raw
+            continue
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"--threshold {item!r}: {raw!r} is not a number") from None
+        if value < 0:
+            raise ValueError(f"--threshold {item!r}: must not be negative")
+        changes[name] = value
+    t = replace(base, **changes)  # type: ignore[arg-type]
+    if t.pressure_exit_kv > t.pressure_kv:
+        raise ValueError("pressure_exit_kv must not exceed pressure_kv")
+    return t

@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from sidecar.detect import Detector, Evidence, Level, judge
+from sidecar.episodes import EpisodeStore
+from sidecar.exposition import parse_exposition
+from sidecar.state import ScrapeOutcome, SidecarState
+from sidecar.thresholds import Thresholds, parse_overrides
+
+TH = Thresholds()
+
+
+def ev(**kw: float | None) -> Evidence:
+    base: dict[str, float | None] = dict(
+        kv_usage=0.5, peak_kv_short=0.5, waiting=0, running=4, peak_running_long=4,
+        preemptions_short=0, preemption_rate_short=0, repeat_preempted_long=0,
+        generation_rate=100, peak_generation_rate_long=100,
+    )  # fmt: skip
+    base.update(kw)
+    return Evidence(**base)  # type: ignore[arg-type]
+
+
+class TestJudge:
+    def test_levels(self) -> None:
+        assert judge(ev(), TH)[0] is Level.OK
+        assert judge(ev(kv_usage=0.92, peak_kv_short=0.92), TH)[0] is Level.PRESSURE
+        assert judge(ev(kv_usage=0.9, peak_kv_short=1.0, waiting=5), TH)[0] is Level.SATURATED
+
+    def test_thrashing_needs_a_stream_and_redone_work(self) -> None:
+        full = dict(kv_usage=0.97, peak_kv_short=1.0, waiting=20)
+        stream = dict(preemptions_short=20, preemption_rate_short=2.0)
+        # a stream of preemptions with no sign of redone work: saturated only
+        assert judge(ev(**full, **stream), TH)[0] is Level.SATURATED
+        # collapse of the running batch while requests wait
+        lvl, why = judge(ev(**full, **stream, running=4, peak_running_long=19), TH)
+        assert lvl is Level.THRASHING and any("running fell to 4" in r for r in why)
+        # repeat victims
+        assert judge(ev(**full, **stream, repeat_preempted_long=3), TH)[0] is Level.THRASHING
+        # throughput fell
+        assert judge(ev(**full, **stream, generation_rate=50), TH)[0] is Level.THRASHING
+        # one preemption is no stream
+        one = dict(preemptions_short=1, preemption_rate_short=0.1, repeat_preempted_long=3)
+        assert judge(ev(**full, **one), TH)[0] is Level.SATURATED
+        # preemptions without a full cache are not thrashing (e.g. one long request)
+        assert judge(ev(**stream, repeat_preempted_long=3), TH)[0] is Level.OK
+
+    def test_pressure_hysteresis_in_the_rule(self) -> None:
+        assert judge(ev(kv_usage=0.87, peak_kv_short=0.87), TH)[0] is Level.OK
+        assert judge(ev(kv_usage=0.87, peak_kv_short=0.87), TH, Level.PRESSURE)[0] is Level.PRESSURE
+
+
+class TestDetector:
+    def test_enter_after_and_exit_after(self) -> None:
+        d = Detector(Thresholds(enter_after_s=2, exit_after_s=5))
+        assert not d.update(0, Level.THRASHING, ["x"])
+        assert not d.update(1, Level.THRASHING, ["x"])
+        assert d.update(2, Level.THRASHING, ["x"]) and d.level is Level.THRASHING
+        for t in (3, 4, 5, 6):  # flapping raw judgements do not leave the state
+            d.update(t, Level.SATURATED if t % 2 else Level.THRASHING, [])
+        assert d.level is Level.THRASHING
+        for t in range(7, 12):
+            d.update(t, Level.OK, [])
+        assert d.level is Level.THRASHING  # 7..11: not 5 s of calm yet at 11
+        assert d.update(12, Level.OK, []) and d.level is Level.OK
+
+    def test_a_blip_never_enters(self) -> None:
+        d = Detector(Thresholds(enter_after_s=2))
+        for t, raw in enumerate([Level.THRASHING, Level.OK, Level.THRASHING, Level.OK] * 5):
+            d.update(float(t), raw, [])
+        assert d.level is Level.OK
+
+
+class TestThresholds:
+    def test_overrides(self) -> None:
+        t = parse_overrides(["pressure_kv=0.8", "pressure_exit_kv=0.7"])
+        assert t.pressure_kv == 0.8 and t.saturated_kv == TH.saturated_kv
+
+    def test_bad_overrides(self) -> None:
+        import pytest
+
+        for bad in (["nope=1"], ["pressure_kv=x"], ["pressure_kv"], ["pressure_exit_kv=0.95"]):
+            with pytest.raises(ValueError):
+                parse_overrides(bad)
+
+
+def _body(pre: float, gen: float, kv: float, running: int, waiting: int) -> str:
+    return (
+        f'vllm:num_preemptions_total{{engine="0",model_name="m"}} {pre}\n'
+        f'vllm:generation_tokens_total{{engine="0",model_name="m"}} {gen}\n'
+        f'vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {kv}\n'
+        f'vllm:num_requests_running{{engine="0",model_name="m"}} {running}\n'
+        f'vllm:num_requests_waiting{{engine="0",model_name="m"}} {waiting}\n'
+        'vllm:cache_config_info{block_size="32",engine="0",num_gpu_blocks="40"} 1\n'
+    )
+
+
+class TestStateEpisodes:
+    def test_episode_recorded_and_kept_across_restart(self, tmp_path: Path) -> None:
+        db = tmp_path / "ep.db"
+        th = Thresholds(enter_after_s=1, exit_after_s=3)
+        st = SidecarState(["http://a"], th, EpisodeStore(db))
+        t, pre, gen = 0.0, 0.0, 0.0
+        script = [(0, 100, 0.3, 4, 0)] * 3 + [(2, 20, 1.0, 4, 20)] * 8 + [(0, 100, 0.2, 3, 0)] * 6
+        running_peak = [(0, 100, 0.9, 19, 5)]
+        for d_pre, d_gen, kv, run, wait in running_peak + script:
+            pre, gen, t = pre + d_pre, gen + d_gen, t + 1
+            exp = parse_exposition(_body(pre, gen, kv, run, wait))
+            st.record_scrape("http://a", t, ScrapeOutcome(0.01, exp))
+        snap = st.snapshot(t)
+        (eng,) = snap["targets"][0]["engines"]
+        assert eng["state"] == "ok" and eng["episodes"] == 1
+        assert "thrashing" in [x["to"] for x in snap["transitions"]]
+        (ep,) = st.episodes()
+        assert ep.end_unix is not None and ep.closed_by == "recovered"
+        assert ep.preemptions >= 10 and ep.peak_kv == 1.0 and ep.tokens_recomputed > 0
+        st.store.close()
+        st2 = SidecarState(["http://a"], th, EpisodeStore(db))
+        st2.record_scrape(
+            "http://a", 1.0, ScrapeOutcome(0.01, parse_exposition(_body(0, 0, 0, 0, 0)))
+        )
+        assert st2.snapshot(1.0)["targets"][0]["engines"][0]["episodes"] == 1
