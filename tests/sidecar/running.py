@@ -13,15 +13,22 @@ import httpx
 from loadgen.local_server import free_port
 from sidecar.exposition import Sample
 
-__all__ = ["running_sidecar", "kvwatch_samples"]
+__all__ = ["running_sidecar", "kvwatch_samples", "Sidecar"]
+
+
+class Sidecar(str):
+    """The sidecar's base URL, carrying its process for tests that kill it."""
+
+    proc: subprocess.Popen[bytes]
 
 
 @contextmanager
-def running_sidecar(args: list[str], ready_timeout: float = 20.0) -> Iterator[str]:
+def running_sidecar(args: list[str], ready_timeout: float = 20.0) -> Iterator[Sidecar]:
     port = free_port()
     cmd = [sys.executable, "-m", "kvwatch", "sidecar", "--listen", f"127.0.0.1:{port}", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    url = Sidecar(f"http://127.0.0.1:{port}")
+    url.proc = proc
     try:
         deadline = time.monotonic() + ready_timeout
         while True:
