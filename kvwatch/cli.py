@@ -30,7 +30,7 @@ class CliError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from kvwatch import demo
+    from kvwatch import advise_cmd, demo
     from loadgen import cli as loadgen_cli
     from sidecar import cli as sidecar_cli
 
@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo.register(sub)
+    advise_cmd.register(sub)
     sidecar_cli.register(sub)
     loadgen_cli.register(sub)
     return parser

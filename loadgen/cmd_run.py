@@ -19,6 +19,7 @@ from loadgen.client import served_model
 from loadgen.records import StallRule
 from loadgen.runner import Progress, RunOptions, run_stages
 from loadgen.schedule import Stage, StageSpecError, parse_stage, sweep_stages
+from loadgen.server_metrics import server_snapshot
 from loadgen.workload import DatasetError, WorkloadSpec, tokenize_corpus
 
 __all__ = ["register_run"]
@@ -168,12 +169,15 @@ def build_stages(ns: argparse.Namespace) -> list[Stage]:
         raise CliError(str(e)) from None
 
 
-async def _workload(ns: argparse.Namespace, client: httpx.AsyncClient, model: str
-                    ) -> WorkloadSpec:  # fmt: skip
+async def _workload(ns: argparse.Namespace, client: httpx.AsyncClient, model: str) -> WorkloadSpec:
     spec = WorkloadSpec(
-        input_len=ns.input_len, output_len=ns.output_len, seed=ns.seed, dataset=ns.dataset,
-        shared_prefix=ns.shared_prefix, prefix_groups=ns.prefix_groups,
-    )  # fmt: skip
+        input_len=ns.input_len,
+        output_len=ns.output_len,
+        seed=ns.seed,
+        dataset=ns.dataset,
+        shared_prefix=ns.shared_prefix,
+        prefix_groups=ns.prefix_groups,
+    )
     if ns.dataset is None:
         tok = await tokenize_corpus(client, ns.url, model, ns.seed)
         if tok is not None:
@@ -188,10 +192,16 @@ async def _progress(p: Progress, t0: float) -> None:
     while True:
         await asyncio.sleep(period)
         el = time.perf_counter() - t0
-        line = (f"[{el:6.1f}s] {p.stage}: sent {p.sent}, done {p.done}, in flight {p.inflight}, "
-                f"errors {p.errors}, {p.output_tokens / el:.0f} tok/s")  # fmt: skip
-        print(("\r" + line + "   ") if tty else line, end="" if tty else "\n", file=sys.stderr,
-              flush=True)  # fmt: skip
+        line = (
+            f"[{el:6.1f}s] {p.stage}: sent {p.sent}, done {p.done}, in flight {p.inflight}, "
+            f"errors {p.errors}, {p.output_tokens / el:.0f} tok/s"
+        )
+        print(
+            ("\r" + line + "   ") if tty else line,
+            end="" if tty else "\n",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _run(ns: argparse.Namespace) -> int:
@@ -206,21 +216,34 @@ def _run(ns: argparse.Namespace) -> int:
     api_key = os.environ.get(ns.api_key_env) or None
     progress = Progress()
 
-    async def prepare() -> tuple[str, WorkloadSpec]:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    async def prepare() -> tuple[str, WorkloadSpec, dict[str, Any] | None]:
         async with httpx.AsyncClient(timeout=10, headers=headers) as client:
             try:
                 model = ns.model or await served_model(client, ns.url)
             except (httpx.HTTPError, ValueError, KeyError) as e:
                 raise CliError(f"cannot reach {ns.url}: {e}", EXIT_UNREACHABLE) from None
             try:
-                return model, await _workload(ns, client, model)
+                workload = await _workload(ns, client, model)
             except DatasetError as e:
                 raise CliError(str(e)) from None
+            return model, workload, await server_snapshot(client, ns.url)
 
-    model, workload = _run_loop(prepare())
-    opts = RunOptions(ns.url, model, chat=ns.chat, ignore_eos=not ns.no_ignore_eos,
-                      seed=ns.seed, api_key=api_key, max_inflight=ns.max_inflight)  # fmt: skip
+    async def finish() -> dict[str, Any] | None:
+        async with httpx.AsyncClient(timeout=10, headers=headers) as client:
+            return await server_snapshot(client, ns.url)
+
+    model, workload, server_before = _run_loop(prepare())
+    opts = RunOptions(
+        ns.url,
+        model,
+        chat=ns.chat,
+        ignore_eos=not ns.no_ignore_eos,
+        seed=ns.seed,
+        api_key=api_key,
+        max_inflight=ns.max_inflight,
+    )
     stall = StallRule(ns.stall_factor, ns.stall_min)
     if ns.workers > 1:
         from loadgen.workers import run_in_workers
@@ -244,16 +267,35 @@ def _run(ns: argparse.Namespace) -> int:
             print(file=sys.stderr)
         start_unix, events = result.start_unix, result.events
         records = [r.to_dict(result.t0, stall) for r in result.records]
+    server_after = _run_loop(finish())
     summary = summarize_records(records, slo)
+    if server_before and server_after:
+        summary["server"] = _server_delta(server_before, server_after)
     run_dir = ns.run_dir or Path("runs") / time.strftime("loadgen-%Y%m%d-%H%M%S")
     spec = {
-        "target": ns.url, "model": model, "endpoint": "chat" if ns.chat else "completions",
-        "start_unix": start_unix, "seed": ns.seed, "slo": slo, "workers": ns.workers,
-        "stages": [{"name": s.name, "pattern": s.pattern, "duration_s": s.duration_s,
-                    "count": s.count, "warmup": s.warmup} for s in stages],
-        "workload": workload.describe(), "ignore_eos": not ns.no_ignore_eos,
+        "target": ns.url,
+        "model": model,
+        "endpoint": "chat" if ns.chat else "completions",
+        "start_unix": start_unix,
+        "seed": ns.seed,
+        "slo": slo,
+        "workers": ns.workers,
+        "stages": [
+            {
+                "name": s.name,
+                "pattern": s.pattern,
+                "duration_s": s.duration_s,
+                "count": s.count,
+                "warmup": s.warmup,
+            }
+            for s in stages
+        ],
+        "workload": workload.describe(),
+        "ignore_eos": not ns.no_ignore_eos,
         "stall_rule": {"factor": stall.factor, "min_s": stall.min_s},
-    }  # fmt: skip
+        "server_before": server_before,
+        "server_after": server_after,
+    }
     write_run(run_dir, spec, records, events, summary)
     if ns.json:
         import json
@@ -272,3 +314,17 @@ def _run_loop(coro: Any) -> Any:
     except ImportError:
         return asyncio.run(coro)
     return uvloop.run(coro)
+
+
+def _server_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """What the server counted during the run (a restart in between would make this wrong)."""
+    out: dict[str, Any] = {}
+    for k in (
+        "preemptions_total",
+        "finished_requests_total",
+        "repeat_preempted_total",
+        "generation_tokens_total",
+    ):
+        a, b = before.get(k), after.get(k)
+        out[k.removesuffix("_total")] = None if a is None or b is None or b < a else b - a
+    return out

@@ -16,15 +16,26 @@ from sidecar.vocabulary import (
     KV_USAGE,
     PREEMPTIONS,
     PROMPT_TOKENS,
+    REQUEST_GENERATION_TOKENS,
     REQUEST_PREEMPTIONS,
+    REQUEST_PROMPT_TOKENS,
     RUNNING,
     SWAPPED,
     WAITING,
     WAITING_BY_REASON,
     Family,
-)  # fmt: skip
+)
 
-__all__ = ["EngineKey", "CacheConfig", "EngineObservation", "observe"]
+__all__ = [
+    "EngineKey",
+    "CacheConfig",
+    "EngineObservation",
+    "observe",
+    "Buckets",
+    "bucket_quantile",
+]
+
+Buckets = tuple[tuple[float, float], ...]  # cumulative (upper bound, count), sorted
 
 EngineKey = tuple[str, str]  # (model_name, engine)
 
@@ -82,6 +93,8 @@ class EngineObservation:
     generation_tokens_total: float | None = None
     finished_requests_total: float | None = None  # count of request_num_preemptions
     repeat_preempted_total: float | None = None  # finished requests preempted 2+ times
+    prompt_len_buckets: Buckets = ()  # per-request prompt tokens (cumulative histogram)
+    output_len_buckets: Buckets = ()  # per-request generated tokens
     cache: CacheConfig | None = None
 
 
@@ -124,8 +137,12 @@ def observe(exp: Exposition) -> dict[EngineKey, EngineObservation]:
             le = s.labels.get("le", "")
             if le in ("1", "1.0"):
                 le1[k] = le1.get(k, 0.0) + s.value
-    caches = {s.labels.get("engine", ""): CacheConfig.from_labels(s.labels)
-              for s in exp.family(CACHE_CONFIG)}  # fmt: skip
+    prompt_len = _buckets(exp.family(REQUEST_PROMPT_TOKENS))
+    output_len = _buckets(exp.family(REQUEST_GENERATION_TOKENS))
+    caches = {
+        s.labels.get("engine", ""): CacheConfig.from_labels(s.labels)
+        for s in exp.family(CACHE_CONFIG)
+    }
 
     keys = set(kv) | set(running) | set(waiting) | set(preempt) | set(gen)
     out: dict[EngineKey, EngineObservation] = {}
@@ -143,6 +160,37 @@ def observe(exp: Exposition) -> dict[EngineKey, EngineObservation]:
             generation_tokens_total=gen.get(k),
             finished_requests_total=fin,
             repeat_preempted_total=None if fin is None or k not in le1 else fin - le1[k],
+            prompt_len_buckets=prompt_len.get(k, ()),
+            output_len_buckets=output_len.get(k, ()),
             cache=caches.get(k[1]),
         )
     return out
+
+
+def _buckets(samples: list[Sample]) -> dict[EngineKey, Buckets]:
+    acc: dict[EngineKey, dict[float, float]] = {}
+    for s in samples:
+        if s.suffix != "bucket":
+            continue
+        try:
+            le = float(s.labels.get("le", ""))
+        except ValueError:
+            continue
+        d = acc.setdefault(_key(s), {})
+        d[le] = d.get(le, 0.0) + s.value
+    return {k: tuple(sorted(d.items())) for k, d in acc.items()}
+
+
+def bucket_quantile(buckets: Buckets, q: float) -> float | None:
+    """Upper bound of the bucket holding quantile q (conservative: sizing wants the worst case).
+
+    In the +Inf bucket, the largest finite bound is all that can be said.
+    """
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    target = q * buckets[-1][1]
+    finite = [b for b in buckets if b[0] != float("inf")]
+    for le, count in buckets:
+        if count >= target:
+            return le if le != float("inf") else (finite[-1][0] if finite else None)
+    return None

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sidecar.observe import CacheConfig
+from sidecar.observe import CacheConfig, bucket_quantile
 from sidecar.thresholds import Thresholds
 from sidecar.timeline import Timeline
 
@@ -43,6 +43,12 @@ class EngineSignals:
     finished_long: float | None
     preemptions_observed: float  # since the sidecar began, across vLLM restarts
     counter_resets: int
+    peak_demand_long: float | None  # most requests held at once (running + waiting), long window
+    prompt_len_p95: float | None  # per-request lengths since the server started (histogram bound)
+    output_len_p95: float | None
+    kv_cache_memory_bytes: int | None
+    gpu_memory_utilization: float | None
+    cache_dtype: str | None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -89,4 +95,10 @@ def derive(
         finished_long=tl.increase("finished_requests_total", th.long_window_s, now),
         preemptions_observed=tl.observed["preemptions_total"],
         counter_resets=tl.resets,
+        peak_demand_long=tl.peak_demand(th.long_window_s, now),
+        prompt_len_p95=bucket_quantile(obs.prompt_len_buckets, 0.95),
+        output_len_p95=bucket_quantile(obs.output_len_buckets, 0.95),
+        kv_cache_memory_bytes=cache.kv_cache_memory_bytes,
+        gpu_memory_utilization=cache.gpu_memory_utilization,
+        cache_dtype=cache.cache_dtype,
     )

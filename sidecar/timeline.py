@@ -68,6 +68,15 @@ class Timeline:
         vals = [v for _, o in self._window(window_s, now) if (v := getattr(o, name)) is not None]
         return max(vals, default=None)
 
+    def peak_demand(self, window_s: float, now: float) -> float | None:
+        """Most requests the server held at once (running + waiting) inside the window."""
+        vals = [
+            o.running + (o.waiting or 0.0)
+            for _, o in self._window(window_s, now)
+            if o.running is not None
+        ]
+        return max(vals, default=None)
+
     def increase(self, counter: str, window_s: float, now: float) -> float | None:
         """Reset-corrected increase over the points inside the window; None with fewer than 2."""
         pts = [(t, getattr(o, counter)) for t, o in self._window(window_s, now)]

@@ -19,6 +19,7 @@ __all__ = [
     "KV_USAGE", "PREEMPTIONS", "RUNNING", "WAITING", "WAITING_BY_REASON", "SWAPPED",
     "REQUEST_PREEMPTIONS", "CACHE_CONFIG", "PROMPT_TOKENS", "GENERATION_TOKENS",
     "TTFT", "ITL", "E2E", "REQUEST_SUCCESS", "PREFIX_CACHE_QUERIES", "PREFIX_CACHE_HITS",
+    "REQUEST_PROMPT_TOKENS", "REQUEST_GENERATION_TOKENS",
     "promql_selector", "promql_metric",
 ]  # fmt: skip
 
@@ -98,6 +99,18 @@ REQUEST_SUCCESS = Family(
 PREFIX_CACHE_QUERIES = Family(
     "prefix_cache_queries", Kind.COUNTER, ("prefix_cache_queries",), "prefix cache token queries"
 )
+REQUEST_PROMPT_TOKENS = Family(
+    "request_prompt_tokens",
+    Kind.HISTOGRAM,
+    ("request_prompt_tokens",),
+    "prompt length of finished requests, in tokens",
+)
+REQUEST_GENERATION_TOKENS = Family(
+    "request_generation_tokens",
+    Kind.HISTOGRAM,
+    ("request_generation_tokens",),
+    "generated length of finished requests, in tokens",
+)
 PREFIX_CACHE_HITS = Family(
     "prefix_cache_hits", Kind.COUNTER, ("prefix_cache_hits",), "prefix cache token hits"
 )
@@ -105,7 +118,7 @@ PREFIX_CACHE_HITS = Family(
 FAMILIES: tuple[Family, ...] = (
     KV_USAGE, PREEMPTIONS, RUNNING, WAITING, WAITING_BY_REASON, SWAPPED, REQUEST_PREEMPTIONS,
     CACHE_CONFIG, PROMPT_TOKENS, GENERATION_TOKENS, TTFT, ITL, E2E, REQUEST_SUCCESS,
-    PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS,
+    PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS,
 )  # fmt: skip
 
 # Full sample name on the wire -> (family, suffix). Built once; the parser's only lookup.

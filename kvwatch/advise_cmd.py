@@ -1,0 +1,323 @@
+"""`kvwatch advise`: sizing advice from a run directory, a live sidecar, a vLLM /metrics URL,
+or figures alone (what-if). Exit 0 when the load fits, 1 when the cache is undersized."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kvwatch.cli import EXIT_FOUND, EXIT_UNREACHABLE, CliError
+from sidecar.advice import Advice, Observed, advise
+from sidecar.kvmath import (
+    Gpu,
+    ModelShape,
+    SizingError,
+    block_bytes,
+    kv_bytes_per_token,
+    lookup_gpu,
+    lookup_model,
+    model_from_config,
+    victim_costs,
+)
+
+__all__ = ["register", "observed_from_run", "observed_from_state"]
+
+
+def register(sub: Any) -> None:
+    a = sub.add_parser(
+        "advise",
+        help="say how to size the KV cache: more memory or less concurrency, with the arithmetic",
+        description="Sizing advice for vLLM's KV cache. Reads a recorded run directory (--run), "
+        "a live sidecar (--sidecar), a vLLM server's /metrics watched for a while (--metrics), "
+        "or answers a what-if from figures (--model, --gpu, --concurrency, --prompt-len, "
+        "--output-len). Exit 0 when the load fits, 1 when the cache is undersized.",
+    )
+    src = a.add_mutually_exclusive_group(required=True)
+    src.add_argument("--run", type=Path, metavar="DIR", help="a `kvwatch loadgen run` directory")
+    src.add_argument("--sidecar", metavar="URL", help="a running kvwatch sidecar")
+    src.add_argument("--metrics", metavar="URL", help="a vLLM server (its /metrics)")
+    src.add_argument("--what-if", action="store_true", help="from figures alone")
+    a.add_argument("--watch", type=float, default=30.0, help="seconds to watch --metrics (30)")
+    a.add_argument("--margin", type=float, default=0.10, help="share of blocks kept free (0.10)")
+    m = a.add_argument_group("model and hardware (what-if; or to fill in what a source lacks)")
+    m.add_argument("--model", help="preset name (e.g. llama-3.1-8b) or a config.json / model dir")
+    m.add_argument("--gpu", help="h100, h200, a100, l40s")
+    m.add_argument("--tp", type=int, default=1, help="tensor-parallel size (1)")
+    m.add_argument("--kv-dtype", default="bf16", help="bf16 or fp8 (bf16)")
+    m.add_argument("--block-size", type=int, default=16, help="KV block size (16 on CUDA)")
+    m.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    m.add_argument("--concurrency", type=float, help="requests running at once")
+    m.add_argument("--prompt-len", type=float, help="prompt tokens per request")
+    m.add_argument("--output-len", type=float, help="output tokens per request")
+    m.add_argument(
+        "--victim-tokens",
+        type=float,
+        help="length of a preempted request (default: prompt + output)",
+    )
+    m.add_argument("--step-ms", type=float, help="decode step time, for the regenerate cost")
+    a.add_argument("--json", action="store_true", help="print JSON")
+    a.set_defaults(func=_advise)
+
+
+def _peak_overlap(intervals: list[tuple[float, float]]) -> int:
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    peak = cur = 0
+    for _, d in events:
+        cur += d
+        peak = max(peak, cur)
+    return peak
+
+
+def observed_from_run(run_dir: Path) -> Observed:
+    try:
+        spec = json.loads((run_dir / "spec.json").read_text())
+        with (run_dir / "requests.jsonl").open() as fh:
+            records = [json.loads(x) for x in fh if x.strip()]
+    except OSError as e:
+        raise SizingError(
+            f"{run_dir} is not a run directory ({e.strerror}: {e.filename})"
+        ) from None
+    except ValueError as e:
+        raise SizingError(f"{run_dir}: unreadable run files ({e})") from None
+    cache = (spec.get("server_before") or {}).get("cache")
+    if not cache or not cache.get("num_blocks") or not cache.get("block_size"):
+        raise SizingError(
+            f"{run_dir}: the run recorded no server KV configuration "
+            "(vLLM /metrics with cache_config_info was not readable)"
+        )
+    lengths = sorted(
+        (r["prompt_tokens"] or r["expected_input_tokens"] or 0)
+        + (r["output_tokens"] or r["expected_output_tokens"] or 0)
+        for r in records
+    )
+    if not lengths:
+        raise SizingError(f"{run_dir}: no requests recorded")
+    spans = [
+        (r["sent_at"], r["finished_at"])
+        for r in records
+        if r["sent_at"] is not None and r["finished_at"] is not None
+    ]
+    p95 = lengths[min(len(lengths) - 1, math.ceil(0.95 * len(lengths)) - 1)]
+    mem = cache.get("kv_cache_memory_bytes")
+    blocks, bs = cache["num_blocks"], cache["block_size"]
+    server = json.loads((run_dir / "summary.json").read_text()).get("server") or {}
+    duration = max((e for _, e in spans), default=0) - min((s for s, _ in spans), default=0)
+    return Observed(
+        capacity_blocks=blocks,
+        block_size=bs,
+        kv_bytes_per_token=(mem / (blocks * bs)) if mem else _needs_model("run"),
+        peak_demand=_peak_overlap(spans),
+        seq_len_p95=p95,
+        seq_len_max=lengths[-1],
+        preemptions=server.get("preemptions") or 0.0,
+        duration_s=duration or None,
+        gpu_memory_utilization=cache.get("gpu_memory_utilization"),
+        kv_cache_memory_bytes=mem,
+        kv_dtype=cache.get("cache_dtype") or "auto",
+        source=f"run {run_dir}",
+    )
+
+
+def _needs_model(source: str) -> float:
+    raise SizingError(
+        f"the {source} does not say the KV bytes per token (no "
+        "kv_cache_memory_bytes in cache_config_info); give --model"
+    )
+
+
+def observed_from_state(state: dict[str, Any], source: str) -> list[tuple[str, Observed]]:
+    """One Observed per engine in a sidecar state (the JSON of /api/state)."""
+    out = []
+    for t in state.get("targets", []):
+        for e in t.get("engines", []):
+            s = e["signals"]
+            name = f"{t['target']} {e['model_name']} engine {e['engine']}"
+            if not s.get("capacity_blocks") or not s.get("block_size"):
+                raise SizingError(f"{name}: capacity unknown (no cache_config_info)")
+            mem = s.get("kv_cache_memory_bytes")
+            bpt = mem / (s["capacity_blocks"] * s["block_size"]) if mem else _needs_model(source)
+            p95 = (s.get("prompt_len_p95") or 0) + (s.get("output_len_p95") or 0)
+            if not p95:
+                raise SizingError(f"{name}: no finished requests yet, so no request lengths")
+            out.append(
+                (
+                    name,
+                    Observed(
+                        capacity_blocks=s["capacity_blocks"],
+                        block_size=s["block_size"],
+                        kv_bytes_per_token=bpt,
+                        peak_demand=s.get("peak_demand_long") or 0,
+                        seq_len_p95=p95,
+                        seq_len_max=p95,
+                        preemptions=s.get("preemptions_observed") or 0,
+                        gpu_memory_utilization=s.get("gpu_memory_utilization"),
+                        kv_cache_memory_bytes=mem,
+                        kv_dtype=s.get("cache_dtype") or "auto",
+                        source=source,
+                    ),
+                )
+            )
+    if not out:
+        raise SizingError(f"{source}: no vLLM engine seen")
+    return out
+
+
+async def _watch_metrics(url: str, seconds: float) -> dict[str, Any]:
+    from sidecar.scrape import metrics_url, scrape_once
+    from sidecar.state import SidecarState
+    from sidecar.thresholds import Thresholds
+
+    state = SidecarState([url], Thresholds(long_window_s=seconds + 5))
+    async with httpx.AsyncClient() as client:
+        end = time.monotonic() + seconds
+        while True:
+            out = await scrape_once(client, metrics_url(url), 5.0)
+            state.record_scrape(url, time.monotonic(), out)
+            if out.exposition is None:
+                raise CliError(f"cannot scrape {url}: {out.error}", EXIT_UNREACHABLE)
+            if time.monotonic() >= end:
+                return state.snapshot()
+            await asyncio.sleep(1.0)
+
+
+def _model(ns: argparse.Namespace) -> ModelShape:
+    if not ns.model:
+        raise SizingError("give --model (a preset like llama-3.1-8b, or a config.json)")
+    p = Path(ns.model)
+    return model_from_config(p) if p.exists() else lookup_model(ns.model)
+
+
+def _what_if(ns: argparse.Namespace) -> tuple[Observed, dict[str, Any], Gpu]:
+    missing = [
+        f for f in ("gpu", "concurrency", "prompt_len", "output_len") if getattr(ns, f) is None
+    ]
+    if missing:
+        raise SizingError(
+            "a what-if needs " + ", ".join("--" + m.replace("_", "-") for m in missing)
+        )
+    model, gpu = _model(ns), lookup_gpu(ns.gpu)
+    if ns.concurrency < 0 or ns.prompt_len < 0 or ns.output_len < 0:
+        raise SizingError("concurrency and lengths must not be negative")
+    if not 0 < ns.gpu_memory_utilization <= 1:
+        raise SizingError("--gpu-memory-utilization must be in (0, 1]")
+    bpt = kv_bytes_per_token(model, ns.kv_dtype, ns.tp)
+    weights = model.params * 2 / ns.tp
+    kv_mem = gpu.memory_bytes * ns.gpu_memory_utilization - weights
+    if kv_mem <= 0:
+        raise SizingError(
+            f"{model.name} weights ({weights / 1e9:.0f} GB per GPU) do not fit in "
+            f"{ns.gpu_memory_utilization:g} x {gpu.memory_bytes / 1e9:.0f} GB; "
+            "raise --tp"
+        )
+    blocks = int(kv_mem // block_bytes(bpt, ns.block_size))
+    seq = ns.prompt_len + ns.output_len
+    obs = Observed(
+        capacity_blocks=blocks,
+        block_size=ns.block_size,
+        kv_bytes_per_token=bpt,
+        peak_demand=ns.concurrency,
+        seq_len_p95=seq,
+        seq_len_max=seq,
+        gpu_memory_utilization=ns.gpu_memory_utilization,
+        kv_cache_memory_bytes=kv_mem,
+        kv_dtype=ns.kv_dtype,
+        source=f"what-if {model.name} on {ns.tp}x {gpu.name}",
+    )
+    costs = victim_costs(
+        model,
+        gpu,
+        ns.concurrency,
+        ns.victim_tokens or seq,
+        ns.block_size,
+        ns.kv_dtype,
+        ns.tp,
+        None if ns.step_ms is None else ns.step_ms / 1000,
+    )
+    extra = {
+        "model": model.name,
+        "gpu": gpu.name,
+        "tp": ns.tp,
+        "kv_dtype": ns.kv_dtype,
+        "weights_bytes_per_gpu": weights,
+        "kv_memory_bytes": kv_mem,
+        "assumption": "KV memory = GPU memory x utilization - bf16 weights; activations and "
+        "CUDA graphs take a little more in practice",
+        "victim": costs.to_dict(),
+    }
+    return obs, extra, gpu
+
+
+def _render(name: str, obs: Observed, adv: Advice, extra: dict[str, Any] | None) -> str:
+    lines = [f"{name}: {adv.verdict}"]
+    if obs.preemptions:
+        lines.append(f"  preemptions observed: {obs.preemptions:,.0f}")
+    lines += ["  arithmetic:"] + [f"    {x}" for x in adv.arithmetic]
+    if adv.options:
+        lines += ["  change one of:"] + [f"    {x}" for x in adv.options]
+    if extra and "victim" in extra:
+        v = extra["victim"]
+        lines += [
+            "  cost of one preemption:",
+            f"    {v['kv_bytes_per_token'] / 1024:,.0f} KiB per token, "
+            f"{v['block_bytes'] / 2**20:,.2f} MiB per block, "
+            f"{v['new_blocks_per_step']:.2f} new blocks per decode step",
+            f"    recompute: {v['recompute_flops'] / 1e12:.1f} TFLOP = "
+            f"{v['recompute_s'] * 1e3:.0f} ms at peak",
+            f"    swap: {v['swap_blocks']} blocks = {v['swap_bytes'] / 2**20:,.0f} MiB, "
+            f"{v['swap_s_each_way'] * 1e3:.1f} ms each way",
+        ]
+        if v["regenerate_s"] is not None:
+            lines.append(f"    generating it again: {v['regenerate_s']:.1f} s")
+    lines += ["  assumptions:"] + [f"    {x}" for x in adv.assumptions]
+    return "\n".join(lines)
+
+
+def _advise(ns: argparse.Namespace) -> int:
+    gpu = lookup_gpu(ns.gpu) if ns.gpu and not ns.what_if else None
+    try:
+        extra = None
+        if ns.what_if:
+            obs, extra, gpu = _what_if(ns)
+            items = [(obs.source, obs)]
+        elif ns.run:
+            items = [(str(ns.run), observed_from_run(ns.run))]
+        elif ns.sidecar:
+            try:
+                state = httpx.get(ns.sidecar.rstrip("/") + "/api/state", timeout=10).json()
+            except (httpx.HTTPError, ValueError) as e:
+                raise CliError(
+                    f"cannot read {ns.sidecar}/api/state: {e}", EXIT_UNREACHABLE
+                ) from None
+            items = observed_from_state(state, f"sidecar {ns.sidecar}")
+        else:
+            state = asyncio.run(_watch_metrics(ns.metrics, ns.watch))
+            items = observed_from_state(state, f"metrics {ns.metrics}")
+        results = [(name, obs, advise(obs, ns.margin, gpu)) for name, obs in items]
+    except SizingError as e:
+        raise CliError(str(e)) from None
+    if ns.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "name": n,
+                        "observed": o.__dict__,
+                        "advice": a.to_dict(),
+                        **({"what_if": extra} if extra else {}),
+                    }
+                    for n, o, a in results
+                ],
+                indent=2,
+                default=str,
+            )
+        )
+    else:
+        print("\n\n".join(_render(n, o, a, extra) for n, o, a in results))
+    return EXIT_FOUND if any(a.options for _, _, a in results) else 0

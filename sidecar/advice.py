@@ -1,0 +1,147 @@
+"""Sizing advice from what was observed: both levers, quantified, with the arithmetic shown.
+
+(a) More KV memory: the blocks the observed load needs at its peak, and the vLLM setting that
+    gives them (`--kv-cache-memory-bytes`, `--gpu-memory-utilization`, `--kv-cache-dtype fp8`,
+    tensor parallelism).
+(b) Less concurrency: the `--max-num-seqs` that keeps peak demand under a safety margin.
+
+Never advises lowering `--gpu-memory-utilization` against preemption: that shrinks the cache.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sidecar.kvmath import Gpu, SizingError, blocks_for
+
+__all__ = ["Observed", "Advice", "advise", "RESERVED_BLOCKS"]
+
+RESERVED_BLOCKS = 1  # vLLM keeps one block back (the null block)
+MAX_GPU_MEMORY_UTILIZATION = 0.95  # above this vLLM leaves too little for activations
+
+
+@dataclass(frozen=True)
+class Observed:
+    """The figures advice needs; every source (run directory, sidecar, metrics) fills these."""
+
+    capacity_blocks: int
+    block_size: int
+    kv_bytes_per_token: float
+    peak_demand: float  # most requests the server held at once (running + waiting)
+    seq_len_p95: float  # prompt + output tokens a request reaches (95th percentile)
+    seq_len_max: float
+    preemptions: float = 0.0
+    duration_s: float | None = None
+    gpu_memory_utilization: float | None = None
+    kv_cache_memory_bytes: float | None = None
+    kv_dtype: str = "auto"
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for f in ("capacity_blocks", "block_size", "kv_bytes_per_token"):
+            if not getattr(self, f) > 0:
+                raise SizingError(f"{f} must be positive (got {getattr(self, f)!r})")
+        for f in ("peak_demand", "seq_len_p95", "seq_len_max", "preemptions"):
+            if getattr(self, f) < 0:
+                raise SizingError(f"{f} must not be negative (got {getattr(self, f)!r})")
+
+
+@dataclass
+class Advice:
+    verdict: str
+    max_num_seqs: int | None
+    blocks_needed: int
+    kv_cache_memory_bytes: int
+    gpu_memory_utilization: float | None
+    fp8_suffices: bool
+    options: list[str] = field(default_factory=list)
+    arithmetic: list[str] = field(default_factory=list)
+    assumptions: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _mib(b: float) -> str:
+    return f"{b / 2**20:,.2f} MiB" if b < 2**30 else f"{b / 2**30:,.2f} GiB"
+
+
+def advise(obs: Observed, margin: float = 0.10, gpu: Gpu | None = None) -> Advice:
+    """Both levers for the observed load. `margin` is the share of blocks kept free."""
+    if not 0 <= margin < 1:
+        raise SizingError("the safety margin must be in [0, 1)")
+    bs = obs.block_size
+    usable = obs.capacity_blocks - RESERVED_BLOCKS
+    per_seq = max(1, blocks_for(obs.seq_len_p95, bs))
+    block_b = obs.kv_bytes_per_token * bs
+    demand = math.ceil(obs.peak_demand)
+    peak_blocks = demand * per_seq
+    a = [
+        f"block = {bs} tokens x {obs.kv_bytes_per_token:,.0f} B/token = {_mib(block_b)}",
+        f"cache = {obs.capacity_blocks} blocks ({usable} usable, {RESERVED_BLOCKS} reserved)",
+        f"a request reaches {obs.seq_len_p95:,.0f} tokens (p95; max {obs.seq_len_max:,.0f})"
+        f" = {per_seq} blocks",
+        f"peak demand {demand} requests x {per_seq} blocks = {peak_blocks} blocks"
+        f" vs {usable} usable",
+    ]
+    max_seqs = max(1, math.floor(usable * (1 - margin) / per_seq))
+    a.append(f"max-num-seqs = floor({usable} x (1 - {margin:g}) / {per_seq}) = {max_seqs}")
+    needed = math.ceil(peak_blocks / (1 - margin)) + RESERVED_BLOCKS
+    kv_bytes = int(needed * block_b)
+    a.append(
+        f"blocks needed = ceil({peak_blocks} / (1 - {margin:g})) + {RESERVED_BLOCKS}"
+        f" = {needed} = {_mib(kv_bytes)} of KV"
+    )
+    fits = peak_blocks <= usable * (1 - margin)
+    fp8 = obs.kv_dtype in ("auto", "bf16", "fp16") and 2 * usable * (1 - margin) >= peak_blocks
+    options: list[str] = []
+    util = None
+    if fits:
+        verdict = "fits: the observed peak stays inside the cache with the margin"
+    else:
+        verdict = (
+            f"undersized: the load needs {needed} blocks at its peak, the cache has "
+            f"{obs.capacity_blocks}"
+        )
+        options.append(f"--kv-cache-memory-bytes {kv_bytes} (KV for {needed} blocks)")
+        current = obs.kv_cache_memory_bytes or obs.capacity_blocks * block_b
+        if obs.gpu_memory_utilization is not None and gpu is not None:
+            extra = kv_bytes - current
+            util = obs.gpu_memory_utilization + extra / gpu.memory_bytes
+            a.append(
+                f"gpu-memory-utilization = {obs.gpu_memory_utilization:g} + "
+                f"{_mib(extra)} / {_mib(gpu.memory_bytes)} = {util:.3f}"
+            )
+            if util <= MAX_GPU_MEMORY_UTILIZATION:
+                options.append(f"--gpu-memory-utilization {math.ceil(util * 100) / 100:.2f}")
+            else:
+                util = None
+                a.append(f"above {MAX_GPU_MEMORY_UTILIZATION}: not reachable by utilization alone")
+        if fp8:
+            options.append(
+                "--kv-cache-dtype fp8 (halves bytes per token: "
+                f"{2 * usable} usable blocks in the same memory)"
+            )
+        options.append(f"--max-num-seqs {max_seqs} (admit fewer requests at once)")
+        options.append(
+            "on GPUs: --tensor-parallel-size 2 (splits weights and KV heads: more KV room)"
+        )
+    return Advice(
+        verdict=verdict,
+        max_num_seqs=max_seqs,
+        blocks_needed=needed,
+        kv_cache_memory_bytes=kv_bytes,
+        gpu_memory_utilization=util,
+        fp8_suffices=fp8,
+        options=options,
+        arithmetic=a,
+        assumptions=[
+            f"the p95 request length ({obs.seq_len_p95:,.0f} tokens) is what each admitted "
+            "request grows to; longer ones still need the margin",
+            f"{margin:.0%} of blocks kept free for prompts arriving and lengths above p95",
+            "prefix caching shares nothing (worst case); shared prefixes need fewer blocks",
+            "never lower --gpu-memory-utilization against preemption: it shrinks the cache",
+        ],
+    )
