@@ -27,6 +27,12 @@ def register(sub: Any) -> None:
     )
     b.add_argument("--cache-dir", type=Path, help="where models are kept")
     b.add_argument("--force", action="store_true", help="rebuild even if a build is cached")
+    b.add_argument(
+        "--size",
+        choices=["tiny", "small"],
+        default="tiny",
+        help="tiny: 30M parameters (tests, demo); small: 200M, compute-bound on CPU",
+    )
     b.set_defaults(func=_build_model)
 
     s = lsub.add_parser(
@@ -54,9 +60,9 @@ def register(sub: Any) -> None:
 
 
 def _build_model(ns: argparse.Namespace) -> int:
-    from loadgen.tiny_model import build_tiny_model
+    from loadgen.tiny_model import SPECS, build_tiny_model
 
-    print(build_tiny_model(cache_dir=ns.cache_dir, force=ns.force))
+    print(build_tiny_model(SPECS[ns.size], cache_dir=ns.cache_dir, force=ns.force))
     return 0
 
 

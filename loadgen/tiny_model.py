@@ -58,6 +58,17 @@ class TinyModelSpec:
 
 
 DEFAULT_SPEC = TinyModelSpec()
+# About 200M parameters, 32 KiB of KV per token: compute-bound decode on a CPU core, so recompute
+# after a preemption costs real time (used where the cost of thrashing must show).
+SMALL_SPEC = TinyModelSpec(
+    name="small-llama-200m",
+    hidden_size=1024,
+    intermediate_size=2816,
+    num_hidden_layers=16,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+)
+SPECS = {"tiny": DEFAULT_SPEC, "small": SMALL_SPEC}
 
 
 def default_cache_dir() -> Path:
