@@ -60,3 +60,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # e.g. `kvwatch advise ... | head`: the reader left, not an error
+        sys.stderr.close()
+        return EXIT_OK

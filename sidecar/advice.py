@@ -124,7 +124,11 @@ def advise(obs: Observed, margin: float = 0.10, gpu: Gpu | None = None) -> Advic
                 "--kv-cache-dtype fp8 (halves bytes per token: "
                 f"{2 * usable} usable blocks in the same memory)"
             )
-        options.append(f"--max-num-seqs {max_seqs} (admit fewer requests at once)")
+        options.append(
+            f"--max-num-seqs {max_seqs} (no preemption even if every admitted request reaches "
+            f"the p95 length; admits fewer at once, so decode throughput falls where it grows "
+            f"with the batch: prefer the memory lever when throughput matters)"
+        )
         options.append(
             "on GPUs: --tensor-parallel-size 2 (splits weights and KV heads: more KV room)"
         )
