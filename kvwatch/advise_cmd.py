@@ -36,6 +36,7 @@ def register(sub: Any) -> None:
         help="say how to size the KV cache: more memory or less concurrency, with the arithmetic",
         description="Sizing advice for vLLM's KV cache. Reads a recorded run directory (--run), "
         "a live sidecar (--sidecar), a vLLM server's /metrics watched for a while (--metrics), "
+        "a Prometheus server (--prometheus, every instance), "
         "or answers a what-if from figures (--model, --gpu, --concurrency, --prompt-len, "
         "--output-len). Exit 0 when the load fits, 1 when the cache is undersized.",
     )
@@ -43,8 +44,14 @@ def register(sub: Any) -> None:
     src.add_argument("--run", type=Path, metavar="DIR", help="a `kvwatch loadgen run` directory")
     src.add_argument("--sidecar", metavar="URL", help="a running kvwatch sidecar")
     src.add_argument("--metrics", metavar="URL", help="a vLLM server (its /metrics)")
+    src.add_argument(
+        "--prometheus",
+        metavar="URL",
+        help="a Prometheus server: advice for every vLLM instance it scrapes",
+    )
     src.add_argument("--what-if", action="store_true", help="from figures alone")
     a.add_argument("--watch", type=float, default=30.0, help="seconds to watch --metrics (30)")
+    a.add_argument("--window", default="1h", help="PromQL range for --prometheus (1h)")
     a.add_argument("--margin", type=float, default=0.10, help="share of blocks kept free (0.10)")
     m = a.add_argument_group("model and hardware (what-if; or to fill in what a source lacks)")
     m.add_argument("--model", help="preset name (e.g. llama-3.1-8b) or a config.json / model dir")
@@ -296,6 +303,10 @@ def _advise(ns: argparse.Namespace) -> int:
                     f"cannot read {ns.sidecar}/api/state: {e}", EXIT_UNREACHABLE
                 ) from None
             items = observed_from_state(state, f"sidecar {ns.sidecar}")
+        elif ns.prometheus:
+            from sidecar.prom_source import observed_from_prometheus
+
+            items = observed_from_prometheus(ns.prometheus, ns.window)
         else:
             state = asyncio.run(_watch_metrics(ns.metrics, ns.watch))
             items = observed_from_state(state, f"metrics {ns.metrics}")

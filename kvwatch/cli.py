@@ -30,6 +30,7 @@ class CliError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from alerts import cli as alerts_cli
     from kvwatch import advise_cmd, demo
     from loadgen import cli as loadgen_cli
     from sidecar import cli as sidecar_cli
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo.register(sub)
     advise_cmd.register(sub)
+    alerts_cli.register(sub)
     sidecar_cli.register(sub)
     loadgen_cli.register(sub)
     return parser

@@ -1,0 +1,231 @@
+"""Prometheus recording and alerting rules, rendered from the vocabulary and the thresholds.
+
+Every selector matches both the `vllm:` and the `vllm_` spelling; the preemption rule uses the
+`_total` counter that vLLM really exposes (rules that query `vllm:num_preemptions` never fire).
+Thresholds come from sidecar/thresholds.py, the same the sidecar judges by, and are written into
+the annotations too, so "above 90%" cannot drift from `> 0.9`. `kvwatch alerts` writes the files;
+a test fails if the checked-in files differ from what this renders.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sidecar.thresholds import DEFAULT_THRESHOLDS, Thresholds
+from sidecar.vocabulary import (
+    KV_USAGE,
+    PREEMPTIONS,
+    REQUEST_PREEMPTIONS,
+    RUNNING,
+    WAITING,
+    promql_selector,
+)
+
+__all__ = ["rule_groups", "render_rules", "render_prometheus_rule", "write_all", "ALERT_NAMES"]
+
+_BY = "instance, model_name, engine"
+RULES_FILE = "kvwatch-rules.yaml"
+K8S_FILE = "kvwatch-prometheusrule.yaml"
+
+
+def _alert(
+    name: str, expr: str, for_: str, severity: str, summary: str, description: str, th: Thresholds
+) -> dict[str, Any]:
+    return {
+        "alert": name,
+        "expr": expr,
+        "for": for_,
+        "labels": {"severity": severity},
+        "annotations": {
+            "summary": summary,
+            "description": description,
+            "runbook_url": f"{th.runbook_base_url}#{name.lower()}",
+        },
+    }
+
+
+def rule_groups(
+    th: Thresholds = DEFAULT_THRESHOLDS, sidecar_job: str = "kvwatch"
+) -> list[dict[str, Any]]:
+    kv = f"max by ({_BY}) ({promql_selector(KV_USAGE)})"
+    running = f"sum by ({_BY}) ({promql_selector(RUNNING)})"
+    waiting = f"sum by ({_BY}) ({promql_selector(WAITING)})"
+    preempt = f"sum by ({_BY}) (rate({promql_selector(PREEMPTIONS)}[1m]))"
+    finished = (
+        f"sum by ({_BY}) (increase({promql_selector(REQUEST_PREEMPTIONS, suffix='count')}[5m]))"
+    )
+    le1 = promql_selector(REQUEST_PREEMPTIONS, 'le=~"1|1.0"', suffix="bucket")
+    once = f"sum by ({_BY}) (increase({le1}[5m]))"
+    where = "{{ $labels.instance }} ({{ $labels.model_name }}, engine {{ $labels.engine }})"
+    recording = {
+        "name": "kvwatch-vllm.rules",
+        "rules": [
+            {"record": "kvwatch:vllm_kv_cache_usage:max", "expr": kv},
+            {"record": "kvwatch:vllm_requests_running:sum", "expr": running},
+            {"record": "kvwatch:vllm_requests_waiting:sum", "expr": waiting},
+            {"record": "kvwatch:vllm_preemptions:rate1m", "expr": preempt},
+            {
+                "record": "kvwatch:vllm_repeat_preempted_requests:increase5m",
+                "expr": f"{finished} - {once}",
+            },
+        ],
+    }
+    pct = lambda x: f"{x * 100:g}%"  # noqa: E731
+    vllm = {
+        "name": "kvwatch-vllm.alerts",
+        "rules": [
+            _alert(
+                "VllmKvCachePressure",
+                f"kvwatch:vllm_kv_cache_usage:max > {th.pressure_kv:g}",
+                "10m",
+                "warning",
+                f"vLLM KV cache above {pct(th.pressure_kv)} on {where}",
+                "KV cache usage is {{ $value | humanizePercentage }}, above "
+                f"{pct(th.pressure_kv)} for 10 minutes: little room for new prompts.",
+                th,
+            ),
+            _alert(
+                "VllmKvCacheSaturated",
+                f"kvwatch:vllm_kv_cache_usage:max >= {th.saturated_kv:g} and on({_BY}) "
+                f"kvwatch:vllm_requests_waiting:sum >= {th.saturated_waiting:g}",
+                "5m",
+                "critical",
+                f"vLLM KV cache full with requests waiting on {where}",
+                "KV cache usage is {{ $value | humanizePercentage }} (at or above "
+                f"{pct(th.saturated_kv)}) while requests wait, for 5 minutes.",
+                th,
+            ),
+            _alert(
+                "VllmPreemptionRateHigh",
+                f"kvwatch:vllm_preemptions:rate1m > {th.thrashing_preemptions_per_s:g}",
+                "5m",
+                "warning",
+                f"vLLM preempting requests on {where}",
+                "{{ $value | humanize }} preemptions per second, above "
+                f"{th.thrashing_preemptions_per_s:g}/s for 5 minutes: requests are evicted "
+                "from the KV cache and recomputed.",
+                th,
+            ),
+            _alert(
+                "VllmRepeatedPreemptions",
+                "kvwatch:vllm_repeat_preempted_requests:increase5m > 0",
+                "5m",
+                "warning",
+                f"vLLM requests preempted again and again on {where}",
+                "{{ $value | humanize }} requests finished in the last 5 minutes after being "
+                "preempted twice or more: the same work is being redone.",
+                th,
+            ),
+            _alert(
+                "VllmMetricsAbsent",
+                f"absent({promql_selector(KV_USAGE)})",
+                "10m",
+                "warning",
+                "No vLLM KV cache metrics at all",
+                "No series of vllm:kv_cache_usage_perc (or its older and vllm_ spellings) for "
+                "10 minutes: vLLM is down, not scraped, or runs with --disable-log-stats.",
+                th,
+            ),
+        ],
+    }
+    side = {
+        "name": "kvwatch-sidecar.alerts",
+        "rules": [
+            _alert(
+                "KvwatchThrashing",
+                'kvwatch_state{state="thrashing"} == 1',
+                "1m",
+                "critical",
+                "vLLM thrashing on {{ $labels.target }} ({{ $labels.model_name }}, engine "
+                "{{ $labels.engine }})",
+                "The kvwatch sidecar judges this engine thrashing: a sustained stream of "
+                f"preemptions (over {th.thrashing_preemptions_per_s:g}/s) on a full cache "
+                "with work being redone. Size the cache: kvwatch advise.",
+                th,
+            ),
+            _alert(
+                "KvwatchTargetDown",
+                "kvwatch_target_up == 0",
+                "2m",
+                "warning",
+                "kvwatch cannot scrape {{ $labels.target }}",
+                "The sidecar's scrapes of {{ $labels.target }} have failed for 2 minutes.",
+                th,
+            ),
+            _alert(
+                "KvwatchVllmMetricsMissing",
+                "kvwatch_vllm_metrics_present == 0",
+                "5m",
+                "warning",
+                "{{ $labels.target }} exports no vLLM engine metrics",
+                "The server answers /metrics without vllm engine series for 5 minutes "
+                "(started with --disable-log-stats?).",
+                th,
+            ),
+            _alert(
+                "KvwatchSidecarDown",
+                f'up{{job="{sidecar_job}"}} == 0',
+                "5m",
+                "warning",
+                "kvwatch sidecar {{ $labels.instance }} is down",
+                "Prometheus cannot scrape the kvwatch sidecar for 5 minutes: thrashing would "
+                "go unnoticed.",
+                th,
+            ),
+        ],
+    }
+    return [recording, vllm, side]
+
+
+ALERT_NAMES = [r["alert"] for g in rule_groups() for r in g["rules"] if "alert" in r]
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+_HEADER = "# Generated by `kvwatch alerts` from sidecar/thresholds.py; do not edit by hand.\n"
+
+
+def render_rules(th: Thresholds = DEFAULT_THRESHOLDS) -> str:
+    body = yaml.dump({"groups": rule_groups(th)}, Dumper=_Dumper, sort_keys=False, width=10000)
+    return _HEADER + body
+
+
+def render_prometheus_rule(th: Thresholds = DEFAULT_THRESHOLDS) -> str:
+    doc = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {
+            "name": "kvwatch",
+            "labels": {
+                "app.kubernetes.io/name": "kvwatch",
+                "prometheus": "k8s",
+                "role": "alert-rules",
+            },
+        },
+        "spec": {"groups": rule_groups(th)},
+    }
+    return _HEADER + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=10000)
+
+
+def write_all(out_dir: Path, th: Thresholds = DEFAULT_THRESHOLDS) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {RULES_FILE: render_rules(th), K8S_FILE: render_prometheus_rule(th)}
+    for name, text in files.items():
+        (out_dir / name).write_text(text)
+    return [out_dir / n for n in files]
+
+
+def runbook_anchors(markdown: str) -> set[str]:
+    return {m.lower() for m in re.findall(r"^## (\w+)", markdown, flags=re.M)}

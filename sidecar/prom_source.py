@@ -1,0 +1,143 @@
+"""Read what advice needs from a Prometheus server, for every vLLM instance it scrapes.
+
+Every selector matches both spellings (`vllm:` and `vllm_`, see sidecar/vocabulary.py). Per
+(instance, engine): the cache configuration, the most requests held at once over the window
+(running + waiting), the p95 request lengths from vLLM's per-request histograms, and the
+preemptions in the window.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from sidecar.advice import Observed
+from sidecar.kvmath import SizingError
+from sidecar.vocabulary import (
+    CACHE_CONFIG,
+    PREEMPTIONS,
+    REQUEST_GENERATION_TOKENS,
+    REQUEST_PROMPT_TOKENS,
+    RUNNING,
+    WAITING,
+    promql_selector,
+)
+
+__all__ = ["observed_from_prometheus"]
+
+_BY = "instance, engine"
+
+
+def _query(client: httpx.Client, base: str, promql: str) -> list[dict[str, Any]]:
+    try:
+        r = client.get(base.rstrip("/") + "/api/v1/query", params={"query": promql})
+        body = r.json()
+    except (httpx.HTTPError, ValueError) as e:
+        raise SizingError(f"Prometheus at {base} did not answer: {e}") from None
+    if body.get("status") != "success":
+        raise SizingError(f"Prometheus rejected {promql!r}: {body.get('error')}")
+    return list(body["data"]["result"])
+
+
+def _by_key(rows: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+    out = {}
+    for row in rows:
+        m = row["metric"]
+        try:
+            v = float(row["value"][1])
+        except (KeyError, ValueError, IndexError):
+            continue
+        if v == v:  # not NaN
+            out[(m.get("instance", ""), m.get("engine", ""))] = v
+    return out
+
+
+def _quantile(fam_sel: str, window: str) -> str:
+    return f"histogram_quantile(0.95, sum by ({_BY}, le) (increase({fam_sel}[{window}])))"
+
+
+def observed_from_prometheus(base: str, window: str = "1h") -> list[tuple[str, Observed]]:
+    with httpx.Client(timeout=30) as client:
+        caches = _query(
+            client,
+            base,
+            f"max by ({_BY}, num_gpu_blocks, block_size, "
+            f"kv_cache_memory_bytes, gpu_memory_utilization, cache_dtype) "
+            f"({promql_selector(CACHE_CONFIG)})",
+        )
+        demand = _by_key(
+            _query(
+                client,
+                base,
+                (
+                    f"max_over_time((sum by ({_BY}) ({promql_selector(RUNNING)}) + sum by ({_BY}) "
+                    f"({promql_selector(WAITING)}))[{window}:])"
+                ),
+            )
+        )
+        prompt = _by_key(
+            _query(
+                client,
+                base,
+                _quantile(promql_selector(REQUEST_PROMPT_TOKENS, suffix="bucket"), window),
+            )
+        )
+        output = _by_key(
+            _query(
+                client,
+                base,
+                _quantile(promql_selector(REQUEST_GENERATION_TOKENS, suffix="bucket"), window),
+            )
+        )
+        preempt = _by_key(
+            _query(
+                client,
+                base,
+                (f"sum by ({_BY}) (increase({promql_selector(PREEMPTIONS)}[{window}]))"),
+            )
+        )
+    out = []
+    for row in caches:
+        m = row["metric"]
+        key = (m.get("instance", ""), m.get("engine", ""))
+        name = f"{key[0]} engine {key[1]}"
+        try:
+            blocks, bs = int(float(m["num_gpu_blocks"])), int(float(m["block_size"]))
+            mem = float(m["kv_cache_memory_bytes"])
+        except (KeyError, ValueError):
+            raise SizingError(
+                f"{name}: cache_config_info lacks num_gpu_blocks, block_size or "
+                "kv_cache_memory_bytes"
+            ) from None
+        if key not in prompt or key not in output:
+            raise SizingError(f"{name}: no finished requests in the last {window}")
+        p95 = prompt[key] + output[key]
+        out.append(
+            (
+                name,
+                Observed(
+                    capacity_blocks=blocks,
+                    block_size=bs,
+                    kv_bytes_per_token=mem / (blocks * bs),
+                    peak_demand=demand.get(key, 0.0),
+                    seq_len_p95=p95,
+                    seq_len_max=p95,
+                    preemptions=preempt.get(key, 0.0),
+                    gpu_memory_utilization=_opt_float(m.get("gpu_memory_utilization")),
+                    kv_cache_memory_bytes=mem,
+                    kv_dtype=m.get("cache_dtype") or "auto",
+                    source=f"prometheus {base}",
+                ),
+            )
+        )
+    if not out:
+        raise SizingError(f"Prometheus at {base} has no vllm cache_config_info series")
+    return out
+
+
+def _opt_float(raw: str | None) -> float | None:
+    try:
+        return None if raw is None else float(raw)
+    except ValueError:
+        return None

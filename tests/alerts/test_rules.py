@@ -1,0 +1,68 @@
+"""The generated Prometheus rules: checked in as generated, valid, and tested with promtool."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from alerts.build import ALERT_NAMES, K8S_FILE, RULES_FILE, render_prometheus_rule, render_rules
+from sidecar.thresholds import Thresholds
+
+ALERTS = Path(__file__).resolve().parents[2] / "alerts"
+promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+
+
+class TestGenerated:
+    def test_checked_in_files_match_the_code(self) -> None:
+        assert (ALERTS / RULES_FILE).read_text() == render_rules(), "run `kvwatch alerts`"
+        assert (ALERTS / K8S_FILE).read_text() == render_prometheus_rule(), "run `kvwatch alerts`"
+
+    def test_every_alert_has_severity_for_and_runbook_section(self) -> None:
+        runbook = (ALERTS / "runbook.md").read_text()
+        doc = yaml.safe_load(render_rules())
+        for group in doc["groups"]:
+            for rule in group["rules"]:
+                if "alert" not in rule:
+                    continue
+                assert rule["labels"]["severity"] in ("critical", "warning", "info")
+                assert rule["for"] and rule["annotations"]["summary"]
+                assert rule["annotations"]["runbook_url"].endswith("#" + rule["alert"].lower())
+                assert f"## {rule['alert']}\n" in runbook
+
+    def test_thresholds_flow_into_expressions_and_text(self) -> None:
+        text = render_rules(Thresholds(pressure_kv=0.8, pressure_exit_kv=0.7))
+        assert "kvwatch:vllm_kv_cache_usage:max > 0.8" in text and "above 80%" in text
+
+    def test_no_rule_queries_the_counter_without_total(self) -> None:
+        text = render_rules()
+        assert "num_preemptions_total" in text
+        assert "num_preemptions}" not in text and 'num_preemptions"' not in text
+
+    def test_prometheus_rule_wraps_the_same_groups(self) -> None:
+        k8s = yaml.safe_load(render_prometheus_rule())
+        assert k8s["kind"] == "PrometheusRule"
+        assert k8s["spec"]["groups"] == yaml.safe_load(render_rules())["groups"]
+        assert len(ALERT_NAMES) == len(set(ALERT_NAMES)) == 9
+
+
+@promtool
+class TestPromtool:
+    def test_check_rules(self) -> None:
+        p = subprocess.run(
+            ["promtool", "check", "rules", str(ALERTS / RULES_FILE)], capture_output=True, text=True
+        )
+        assert p.returncode == 0, p.stdout + p.stderr
+
+    @pytest.mark.parametrize("test_file", sorted(p.name for p in (ALERTS / "tests").glob("*.yaml")))
+    def test_rule_tests(self, test_file: str) -> None:
+        p = subprocess.run(
+            ["promtool", "test", "rules", test_file],
+            cwd=ALERTS / "tests",
+            capture_output=True,
+            text=True,
+        )
+        assert p.returncode == 0, p.stdout + p.stderr

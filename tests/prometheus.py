@@ -1,0 +1,67 @@
+"""Start a real Prometheus (Debian's) on 127.0.0.1 with a temporary config and data dir."""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from loadgen.local_server import free_port
+
+__all__ = ["running_prometheus", "wait_for_series"]
+
+
+@contextmanager
+def running_prometheus(targets: dict[str, list[str]], interval: str = "1s") -> Iterator[str]:
+    """`targets` maps a job name to host:port addresses. Stops the process by its PID."""
+    tmp = Path(tempfile.mkdtemp(prefix="kvwatch-prom-"))
+    jobs = "".join(
+        f"  - job_name: {job}\n    scrape_interval: {interval}\n"
+        f"    static_configs:\n      - targets: [{', '.join(repr(a) for a in addrs)}]\n"
+        for job, addrs in targets.items()
+    )
+    (tmp / "prometheus.yml").write_text(
+        f"global:\n  scrape_interval: {interval}\nscrape_configs:\n{jobs}"
+    )
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={tmp / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp / "prometheus.log").open("wb"),
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                if httpx.get(url + "/-/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        else:
+            raise RuntimeError("Prometheus did not start: " + (tmp / "prometheus.log").read_text())
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(15)
+        subprocess.run(["rm", "-rf", str(tmp)], check=False)
+
+
+def wait_for_series(url: str, promql: str, timeout: float = 30.0) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = httpx.get(url + "/api/v1/query", params={"query": promql}, timeout=5).json()
+        if r["data"]["result"]:
+            return list(r["data"]["result"])
+        time.sleep(0.5)
+    raise AssertionError(f"no data for {promql} after {timeout} s")

@@ -1,0 +1,51 @@
+"""`kvwatch advise` reading a live sidecar, a vLLM /metrics, and a real Prometheus."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import pytest
+
+from loadgen.burst import run_burst
+from loadgen.local_server import LocalVLLM
+from tests.prometheus import running_prometheus, wait_for_series
+from tests.sidecar.running import running_sidecar
+
+pytestmark = pytest.mark.integration
+
+
+def advise(*args: str) -> tuple[int, list[dict]]:
+    p = subprocess.run(
+        [sys.executable, "-m", "kvwatch", "advise", "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode in (0, 1), p.stderr
+    return p.returncode, json.loads(p.stdout)
+
+
+def test_sidecar_metrics_and_prometheus_sources(vllm_server: LocalVLLM) -> None:
+    base = vllm_server.base_url
+    host = base.removeprefix("http://")
+    with (
+        running_sidecar(["--target", base, "--interval", "0.5", "--db", ""]) as side,
+        running_prometheus({"vllm": [host]}) as prom,
+    ):
+        wait_for_series(prom, '{__name__=~"vllm[:_]cache_config_info"}')
+        asyncio.run(run_burst(base, n=32, max_tokens=300, seed=31))
+        rc, (item,) = advise("--sidecar", side)
+        assert rc == 1 and item["advice"]["blocks_needed"] > 40
+        assert item["observed"]["peak_demand"] >= 16 and item["observed"]["capacity_blocks"] == 40
+        rc, (item,) = advise("--metrics", base, "--watch", "2")
+        assert item["observed"]["kv_bytes_per_token"] == 8192
+        # Prometheus 2.42 negotiates OpenMetrics, so it may store the vllm_ spelling: both work
+        wait_for_series(prom, 'max_over_time({__name__=~"vllm[:_]num_requests_waiting"}[5m]) > 0')
+        rc, items = advise("--prometheus", prom, "--window", "5m")
+        (item,) = items
+        assert rc == 1 and item["name"].startswith(host)
+        assert item["observed"]["peak_demand"] >= 16
+        assert item["advice"]["max_num_seqs"] >= 1 and item["advice"]["blocks_needed"] > 40
