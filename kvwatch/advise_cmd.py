@@ -52,6 +52,11 @@ def register(sub: Any) -> None:
     src.add_argument("--what-if", action="store_true", help="from figures alone")
     a.add_argument("--watch", type=float, default=30.0, help="seconds to watch --metrics (30)")
     a.add_argument("--window", default="1h", help="PromQL range for --prometheus (1h)")
+    a.add_argument(
+        "--step",
+        default="15s",
+        help="--prometheus: resolution for the peak demand (15s; your scrape interval)",
+    )
     a.add_argument("--margin", type=float, default=0.10, help="share of blocks kept free (0.10)")
     m = a.add_argument_group("model and hardware (what-if; or to fill in what a source lacks)")
     m.add_argument("--model", help="preset name (e.g. llama-3.1-8b) or a config.json / model dir")
@@ -306,7 +311,7 @@ def _advise(ns: argparse.Namespace) -> int:
         elif ns.prometheus:
             from sidecar.prom_source import observed_from_prometheus
 
-            items = observed_from_prometheus(ns.prometheus, ns.window)
+            items = observed_from_prometheus(ns.prometheus, ns.window, ns.step)
         else:
             state = asyncio.run(_watch_metrics(ns.metrics, ns.watch))
             items = observed_from_state(state, f"metrics {ns.metrics}")

@@ -95,6 +95,7 @@ class RequestRecord:
             "scheduled_at": rel(due),
             "sent_at": rel(self.sent_at),
             "first_token_at": rel(self.first_token_at),
+            "last_token_at": rel(self.token_times[-1] if self.token_times else None),
             "finished_at": rel(self.finished_at),
             "dispatch_lag": None if self.sent_at is None else self.sent_at - due,
             "ttft": self.ttft,

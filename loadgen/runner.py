@@ -153,6 +153,9 @@ async def _open_stage(sender: _Sender, stage: Stage, rng: random.Random, share: 
         delay = due - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
+            # asyncio may wake a timer up to its clock resolution early: never send before due
+            while time.perf_counter() < due:
+                pass
         rec, item = sender.new_record(stage, due, i)
         tasks.append(asyncio.create_task(sender.send(rec, item, i)))
     await asyncio.gather(*tasks)

@@ -69,6 +69,20 @@ def register(sub: Any) -> None:
         "(default ~/.local/state/kvwatch/sidecar.db; '' for memory only)",
     )
     s.add_argument(
+        "--webhook",
+        action="append",
+        default=[],
+        metavar="URL[,FORMAT]",
+        help="send alerts here; FORMAT json (default), alertmanager or slack",
+    )
+    s.add_argument(
+        "--webhook-config",
+        type=Path,
+        metavar="FILE",
+        help="receivers as a JSON/YAML list: url, format, name, secret_env (HMAC-SHA256 key "
+        "from that environment variable), timeout_s, headers",
+    )
+    s.add_argument(
         "command", nargs=argparse.REMAINDER, help="after --: the vLLM command to start and read"
     )
     s.set_defaults(func=_sidecar)
@@ -101,6 +115,7 @@ def _listen(value: str) -> tuple[str, int]:
 def _sidecar(ns: argparse.Namespace) -> int:
     from sidecar.daemon import SidecarConfig, run_sidecar
     from sidecar.thresholds import parse_overrides
+    from sidecar.webhooks import load_receivers
 
     command = tuple(a for a in ns.command if a != "--") if ns.command else ()
     host, port = _listen(ns.listen)
@@ -121,6 +136,7 @@ def _sidecar(ns: argparse.Namespace) -> int:
             command=command,
             thresholds=parse_overrides(overrides),
             db_path=Path(ns.db) if ns.db else None,
+            receivers=tuple(load_receivers(ns.webhook, ns.webhook_config)),
         )
     except ValueError as e:
         raise CliError(str(e)) from None

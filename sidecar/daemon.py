@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -19,11 +20,14 @@ from typing import BinaryIO
 
 import httpx
 
+from sidecar.alerting import AlertTracker, active_alerts
 from sidecar.episodes import EpisodeStore
 from sidecar.follow import FileFollower, FollowStats, read_stream, run_and_read
+from sidecar.outbox import Outbox
 from sidecar.scrape import metrics_url, scrape_once
 from sidecar.state import SidecarState
 from sidecar.thresholds import Thresholds
+from sidecar.webhooks import Receiver, deliver_forever, enqueue
 
 __all__ = ["SidecarConfig", "run_sidecar"]
 
@@ -43,6 +47,7 @@ class SidecarConfig:
     command: tuple[str, ...] = ()
     thresholds: Thresholds = field(default_factory=Thresholds)
     db_path: Path | None = None  # SQLite file for episodes; None keeps them in memory
+    receivers: tuple[Receiver, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -107,8 +112,44 @@ def _start_log_reader(
     return None
 
 
+def _connect(path: Path | None) -> sqlite3.Connection:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(
+        ":memory:" if path is None else str(path), check_same_thread=False, timeout=30
+    )
+    if path is not None:
+        db.execute("PRAGMA journal_mode=WAL")
+    return db
+
+
+async def _alert_loop(cfg: SidecarConfig, state: SidecarState, external_url: str) -> None:
+    """Judge alerts after every scrape round and queue their notifications (the outbox keeps
+    them until every receiver has them)."""
+    db = _connect(cfg.db_path)
+    tracker = AlertTracker(db, cfg.thresholds.repeat_interval_s)
+    outbox = Outbox(db)
+    sender = asyncio.create_task(deliver_forever(outbox, list(cfg.receivers)))
+    try:
+        while True:
+            await asyncio.sleep(cfg.interval_s)
+            now = time.time()
+            notes = tracker.update(active_alerts(state.snapshot(), cfg.thresholds, now), now)
+            if cfg.receivers:
+                enqueue(outbox, list(cfg.receivers), notes, external_url)
+            firing = [
+                dict(f.alert.__dict__, starts_at=f.starts_at) for f in tracker.firing.values()
+            ]
+            state.set_alerting({"firing": firing, "webhooks": outbox.stats()})
+    finally:
+        sender.cancel()
+
+
 async def _main(
-    cfg: SidecarConfig, state: SidecarState, child: subprocess.Popen[bytes] | None
+    cfg: SidecarConfig,
+    state: SidecarState,
+    child: subprocess.Popen[bytes] | None,
+    external_url: str = "",
 ) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -117,6 +158,7 @@ async def _main(
     limits = httpx.Limits(max_connections=len(cfg.targets) * 2)
     async with httpx.AsyncClient(limits=limits) as client:
         tasks = [asyncio.create_task(_scrape_loop(client, state, t, cfg)) for t in cfg.targets]
+        tasks.append(asyncio.create_task(_alert_loop(cfg, state, external_url)))
         code = 0
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
@@ -160,7 +202,7 @@ def run_sidecar(cfg: SidecarConfig, echo: BinaryIO | None = None) -> int:
     stop = threading.Event()
     child = _start_log_reader(cfg, state, stop, echo or sys.stdout.buffer)
     try:
-        return asyncio.run(_main(cfg, state, child))
+        return asyncio.run(_main(cfg, state, child, f"http://{host}:{port}"))
     finally:
         stop.set()
         server.shutdown()

@@ -185,6 +185,7 @@ class StateCollector(Collector):
             ep_tok,
         )
         yield from gauges.values()
+        yield from _alerting_families(snap.get("alerting") or {})
         log = snap["log"]
         if log is not None:
             lines = CounterMetricFamily("kvwatch_log_lines", "log lines read", labels=["source"])
@@ -198,6 +199,31 @@ class StateCollector(Collector):
             )
             rot.add_metric([log["source"]], log["rotations"] + log["truncations"])
             yield from (lines, over, rot)
+
+
+def _alerting_families(alerting: dict[str, Any]) -> Iterator[Metric]:
+    firing = GaugeMetricFamily(
+        "kvwatch_alerts_firing", "the sidecar's own alerts now firing", labels=["alertname"]
+    )
+    counts: dict[str, int] = {}
+    for a in alerting.get("firing", []):
+        counts[a["name"]] = counts.get(a["name"], 0) + 1
+    for name, n in counts.items():
+        firing.add_metric([name], n)
+    pending = GaugeMetricFamily(
+        "kvwatch_webhook_pending", "notifications not yet delivered", labels=["receiver"]
+    )
+    delivered = CounterMetricFamily(
+        "kvwatch_webhook_delivered", "notifications delivered", labels=["receiver"]
+    )
+    dropped = CounterMetricFamily(
+        "kvwatch_webhook_dropped", "notifications dropped from a full outbox", labels=["receiver"]
+    )
+    for r, st in alerting.get("webhooks", {}).items():
+        pending.add_metric([r], st["pending"])
+        delivered.add_metric([r], st["delivered"])
+        dropped.add_metric([r], st["dropped"])
+    yield from (firing, pending, delivered, dropped)
 
 
 def _handler(

@@ -57,7 +57,11 @@ def _quantile(fam_sel: str, window: str) -> str:
     return f"histogram_quantile(0.95, sum by ({_BY}, le) (increase({fam_sel}[{window}])))"
 
 
-def observed_from_prometheus(base: str, window: str = "1h") -> list[tuple[str, Observed]]:
+def observed_from_prometheus(
+    base: str, window: str = "1h", step: str = "15s"
+) -> list[tuple[str, Observed]]:
+    """`step` is the subquery resolution for the peak of running + waiting: at most the scrape
+    interval, or short peaks fall between the points."""
     with httpx.Client(timeout=30) as client:
         caches = _query(
             client,
@@ -72,7 +76,7 @@ def observed_from_prometheus(base: str, window: str = "1h") -> list[tuple[str, O
                 base,
                 (
                     f"max_over_time((sum by ({_BY}) ({promql_selector(RUNNING)}) + sum by ({_BY}) "
-                    f"({promql_selector(WAITING)}))[{window}:])"
+                    f"({promql_selector(WAITING)}))[{window}:{step}])"
                 ),
             )
         )

@@ -125,6 +125,7 @@ class SidecarState:
         self._episode_counts = self.store.counts()
         self.transitions: deque[dict[str, Any]] = deque(maxlen=_MAX_TRANSITIONS)
         self.targets = {url: TargetState(url) for url in targets}
+        self.alerting: dict[str, Any] = {"firing": [], "webhooks": {}}
         self.log_target = targets[0]
         self.log_stats: FollowStats | None = None
         self.log_source: str | None = None
@@ -210,6 +211,10 @@ class SidecarState:
             for ev in events:
                 log.take(ev)
 
+    def set_alerting(self, status: dict[str, Any]) -> None:
+        with self._lock:
+            self.alerting = status
+
     def beat(self, now: float) -> None:
         with self._lock:
             self.heartbeat = now
@@ -272,6 +277,7 @@ class SidecarState:
                 "heartbeat_age_s": now - self.heartbeat,
                 "thresholds": asdict(self.th),
                 "transitions": list(self.transitions)[-50:],
+                "alerting": self.alerting,
                 "log": None if ls is None else {"source": self.log_source, **ls.__dict__},
                 "targets": targets,
             }

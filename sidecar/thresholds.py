@@ -42,6 +42,11 @@ class Thresholds:
     # Rate windows in seconds. Short reacts within seconds; long smooths and holds the evidence.
     short_window_s: float = 10.0
     long_window_s: float = 60.0
+    # The sidecar's webhook alerts: a target must stay down this long before it alerts (a vLLM
+    # restart takes 20-60 s; raise this to stay quiet through planned restarts).
+    target_down_after_s: float = 30.0
+    # How often a still-firing alert is sent again, in seconds.
+    repeat_interval_s: float = 3600.0
     # Where alert annotations point for the runbook (one section per alert).
     runbook_base_url: str = "https://github.com/kvwatch/kvwatch/blob/main/alerts/runbook.md"
 

@@ -29,6 +29,7 @@ def running_prometheus(targets: dict[str, list[str]], interval: str = "1s") -> I
         f"global:\n  scrape_interval: {interval}\nscrape_configs:\n{jobs}"
     )
     port = free_port()
+    log = (tmp / "prometheus.log").open("wb")
     proc = subprocess.Popen(
         [
             "prometheus",
@@ -37,7 +38,7 @@ def running_prometheus(targets: dict[str, list[str]], interval: str = "1s") -> I
             f"--web.listen-address=127.0.0.1:{port}",
         ],
         stdout=subprocess.DEVNULL,
-        stderr=(tmp / "prometheus.log").open("wb"),
+        stderr=log,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -54,6 +55,7 @@ def running_prometheus(targets: dict[str, list[str]], interval: str = "1s") -> I
     finally:
         proc.terminate()
         proc.wait(15)
+        log.close()
         subprocess.run(["rm", "-rf", str(tmp)], check=False)
 
 

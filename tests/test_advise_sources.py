@@ -44,8 +44,8 @@ def test_sidecar_metrics_and_prometheus_sources(vllm_server: LocalVLLM) -> None:
         assert item["observed"]["kv_bytes_per_token"] == 8192
         # Prometheus 2.42 negotiates OpenMetrics, so it may store the vllm_ spelling: both work
         wait_for_series(prom, 'max_over_time({__name__=~"vllm[:_]num_requests_waiting"}[5m]) > 0')
-        rc, items = advise("--prometheus", prom, "--window", "5m")
+        rc, items = advise("--prometheus", prom, "--window", "5m", "--step", "1s")
         (item,) = items
-        assert rc == 1 and item["name"].startswith(host)
+        assert rc == 1 and item["name"].startswith(host), item
         assert item["observed"]["peak_demand"] >= 16
         assert item["advice"]["max_num_seqs"] >= 1 and item["advice"]["blocks_needed"] > 40

@@ -11,10 +11,11 @@ __all__ = ["raw_http_server"]
 
 
 @contextmanager
-def raw_http_server(reply: bytes | None) -> Iterator[str]:
+def raw_http_server(reply: bytes | None, port: int = 0) -> Iterator[str]:
     """Accepts connections and writes `reply` then closes; with None it never answers (hangs)."""
     srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", port))
     srv.listen(16)
     srv.settimeout(0.2)
     stop = threading.Event()

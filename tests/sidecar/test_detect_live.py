@@ -14,6 +14,7 @@ import pytest
 from loadgen.burst import run_burst
 from loadgen.local_server import LocalVLLM
 from tests.loadgen.test_loadgen_live import run as loadgen_run
+from tests.receiver import receiver
 from tests.sidecar.running import kvwatch_samples, running_sidecar
 
 pytestmark = pytest.mark.integration
@@ -25,17 +26,28 @@ class _States:
     def __init__(self, url: str) -> None:
         self.url = url
         self.rows: list[tuple[float, str, float, float]] = []
+        self.errors: list[str] = []
         self._stop = threading.Event()
         self._th = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            snap = httpx.get(self.url + "/api/state", timeout=5).json()
+            try:
+                snap = httpx.get(self.url + "/api/state", timeout=5).json()
+            except httpx.HTTPError as e:
+                self.errors.append(repr(e))
+                continue
             for e in snap["targets"][0]["engines"]:
                 if e["present"]:
                     sig = e["signals"]
-                    self.rows.append((time.monotonic(), e["state"], sig["kv_usage"] or 0.0,
-                                      sig["preemptions_observed"]))  # fmt: skip
+                    self.rows.append(
+                        (
+                            time.monotonic(),
+                            e["state"],
+                            sig["kv_usage"] or 0.0,
+                            sig["preemptions_observed"],
+                        )
+                    )
             self._stop.wait(0.1)
 
     def __enter__(self) -> _States:
@@ -53,7 +65,28 @@ class _States:
 def test_light_fill_and_thrash_are_told_apart(vllm_server: LocalVLLM, tmp_path: Path) -> None:
     base = vllm_server.base_url
     db = tmp_path / "episodes.db"
-    args = ["--target", base, "--interval", "0.25", "--db", str(db)]
+    with receiver() as (hook, got):
+        args = [
+            "--target",
+            base,
+            "--interval",
+            "0.25",
+            "--db",
+            str(db),
+            "--webhook",
+            f"{hook},alertmanager",
+        ]
+        _run_loads(base, args, tmp_path)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not got:
+            time.sleep(0.2)
+    # the sidecar's own webhook fired for the same load, without Prometheus
+    names = [(g["body"]["status"], g["body"]["commonLabels"]["alertname"]) for g in got]
+    assert ("firing", "KvwatchThrashing") in names, names
+    assert got[0]["body"]["version"] == "4"
+
+
+def _run_loads(base: str, args: list[str], tmp_path: Path) -> None:
     with running_sidecar(args) as url, _States(url) as states:
         time.sleep(1.5)
         # light: two short streams
@@ -63,14 +96,24 @@ def test_light_fill_and_thrash_are_told_apart(vllm_server: LocalVLLM, tmp_path: 
         light = states.since(t)
         assert light and {r[1] for r in light} == {"ok"}, light
 
-        # fill: pairs of 600-token requests, each pair ending on 38 of the 39 usable blocks,
-        # three times over; nothing is preempted
+        # fill: pairs of 600-token requests (500-token prompts), each pair holding 32 to 38 of
+        # the 39 usable blocks while it decodes, three times over; nothing is preempted
         t = time.monotonic()
-        loadgen_run(base, tmp_path / "fill", "--concurrency", "2", "--requests", "6",
-                    "--input-len", "100", "--output-len", "500")  # fmt: skip
+        loadgen_run(
+            base,
+            tmp_path / "fill",
+            "--concurrency",
+            "2",
+            "--requests",
+            "6",
+            "--input-len",
+            "500",
+            "--output-len",
+            "100",
+        )
         time.sleep(1.0)
         fill = states.since(t)
-        assert max(r[2] for r in fill) >= 0.85, "the fill load did not fill the cache"
+        assert max(r[2] for r in fill) >= 0.85, f"no fill seen; poll errors: {states.errors}"
         assert fill[-1][3] == fill[0][3], "the fill load preempted; the fixture changed?"
         assert "thrashing" not in {r[1] for r in fill}
 

@@ -1,0 +1,107 @@
+"""A durable, ordered outbox per webhook receiver, in SQLite.
+
+A notification is written here before any attempt to send it, and marked delivered only after
+the receiver answered 2xx, so a receiver that is down for minutes, or a sidecar killed with
+SIGKILL, loses nothing. Each receiver gets its messages in order: the next is not tried before
+the one ahead of it is delivered (or dropped). Retries back off exponentially with jitter. When a
+receiver is gone for good the outbox is bounded: past `max_pending` the oldest are dropped,
+counted and logged. Every message carries a delivery id a receiver can use to drop the rare
+duplicate (a crash between the receiver's 2xx and our commit).
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+
+__all__ = ["Outbox", "Pending", "backoff_s"]
+
+
+@dataclass(frozen=True)
+class Pending:
+    id: int
+    receiver: str
+    body: bytes
+    attempts: int
+    next_at: float
+
+
+def backoff_s(
+    attempts: int, base: float = 1.0, cap: float = 300.0, rng: random.Random | None = None
+) -> float:
+    """Exponential backoff with full jitter on the upper half: [d/2, d], d = base x 2^attempts."""
+    d = min(cap, base * 2 ** max(0, attempts - 1))
+    return d / 2 + (rng or random).random() * d / 2
+
+
+class Outbox:
+    def __init__(self, db: sqlite3.Connection, max_pending: int = 10_000) -> None:
+        self.db = db
+        self.max_pending = max_pending
+        self.dropped: dict[str, int] = {}
+        self._lock = threading.Lock()
+        with self._lock, self.db:
+            self.db.execute(
+                "CREATE TABLE IF NOT EXISTS outbox (id INTEGER PRIMARY KEY AUTOINCREMENT, "
+                "receiver TEXT, body BLOB, created REAL, attempts INTEGER DEFAULT 0, "
+                "next_at REAL, delivered REAL, last_error TEXT)"
+            )
+
+    def put(self, receiver: str, body: bytes, now: float | None = None) -> int:
+        now = time.time() if now is None else now
+        with self._lock, self.db:
+            cur = self.db.execute(
+                "INSERT INTO outbox (receiver, body, created, next_at) VALUES (?, ?, ?, ?)",
+                (receiver, body, now, now),
+            )
+            pending = self.db.execute(
+                "SELECT COUNT(*) FROM outbox WHERE receiver = ? AND delivered IS NULL", (receiver,)
+            ).fetchone()[0]
+            over = pending - self.max_pending
+            if over > 0:
+                self.db.execute(
+                    "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox WHERE receiver = ? "
+                    "AND delivered IS NULL ORDER BY id LIMIT ?)",
+                    (receiver, over),
+                )
+                self.dropped[receiver] = self.dropped.get(receiver, 0) + over
+            return int(cur.lastrowid or 0)
+
+    def head(self, receiver: str) -> Pending | None:
+        """The oldest undelivered message for the receiver (the only one that may be tried)."""
+        with self._lock:
+            row = self.db.execute(
+                "SELECT id, receiver, body, attempts, next_at FROM outbox WHERE receiver = ? AND "
+                "delivered IS NULL ORDER BY id LIMIT 1",
+                (receiver,),
+            ).fetchone()
+        return None if row is None else Pending(*row)
+
+    def delivered(self, msg_id: int, now: float | None = None) -> None:
+        with self._lock, self.db:
+            self.db.execute(
+                "UPDATE outbox SET delivered = ? WHERE id = ?",
+                (time.time() if now is None else now, msg_id),
+            )
+
+    def failed(self, msg_id: int, error: str, retry_at: float) -> None:
+        with self._lock, self.db:
+            self.db.execute(
+                "UPDATE outbox SET attempts = attempts + 1, next_at = ?, "
+                "last_error = ? WHERE id = ?",
+                (retry_at, error[:500], msg_id),
+            )
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        with self._lock:
+            rows = self.db.execute(
+                "SELECT receiver, SUM(delivered IS NULL), SUM(delivered IS NOT NULL) FROM outbox "
+                "GROUP BY receiver"
+            ).fetchall()
+        return {
+            r: {"pending": int(p or 0), "delivered": int(d or 0), "dropped": self.dropped.get(r, 0)}
+            for r, p, d in rows
+        }

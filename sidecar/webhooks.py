@@ -1,0 +1,224 @@
+"""Webhook receivers: payload formats, HMAC signatures, and the delivery loop over the outbox.
+
+Formats: `json` (kvwatch's own: one alert per message), `alertmanager` (the Alertmanager webhook
+payload, version 4, so existing receivers work unchanged), `slack` (an incoming-webhook message).
+A receiver may sign bodies with HMAC-SHA256 using a secret read from an environment variable
+(`secret_env`); the secret is never logged or echoed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from sidecar.alerting import Notification
+from sidecar.outbox import Outbox, backoff_s
+
+__all__ = [
+    "Receiver",
+    "load_receivers",
+    "render",
+    "sign",
+    "enqueue",
+    "deliver_forever",
+    "SIGNATURE_HEADER",
+]
+
+log = logging.getLogger("kvwatch.webhooks")
+SIGNATURE_HEADER = "X-Kvwatch-Signature"
+DELIVERY_HEADER = "X-Kvwatch-Delivery"
+FORMATS = ("json", "alertmanager", "slack")
+_SLACK_MAX = 2900
+
+
+@dataclass(frozen=True)
+class Receiver:
+    url: str
+    format: str = "json"
+    name: str = ""
+    secret_env: str | None = None
+    timeout_s: float = 10.0
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(f"webhook {self.url}: format must be one of {', '.join(FORMATS)}")
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"webhook {self.url!r}: not an http(s) URL")
+
+    @property
+    def key(self) -> str:
+        return self.name or self.url
+
+    def secret(self) -> bytes | None:
+        if not self.secret_env:
+            return None
+        value = os.environ.get(self.secret_env)
+        if not value:
+            raise ValueError(
+                f"webhook {self.key}: environment variable {self.secret_env} is empty or unset"
+            )
+        return value.encode()
+
+
+def load_receivers(urls: list[str], config: Path | None) -> list[Receiver]:
+    """`--webhook URL[,format]` flags plus a JSON or YAML file: a list of receiver objects."""
+    out = []
+    for item in urls:
+        url, _, fmt = item.partition(",")
+        out.append(Receiver(url, fmt or "json"))
+    if config is not None:
+        try:
+            text = config.read_text()
+        except OSError as e:
+            raise ValueError(f"cannot read {config}: {e.strerror}") from None
+        import yaml
+
+        try:
+            items = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ValueError(f"{config}: not YAML/JSON ({e})") from None
+        if not isinstance(items, list):
+            raise ValueError(f"{config}: expected a list of receivers")
+        for i, d in enumerate(items):
+            if not isinstance(d, dict) or "url" not in d:
+                raise ValueError(f"{config}: receiver {i} needs a url")
+            unknown = set(d) - {"url", "format", "name", "secret_env", "timeout_s", "headers"}
+            if unknown:
+                raise ValueError(f"{config}: receiver {i}: unknown keys {sorted(unknown)}")
+            out.append(Receiver(**d))
+    for r in out:
+        r.secret()  # fail at start, not at the first alert
+    return out
+
+
+def _iso(t: float | None) -> str:
+    if t is None:
+        return "0001-01-01T00:00:00Z"
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _slack_escape(s: str) -> str:
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def render(n: Notification, fmt: str, delivery_id: str, external_url: str) -> dict[str, Any]:
+    a = n.alert
+    labels = {"alertname": a.name, **a.labels}
+    if fmt == "alertmanager":
+        group = {k: v for k, v in labels.items() if k in ("alertname", "target", "model_name")}
+        return {
+            "version": "4",
+            "groupKey": json.dumps(group, sort_keys=True),
+            "truncatedAlerts": 0,
+            "status": n.status,
+            "receiver": "kvwatch",
+            "groupLabels": group,
+            "commonLabels": labels,
+            "commonAnnotations": a.annotations,
+            "externalURL": external_url,
+            "alerts": [
+                {
+                    "status": n.status,
+                    "labels": labels,
+                    "annotations": a.annotations,
+                    "startsAt": _iso(n.starts_at),
+                    "endsAt": _iso(n.ends_at),
+                    "generatorURL": external_url + "/api/state",
+                    "fingerprint": a.fingerprint,
+                }
+            ],
+        }
+    if fmt == "slack":
+        icon = ":red_circle:" if n.status == "firing" else ":large_green_circle:"
+        title = f"{icon} [{n.status.upper()}] {a.name}: {a.annotations.get('summary', '')}"
+        text = _slack_escape(f"{title}\n{a.annotations.get('description', '')}")[:_SLACK_MAX]
+        return {
+            "text": _slack_escape(title)[:_SLACK_MAX],
+            "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": text}}],
+        }
+    return {
+        "delivery_id": delivery_id,
+        "status": n.status,
+        "repeat": n.repeat,
+        "alertname": a.name,
+        "labels": a.labels,
+        "annotations": a.annotations,
+        "fingerprint": a.fingerprint,
+        "starts_at": _iso(n.starts_at),
+        "ends_at": _iso(n.ends_at),
+    }
+
+
+def sign(secret: bytes, body: bytes) -> str:
+    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+
+
+def _delivery_id(n: Notification) -> str:
+    """Unique per notification, the same for every receiver and every retry."""
+    t = n.ends_at if n.ends_at is not None else (time.time() if n.repeat else n.starts_at)
+    return f"{n.alert.fingerprint}-{n.status}-{int(t * 1000)}"
+
+
+def enqueue(
+    outbox: Outbox, receivers: list[Receiver], notes: list[Notification], external_url: str
+) -> None:
+    for n in notes:
+        delivery_id = _delivery_id(n)
+        for r in receivers:
+            payload = render(n, r.format, delivery_id, external_url)
+            body = json.dumps({"delivery_id": delivery_id, "payload": payload})
+            outbox.put(r.key, body.encode())
+
+
+async def _deliver_one(client: httpx.AsyncClient, outbox: Outbox, r: Receiver) -> bool:
+    """Try the receiver's oldest message; True if there may be more to send right away."""
+    msg = outbox.head(r.key)
+    if msg is None:
+        return False
+    now = time.time()
+    if msg.next_at > now:
+        return False
+    wrapped = json.loads(msg.body)
+    body = json.dumps(wrapped["payload"]).encode()
+    headers = {
+        "Content-Type": "application/json",
+        DELIVERY_HEADER: wrapped["delivery_id"],
+        **r.headers,
+    }
+    secret = r.secret()
+    if secret is not None:
+        headers[SIGNATURE_HEADER] = sign(secret, body)
+    try:
+        resp = await client.post(r.url, content=body, headers=headers, timeout=r.timeout_s)
+        ok, error = 200 <= resp.status_code < 300, f"HTTP {resp.status_code}"
+    except httpx.HTTPError as e:
+        ok, error = False, f"{type(e).__name__}: {e}"
+    if ok:
+        outbox.delivered(msg.id)
+        return True
+    delay = backoff_s(msg.attempts + 1)
+    log.warning("webhook %s: %s; retry %d in %.1f s", r.key, error, msg.attempts + 1, delay)
+    outbox.failed(msg.id, error, time.time() + delay)
+    return False
+
+
+async def deliver_forever(outbox: Outbox, receivers: list[Receiver], poll_s: float = 0.2) -> None:
+    async with httpx.AsyncClient() as client:
+        while True:
+            busy = False
+            for r in receivers:
+                busy |= await _deliver_one(client, outbox, r)
+            if not busy:
+                await asyncio.sleep(poll_s)

@@ -1,0 +1,40 @@
+"""A webhook receiver that records what it gets (what Slack or a pager would be), on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+__all__ = ["receiver"]
+
+
+@contextmanager
+def receiver(port: int = 0) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """Yields (url, received); each item has `headers` and `body` (parsed JSON)."""
+    got: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            raw = self.rfile.read(int(self.headers["Content-Length"]))
+            with lock:
+                got.append({"headers": dict(self.headers), "raw": raw, "body": json.loads(raw)})
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    srv = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}/hook", got
+    finally:
+        srv.shutdown()
+        srv.server_close()
