@@ -17,7 +17,7 @@ from kvwatch.cli import EXIT_FOUND, EXIT_UNREACHABLE, CliError
 from loadgen.arrivals import Concurrency, Constant, Gamma, Pattern, Poisson, Ramp
 from loadgen.client import served_model
 from loadgen.records import StallRule
-from loadgen.runner import Progress, RunOptions, run_stages
+from loadgen.runner import Progress, RunOptions, run_loop, run_stages
 from loadgen.schedule import Stage, StageSpecError, parse_stage, sweep_stages
 from loadgen.server_metrics import server_snapshot
 from loadgen.workload import DatasetError, WorkloadSpec, tokenize_corpus
@@ -234,7 +234,7 @@ def _run(ns: argparse.Namespace) -> int:
         async with httpx.AsyncClient(timeout=10, headers=headers) as client:
             return await server_snapshot(client, ns.url)
 
-    model, workload, server_before = _run_loop(prepare())
+    model, workload, server_before = run_loop(prepare())
     opts = RunOptions(
         ns.url,
         model,
@@ -262,12 +262,12 @@ def _run(ns: argparse.Namespace) -> int:
                 if ticker:
                     ticker.cancel()
 
-        result = _run_loop(go())
+        result = run_loop(go())
         if not ns.no_progress:
             print(file=sys.stderr)
         start_unix, events = result.start_unix, result.events
         records = [r.to_dict(result.t0, stall) for r in result.records]
-    server_after = _run_loop(finish())
+    server_after = run_loop(finish())
     summary = summarize_records(records, slo)
     if server_before and server_after:
         summary["server"] = _server_delta(server_before, server_after)
@@ -305,15 +305,6 @@ def _run(ns: argparse.Namespace) -> int:
         print(render_table(summary))
         print(f"run directory: {run_dir}")
     return EXIT_FOUND if summary["overall"].get("failed") else 0
-
-
-def _run_loop(coro: Any) -> Any:
-    """uvloop where installed (it comes with vLLM): about 1.5x the requests per second."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
 
 
 def _server_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:

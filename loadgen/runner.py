@@ -23,7 +23,7 @@ from loadgen.records import RequestRecord
 from loadgen.schedule import Stage
 from loadgen.workload import WorkItem
 
-__all__ = ["RunOptions", "RunResult", "Progress", "Share", "run_stages"]
+__all__ = ["RunOptions", "RunResult", "Progress", "Share", "run_stages", "run_loop"]
 
 # httpcore's pool scans every connection for every request (quadratic in requests in flight);
 # spreading requests over several clients keeps each pool small: 2.5x the throughput at 2,000
@@ -221,3 +221,13 @@ async def run_stages(
                 await _open_stage(sender, stage, rng, share)
             event("stage_end", stage)
     return result
+
+
+def run_loop(coro: Any) -> Any:
+    """Run a coroutine on uvloop where installed (it comes with vLLM): about 1.5x the requests
+    per second of the default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)

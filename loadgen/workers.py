@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from loadgen.records import StallRule
-from loadgen.runner import RunOptions, Share, run_stages
+from loadgen.runner import RunOptions, Share, run_loop, run_stages
 from loadgen.schedule import Stage
 from loadgen.workload import WorkloadSpec
 
@@ -49,12 +49,7 @@ def _worker(
             )
         )
 
-    try:
-        import uvloop
-
-        uvloop.run(go())
-    except ImportError:
-        asyncio.run(go())
+    run_loop(go())
 
 
 def run_in_workers(
