@@ -34,6 +34,12 @@ def register(sub: Any) -> None:
         help="override a threshold (as for kvwatch sidecar)",
     )
     a.add_argument("--runbook-base-url", help="where runbook_url links point")
+    a.add_argument(
+        "--for-scale",
+        type=float,
+        default=1.0,
+        help="multiply every `for:` (e.g. 0.01 in a lab to see alerts fire in seconds)",
+    )
     a.set_defaults(func=_alerts)
 
 
@@ -48,7 +54,10 @@ def _alerts(ns: argparse.Namespace) -> int:
     if ns.runbook_base_url:
         th = replace(th, runbook_base_url=ns.runbook_base_url)
     if ns.print_:
-        sys.stdout.write(render_rules(th) if ns.print_ == "rules" else render_prometheus_rule(th))
+        text = (
+            render_rules(th, ns.for_scale) if ns.print_ == "rules" else render_prometheus_rule(th)
+        )
+        sys.stdout.write(text)
         return 0
     for path in write_all(ns.out, th):
         print(path)

@@ -17,16 +17,32 @@ __all__ = ["running_prometheus", "wait_for_series"]
 
 
 @contextmanager
-def running_prometheus(targets: dict[str, list[str]], interval: str = "1s") -> Iterator[str]:
-    """`targets` maps a job name to host:port addresses. Stops the process by its PID."""
+def running_prometheus(
+    targets: dict[str, list[str]],
+    interval: str = "1s",
+    rules: str | None = None,
+    alertmanager: str | None = None,
+) -> Iterator[str]:
+    """`targets` maps a job name to host:port addresses; `rules` is a rules file's text;
+    `alertmanager` a host:port. Stops the process by its PID."""
     tmp = Path(tempfile.mkdtemp(prefix="kvwatch-prom-"))
+    extra = ""
+    if rules is not None:
+        (tmp / "rules.yaml").write_text(rules)
+        extra += f"rule_files: [{str(tmp / 'rules.yaml')!r}]\n"
+    if alertmanager is not None:
+        extra += (
+            "alerting:\n  alertmanagers:\n    - static_configs:\n"
+            f"        - targets: [{alertmanager!r}]\n"
+        )
     jobs = "".join(
         f"  - job_name: {job}\n    scrape_interval: {interval}\n"
         f"    static_configs:\n      - targets: [{', '.join(repr(a) for a in addrs)}]\n"
         for job, addrs in targets.items()
     )
     (tmp / "prometheus.yml").write_text(
-        f"global:\n  scrape_interval: {interval}\nscrape_configs:\n{jobs}"
+        f"global:\n  scrape_interval: {interval}\n  evaluation_interval: {interval}\n"
+        f"{extra}scrape_configs:\n{jobs}"
     )
     port = free_port()
     log = (tmp / "prometheus.log").open("wb")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,7 +26,14 @@ def receiver(port: int = 0) -> Iterator[tuple[str, list[dict[str, Any]]]]:
         def do_POST(self) -> None:  # noqa: N802
             raw = self.rfile.read(int(self.headers["Content-Length"]))
             with lock:
-                got.append({"headers": dict(self.headers), "raw": raw, "body": json.loads(raw)})
+                got.append(
+                    {
+                        "t": time.time(),
+                        "headers": dict(self.headers),
+                        "raw": raw,
+                        "body": json.loads(raw),
+                    }
+                )
             self.send_response(200)
             self.send_header("Content-Length", "0")
             self.end_headers()

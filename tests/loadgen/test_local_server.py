@@ -41,7 +41,7 @@ class TestLocalVLLM:
             nonlocal peak
             while not stop.is_set():
                 peak = max(peak, _read(vllm_server.base_url)[1])
-                time.sleep(0.2)
+                time.sleep(0.1)
 
         poller = threading.Thread(target=poll, daemon=True)
         poller.start()
