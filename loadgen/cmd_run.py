@@ -78,6 +78,11 @@ def register_run(lsub: Any) -> None:
     )
     g.add_argument("--max-inflight", type=int, help="cap on open requests (extra ones wait)")
     g.add_argument(
+        "--sidecar",
+        metavar="URL",
+        help="a kvwatch sidecar to tell stage starts and ends (for marks and annotations)",
+    )
+    g.add_argument(
         "--workers",
         type=int,
         default=1,
@@ -243,6 +248,7 @@ def _run(ns: argparse.Namespace) -> int:
         seed=ns.seed,
         api_key=api_key,
         max_inflight=ns.max_inflight,
+        events_url=ns.sidecar,
     )
     stall = StallRule(ns.stall_factor, ns.stall_min)
     if ns.workers > 1:

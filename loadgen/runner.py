@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +25,8 @@ from loadgen.schedule import Stage
 from loadgen.workload import WorkItem
 
 __all__ = ["RunOptions", "RunResult", "Progress", "Share", "run_stages", "run_loop"]
+
+log = logging.getLogger("kvwatch.loadgen")
 
 # httpcore's pool scans every connection for every request (quadratic in requests in flight);
 # spreading requests over several clients keeps each pool small: 2.5x the throughput at 2,000
@@ -41,6 +44,7 @@ class RunOptions:
     api_key: str | None = None
     request_timeout_s: float = 600.0
     max_inflight: int | None = None  # cap on open requests; excess waits (and shows as lag)
+    events_url: str | None = None  # a kvwatch sidecar to tell stage starts and ends
 
     @property
     def endpoint(self) -> str:
@@ -195,12 +199,21 @@ async def run_stages(
     result = RunResult(t0=time.perf_counter(), start_unix=time.time())
     rng = random.Random(opts.seed)
 
+    posts: list[asyncio.Task[None]] = []
+
     def event(kind: str, stage: Stage) -> None:
-        ev = {"event": kind, "stage": stage.name, "warmup": stage.warmup,
-              "t": time.perf_counter() - result.t0, "unix": time.time()}  # fmt: skip
+        ev = {
+            "event": kind,
+            "stage": stage.name,
+            "warmup": stage.warmup,
+            "t": time.perf_counter() - result.t0,
+            "unix": time.time(),
+        }
         result.events.append(ev)
         if on_event:
             on_event(ev)
+        if opts.events_url and share.index == 0:
+            posts.append(asyncio.create_task(_post_event(opts.events_url, ev)))
 
     async with contextlib.AsyncExitStack() as stack:
         clients = [
@@ -220,7 +233,19 @@ async def run_stages(
             else:
                 await _open_stage(sender, stage, rng, share)
             event("stage_end", stage)
+    await asyncio.gather(*posts)
     return result
+
+
+async def _post_event(sidecar: str, ev: dict[str, Any]) -> None:
+    """Tell a sidecar about a stage; a sidecar that is away costs a warning, not the run."""
+    try:
+        async with httpx.AsyncClient(timeout=5) as client:
+            r = await client.post(sidecar.rstrip("/") + "/api/events", json=ev)
+        if r.status_code >= 300:
+            log.warning("sidecar %s refused the stage event: HTTP %s", sidecar, r.status_code)
+    except httpx.HTTPError as e:
+        log.warning("cannot tell sidecar %s about stage %s: %s", sidecar, ev["stage"], e)
 
 
 def run_loop(coro: Any) -> Any:

@@ -191,6 +191,7 @@ def run_sidecar(cfg: SidecarConfig, echo: BinaryIO | None = None) -> int:
         state.snapshot,
         stale_after,
         lambda: [e.to_dict() for e in state.episodes()],
+        state.record_load_event,
     )
     host, port = server.server_address[:2]
     print(

@@ -186,6 +186,14 @@ class StateCollector(Collector):
         )
         yield from gauges.values()
         yield from _alerting_families(snap.get("alerting") or {})
+        stage = GaugeMetricFamily(
+            "kvwatch_load_stage",
+            "1 while a load generator stage runs (for annotations)",
+            labels=["stage"],
+        )
+        for name in (snap.get("load") or {}).get("stages", {}):
+            stage.add_metric([name], 1.0)
+        yield stage
         log = snap["log"]
         if log is not None:
             lines = CounterMetricFamily("kvwatch_log_lines", "log lines read", labels=["source"])
@@ -231,6 +239,7 @@ def _handler(
     snapshot: Callable[[], dict[str, Any]],
     stale_after_s: float,
     episodes: Callable[[], list[dict[str, Any]]],
+    on_load_event: Callable[[dict[str, Any]], None] | None,
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
@@ -252,6 +261,20 @@ def _handler(
                 msg = b"not found: try /metrics, /healthz, /api/state, /api/episodes\n"
                 self._send(404, msg, "text/plain")
 
+        def do_POST(self) -> None:  # noqa: N802
+            if self.path.split("?", 1)[0] != "/api/events" or on_load_event is None:
+                self._send(404, b"POST /api/events only\n", "text/plain")
+                return
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+                if not 0 < length <= 65536:
+                    raise ValueError("body must be 1 byte to 64 KiB of JSON")
+                on_load_event(json.loads(self.rfile.read(length)))
+            except (ValueError, TypeError) as e:
+                self._send(400, f"bad event: {e}\n".encode(), "text/plain")
+                return
+            self._send(204, b"", "text/plain")
+
         def _send(self, code: int, body: bytes, ctype: str) -> None:
             self.send_response(code)
             self.send_header("Content-Type", ctype)
@@ -271,11 +294,12 @@ def serve(
     snapshot: Callable[[], dict[str, Any]],
     stale_after_s: float,
     episodes: Callable[[], list[dict[str, Any]]] = list,
+    on_load_event: Callable[[dict[str, Any]], None] | None = None,
 ) -> ThreadingHTTPServer:
     """Start the endpoint in a daemon thread; `server.shutdown()` stops it."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StateCollector(snapshot))
-    handler = _handler(registry, snapshot, stale_after_s, episodes)
+    handler = _handler(registry, snapshot, stale_after_s, episodes, on_load_event)
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="kvwatch-http", daemon=True).start()

@@ -126,6 +126,8 @@ class SidecarState:
         self.transitions: deque[dict[str, Any]] = deque(maxlen=_MAX_TRANSITIONS)
         self.targets = {url: TargetState(url) for url in targets}
         self.alerting: dict[str, Any] = {"firing": [], "webhooks": {}}
+        self.load_events: deque[dict[str, Any]] = deque(maxlen=_MAX_TRANSITIONS)
+        self.load_stages: dict[str, float] = {}  # stages running now -> since (unix)
         self.log_target = targets[0]
         self.log_stats: FollowStats | None = None
         self.log_source: str | None = None
@@ -211,6 +213,20 @@ class SidecarState:
             for ev in events:
                 log.take(ev)
 
+    def record_load_event(self, event: dict[str, Any]) -> None:
+        """A load generator's stage start or end (`kvwatch loadgen run --sidecar URL`)."""
+        kind, stage = event.get("event"), event.get("stage")
+        if kind not in ("stage_start", "stage_end") or not isinstance(stage, str) or not stage:
+            raise ValueError('expected {"event": "stage_start"|"stage_end", "stage": NAME}')
+        unix = event.get("unix")
+        when = float(unix) if isinstance(unix, int | float) else time.time()
+        with self._lock:
+            self.load_events.append({"event": kind, "stage": stage[:200], "unix": when})
+            if kind == "stage_start":
+                self.load_stages[stage[:200]] = when
+            else:
+                self.load_stages.pop(stage[:200], None)
+
     def set_alerting(self, status: dict[str, Any]) -> None:
         with self._lock:
             self.alerting = status
@@ -278,6 +294,7 @@ class SidecarState:
                 "thresholds": asdict(self.th),
                 "transitions": list(self.transitions)[-50:],
                 "alerting": self.alerting,
+                "load": {"stages": dict(self.load_stages), "events": list(self.load_events)[-50:]},
                 "log": None if ls is None else {"source": self.log_source, **ls.__dict__},
                 "targets": targets,
             }

@@ -49,8 +49,17 @@ class _Watcher:
 
 
 def test_preempting_load_then_quiet(vllm_server: LocalVLLM) -> None:
-    args = ["--target", vllm_server.base_url, "--log", str(vllm_server.log_path),
-            "--log-from-start", "--interval", "0.5", "--short-window", "3"]  # fmt: skip
+    args = [
+        "--target",
+        vllm_server.base_url,
+        "--log",
+        str(vllm_server.log_path),
+        "--log-from-start",
+        "--interval",
+        "0.5",
+        "--short-window",
+        "3",
+    ]
     with running_sidecar(args) as url, _Watcher(url) as w:
         records = asyncio.run(run_burst(vllm_server.base_url, n=32, max_tokens=300, seed=2))
         assert all(r.ok for r in records)
@@ -62,8 +71,10 @@ def test_preempting_load_then_quiet(vllm_server: LocalVLLM) -> None:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             s = kvwatch_samples(url)
-            if (_value(s, "kvwatch_preemptions_per_second_short") == 0
-                    and _value(s, "kvwatch_generation_tokens_per_second") == 0):  # fmt: skip
+            if (
+                _value(s, "kvwatch_preemptions_per_second_short") == 0
+                and _value(s, "kvwatch_generation_tokens_per_second") == 0
+            ):
                 break
             time.sleep(0.5)
         else:
@@ -94,8 +105,11 @@ def test_restart_under_the_sidecar(tiny_model: Path, tmp_path: Path) -> None:
             after = kvwatch_samples(url)
     assert _value(after, "kvwatch_target_up") == 1
     assert _value(after, "kvwatch_counter_resets_total") >= 1
-    for name in ("kvwatch_preemptions_per_second_short", "kvwatch_preemptions_per_second_long",
-                 "kvwatch_generation_tokens_per_second"):  # fmt: skip
+    for name in (
+        "kvwatch_preemptions_per_second_short",
+        "kvwatch_preemptions_per_second_long",
+        "kvwatch_generation_tokens_per_second",
+    ):
         values = w.series(name)
         assert values and min(values) >= 0, name
     # 200 tokens x 24 requests cannot make more than a few thousand tokens/s here
@@ -118,10 +132,52 @@ def test_command_mode_passes_output_through_and_exits_with_its_code(tmp_path: Pa
     )
     port = free_port()
     proc = subprocess.run(
-        [sys.executable, "-m", "kvwatch", "sidecar", "--target", "http://127.0.0.1:9",
-         "--listen", f"127.0.0.1:{port}", "--", sys.executable, str(script)],
-        capture_output=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "kvwatch",
+            "sidecar",
+            "--target",
+            "http://127.0.0.1:9",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--",
+            sys.executable,
+            str(script),
+        ],
+        capture_output=True,
+        timeout=60,
+    )
     assert proc.returncode == 3
     assert CAP_CPU.encode() in proc.stdout and V1_DEFERRED.encode() in proc.stdout
     assert b"Traceback" not in proc.stderr
+
+
+def test_load_stages_reach_the_sidecar(vllm_server: LocalVLLM, tmp_path: Path) -> None:
+    import httpx
+
+    from tests.loadgen.test_loadgen_live import run as loadgen_run
+
+    with running_sidecar(["--target", vllm_server.base_url, "--db", ""]) as side:
+        loadgen_run(
+            vllm_server.base_url,
+            tmp_path,
+            "--stage",
+            "constant:rate=4@1s",
+            "--stage",
+            "concurrency:n=2#2",
+            "--output-len",
+            "8",
+            "--sidecar",
+            side,
+        )
+        load = httpx.get(side + "/api/state").json()["load"]
+        bad = httpx.post(side + "/api/events", json={"event": "lunch"})
+    assert [(e["event"], e["stage"]) for e in load["events"]] == [
+        ("stage_start", "constant:rate=4@1s"),
+        ("stage_end", "constant:rate=4@1s"),
+        ("stage_start", "concurrency:n=2#2"),
+        ("stage_end", "concurrency:n=2#2"),
+    ]
+    assert load["stages"] == {}
+    assert bad.status_code == 400 and b"stage_start" in bad.content
