@@ -56,8 +56,20 @@ def _start_sidecar(
     target: str, log: Path | None, run_dir: Path
 ) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "kvwatch", "sidecar", "--target", target,
-           "--listen", f"127.0.0.1:{port}", "--interval", "1", "--short-window", "5"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "kvwatch",
+        "sidecar",
+        "--target",
+        target,
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--interval",
+        "1",
+        "--short-window",
+        "5",
+    ]
     if log is not None:
         cmd += ["--log", str(log), "--log-from-start"]
     err = open(run_dir / "sidecar.log", "wb")  # noqa: SIM115 (lives as long as the process)
@@ -75,10 +87,11 @@ def _start_sidecar(
 
 
 def _engine(state: dict[str, Any]) -> dict[str, Any] | None:
+    """The first engine the sidecar sees now: its signals plus its state."""
     for t in state["targets"]:
         for e in t["engines"]:
             if e["present"]:
-                return dict(e["signals"])
+                return dict(e["signals"], state=e["state"])
     return None
 
 
@@ -95,8 +108,10 @@ class _LiveView:
         self._th = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        print(f"{'phase':<7} {'KV used':>7} {'preempt/s':>9} {'running':>7} {'waiting':>7} "
-              f"{'gen tok/s':>9}")  # fmt: skip
+        print(
+            f"{'phase':<7} {'state':<10} {'KV used':>7} {'preempt/s':>9} {'running':>7} "
+            f"{'waiting':>7} {'gen tok/s':>9}"
+        )
         with httpx.Client(timeout=2) as client:
             while not self._stop.wait(1.0):
                 try:
@@ -109,9 +124,12 @@ class _LiveView:
                 rate = sig["preemptions_per_s_short"] or 0.0
                 self.peak_kv = max(self.peak_kv, sig["kv_usage"])
                 self.peak_rate = max(self.peak_rate, rate)
-                print(f"{self.phase:<7} {sig['kv_usage']:>7.0%} {rate:>9.1f} "
-                      f"{sig['running'] or 0:>7.0f} {sig['waiting'] or 0:>7.0f} "
-                      f"{sig['generation_tokens_per_s'] or 0:>9.0f}", flush=True)  # fmt: skip
+                print(
+                    f"{self.phase:<7} {sig['state']:<10} {sig['kv_usage']:>7.0%} {rate:>9.1f} "
+                    f"{sig['running'] or 0:>7.0f} {sig['waiting'] or 0:>7.0f} "
+                    f"{sig['generation_tokens_per_s'] or 0:>9.0f}",
+                    flush=True,
+                )
 
     def __enter__(self) -> _LiveView:
         self._th.start()
@@ -166,13 +184,36 @@ def _demo(ns: argparse.Namespace) -> int:
     ok = [r for r in records if r.ok]
     gaps = [g for r in ok for g in r.gaps]
     print()
-    print(f"requests: {len(ok)}/{len(records)} completed; "
-          f"TTFT p50 {_pct([r.ttft for r in ok if r.ttft], .5):.2f} s, "
-          f"p99 {_pct([r.ttft for r in ok if r.ttft], .99):.2f} s; "
-          f"largest inter-token gap {max(gaps, default=0):.2f} s")  # fmt: skip
-    print(f"KV cache: {sig.get('capacity_blocks')} blocks of {sig.get('block_size')} tokens; "
-          f"peak usage {view.peak_kv:.0%}")  # fmt: skip
-    print(f"preemptions seen by the sidecar: {sig.get('preemptions_observed', 0):.0f} "
-          f"(peak {view.peak_rate:.1f}/s)")  # fmt: skip
+    print(
+        f"requests: {len(ok)}/{len(records)} completed; "
+        f"TTFT p50 {_pct([r.ttft for r in ok if r.ttft], 0.5):.2f} s, "
+        f"p99 {_pct([r.ttft for r in ok if r.ttft], 0.99):.2f} s; "
+        f"largest inter-token gap {max(gaps, default=0):.2f} s"
+    )
+    print(
+        f"KV cache: {sig.get('capacity_blocks')} blocks of {sig.get('block_size')} tokens; "
+        f"peak usage {view.peak_kv:.0%}"
+    )
+    print(
+        f"preemptions seen by the sidecar: {sig.get('preemptions_observed', 0):.0f} "
+        f"(peak {view.peak_rate:.1f}/s)"
+    )
+    _print_advice(state)
     print(f"run directory: {run_dir}")
     return 0
+
+
+def _print_advice(state: dict[str, Any]) -> None:
+    from kvwatch.advise_cmd import observed_from_state
+    from sidecar.advice import advise
+    from sidecar.kvmath import SizingError
+
+    try:
+        (name, obs), *_ = observed_from_state(state, "the demo's sidecar")
+    except SizingError as e:
+        print(f"advice: not enough seen yet ({e})")
+        return
+    adv = advise(obs)
+    print(f"advice: {adv.verdict}")
+    for line in adv.options[:2]:
+        print(f"  {line}")

@@ -26,6 +26,7 @@ def test_short_demo_against_running_server(vllm_server: LocalVLLM, tmp_path: Pat
     assert "heavy" in out and "requests: 26/26 completed" in out
     seen = int(out.split("preemptions seen by the sidecar: ")[1].split()[0])
     assert seen > 0
+    assert "advice: undersized" in out and "--kv-cache-memory-bytes" in out
     state = json.loads((run_dir / "sidecar-state.json").read_text())
     assert state["targets"][0]["up"] is True
     assert len((run_dir / "requests.jsonl").read_text().splitlines()) == 26
