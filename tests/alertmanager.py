@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
-
-from loadgen.local_server import free_port
+from tests.services import running_service
 
 __all__ = ["running_alertmanager"]
 
@@ -26,33 +21,15 @@ def running_alertmanager(webhook_url: str) -> Iterator[str]:
         f"receivers:\n  - name: hook\n    webhook_configs:\n      - url: {webhook_url}\n"
         "        send_resolved: true\n"
     )
-    port = free_port()
-    log = (tmp / "am.log").open("wb")
-    proc = subprocess.Popen(
-        [
+    with running_service(
+        "alertmanager",
+        tmp,
+        lambda port: [
             "prometheus-alertmanager",
             f"--config.file={tmp / 'am.yml'}",
             f"--storage.path={tmp / 'data'}",
             f"--web.listen-address=127.0.0.1:{port}",
             "--cluster.listen-address=",
         ],
-        stdout=subprocess.DEVNULL,
-        stderr=log,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(100):
-            try:
-                if httpx.get(url + "/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        else:
-            raise RuntimeError("Alertmanager did not start: " + (tmp / "am.log").read_text())
+    ) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(15)
-        log.close()
-        shutil.rmtree(tmp, ignore_errors=True)

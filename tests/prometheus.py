@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from loadgen.local_server import free_port
+from tests.services import running_service
 
 __all__ = ["running_prometheus", "wait_for_series"]
 
@@ -44,35 +43,17 @@ def running_prometheus(
         f"global:\n  scrape_interval: {interval}\n  evaluation_interval: {interval}\n"
         f"{extra}scrape_configs:\n{jobs}"
     )
-    port = free_port()
-    log = (tmp / "prometheus.log").open("wb")
-    proc = subprocess.Popen(
-        [
+    with running_service(
+        "prometheus",
+        tmp,
+        lambda port: [
             "prometheus",
             f"--config.file={tmp / 'prometheus.yml'}",
             f"--storage.tsdb.path={tmp / 'data'}",
             f"--web.listen-address=127.0.0.1:{port}",
         ],
-        stdout=subprocess.DEVNULL,
-        stderr=log,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(100):
-            try:
-                if httpx.get(url + "/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        else:
-            raise RuntimeError("Prometheus did not start: " + (tmp / "prometheus.log").read_text())
+    ) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(15)
-        log.close()
-        subprocess.run(["rm", "-rf", str(tmp)], check=False)
 
 
 def wait_for_series(url: str, promql: str, timeout: float = 30.0) -> list[dict]:
