@@ -9,7 +9,6 @@ a test fails if the checked-in files differ from what this renders.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -241,7 +240,3 @@ def write_all(out_dir: Path, th: Thresholds = DEFAULT_THRESHOLDS) -> list[Path]:
     for name, text in files.items():
         (out_dir / name).write_text(text)
     return [out_dir / n for n in files]
-
-
-def runbook_anchors(markdown: str) -> set[str]:
-    return {m.lower() for m in re.findall(r"^## (\w+)", markdown, flags=re.M)}

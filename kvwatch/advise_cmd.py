@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from kvwatch.cli import EXIT_FOUND, EXIT_UNREACHABLE, CliError
+from loadgen.rundir import read_records
 from sidecar.advice import Advice, Observed, advise
 from sidecar.kvmath import (
     Gpu,
@@ -90,8 +91,7 @@ def _peak_overlap(intervals: list[tuple[float, float]]) -> int:
 def observed_from_run(run_dir: Path) -> Observed:
     try:
         spec = json.loads((run_dir / "spec.json").read_text())
-        with (run_dir / "requests.jsonl").open() as fh:
-            records = [json.loads(x) for x in fh if x.strip()]
+        records = read_records(run_dir)
     except OSError as e:
         raise SizingError(
             f"{run_dir} is not a run directory ({e.strerror}: {e.filename})"

@@ -231,10 +231,6 @@ class SidecarState:
         with self._lock:
             self.alerting = status
 
-    def beat(self, now: float) -> None:
-        with self._lock:
-            self.heartbeat = now
-
     def snapshot(self, now: float | None = None) -> dict[str, Any]:
         """A JSON-ready picture of everything; the exporter and the state API both read this."""
         now = time.monotonic() if now is None else now

@@ -9,12 +9,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from sidecar.exposition import parse_exposition
 from sidecar.vocabulary import (
     CACHE_CONFIG,
-    FAMILIES,
     ITL,
     KV_USAGE,
     PREEMPTIONS,
     REQUEST_PREEMPTIONS,
     WIRE_LOOKUP,
+    by_name,
 )
 
 
@@ -36,7 +36,7 @@ class TestParseExposition:
             assert exp.error_count == 0
             ours = {}
             for fam_name, samples in exp.samples.items():
-                fam = next(f for f in FAMILIES if f.name == fam_name)
+                fam = by_name(fam_name)
                 for s in samples:
                     wire = next(
                         w for w, (f, suf) in WIRE_LOOKUP.items()
