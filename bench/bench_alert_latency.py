@@ -20,14 +20,13 @@ from pathlib import Path
 
 import httpx
 
-from alerts.build import render_rules
 from loadgen.burst import run_burst
 from loadgen.local_server import LocalVLLM, ServerConfig
 from loadgen.tiny_model import build_tiny_model
 from sidecar.exposition import parse_exposition
 from sidecar.vocabulary import PREEMPTIONS
 from tests.alertmanager import running_alertmanager
-from tests.prometheus import running_prometheus, wait_for_series
+from tests.prometheus import prometheus_alerting
 from tests.receiver import receiver
 from tests.sidecar.running import running_sidecar
 
@@ -50,32 +49,24 @@ def main() -> None:
                 ["--target", base, "--db", "", "--webhook", h2, "--threshold", "enter_after_s=0"]
             ),
             running_alertmanager(h3) as am,
+            prometheus_alerting(base, s1, am),
         ):
-            targets = {
-                "vllm": [base.removeprefix("http://")],
-                "kvwatch": [s1.removeprefix("http://")],
-            }
-            with running_prometheus(
-                targets, rules=render_rules(for_scale=0.02), alertmanager=am.removeprefix("http://")
-            ) as prom:
-                wait_for_series(prom, 'up{job="kvwatch"} == 1')
-                wait_for_series(prom, '{__name__=~"vllm[:_]kv_cache_usage_perc"}')
-                before = _preemptions(base)
-                first: list[float] = []
-                stop = threading.Event()
+            before = _preemptions(base)
+            first: list[float] = []
+            stop = threading.Event()
 
-                def poll() -> None:
-                    while not stop.is_set() and not first:
-                        if _preemptions(base) > before:
-                            first.append(time.time())
-                        time.sleep(0.1)
+            def poll() -> None:
+                while not stop.is_set() and not first:
+                    if _preemptions(base) > before:
+                        first.append(time.time())
+                    time.sleep(0.1)
 
-                th = threading.Thread(target=poll, daemon=True)
-                th.start()
-                asyncio.run(run_burst(base, n=32, max_tokens=300, seed=51))
-                time.sleep(10)
-                stop.set()
-                th.join()
+            th = threading.Thread(target=poll, daemon=True)
+            th.start()
+            asyncio.run(run_burst(base, n=32, max_tokens=300, seed=51))
+            time.sleep(10)
+            stop.set()
+            th.join()
     t0 = first[0]
 
     def when(got: list[dict], name: str, am: bool = False) -> str:

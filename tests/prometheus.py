@@ -64,3 +64,25 @@ def wait_for_series(url: str, promql: str, timeout: float = 30.0) -> list[dict]:
             return list(r["data"]["result"])
         time.sleep(0.5)
     raise AssertionError(f"no data for {promql} after {timeout} s")
+
+
+@contextmanager
+def prometheus_alerting(
+    vllm_base: str, sidecar: str, alertmanager: str, for_scale: float = 0.02
+) -> Iterator[str]:
+    """Prometheus scraping vLLM and a sidecar with kvwatch's rules (their `for:` scaled) and
+    sending to Alertmanager; yields once both targets have data."""
+    from alerts.build import render_rules
+
+    targets = {
+        "vllm": [vllm_base.removeprefix("http://")],
+        "kvwatch": [sidecar.removeprefix("http://")],
+    }
+    with running_prometheus(
+        targets,
+        rules=render_rules(for_scale=for_scale),
+        alertmanager=alertmanager.removeprefix("http://"),
+    ) as prom:
+        wait_for_series(prom, 'up{job="kvwatch"} == 1')
+        wait_for_series(prom, '{__name__=~"vllm[:_]kv_cache_usage_perc"}')
+        yield prom

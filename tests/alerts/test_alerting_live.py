@@ -10,11 +10,10 @@ import time
 
 import pytest
 
-from alerts.build import render_rules
 from loadgen.burst import run_burst
 from loadgen.local_server import LocalVLLM
 from tests.alertmanager import running_alertmanager
-from tests.prometheus import running_prometheus, wait_for_series
+from tests.prometheus import prometheus_alerting
 from tests.receiver import receiver
 from tests.sidecar.running import running_sidecar
 
@@ -34,34 +33,26 @@ def test_thrashing_alerts_fire_and_resolve_both_ways(vllm_server: LocalVLLM) -> 
             ["--target", base, "--interval", "0.5", "--db", "", "--webhook", side_hook]
         ) as side,
         running_alertmanager(am_hook) as am,
+        prometheus_alerting(base, side, am),
     ):
-        targets = {
-            "vllm": [base.removeprefix("http://")],
-            "kvwatch": [side.removeprefix("http://")],
-        }
-        with running_prometheus(
-            targets, rules=render_rules(for_scale=0.02), alertmanager=am.removeprefix("http://")
-        ) as prom:
-            wait_for_series(prom, 'up{job="kvwatch"} == 1')
-            wait_for_series(prom, '{__name__=~"vllm[:_]kv_cache_usage_perc"}')
-            asyncio.run(run_burst(base, n=32, max_tokens=300, seed=41))
-            # fired through Prometheus and Alertmanager
-            vllm_rules = {"VllmPreemptionRateHigh", "VllmRepeatedPreemptions"}
-            deadline = time.monotonic() + 90
-            while time.monotonic() < deadline:
-                fired = {n for s, n in _am_events(am_got) if s == "firing"}
-                if "KvwatchThrashing" in fired and fired & vllm_rules:
-                    break
-                time.sleep(0.5)
-            assert "KvwatchThrashing" in fired and fired & vllm_rules, _am_events(am_got)
-            # and resolved once the load is gone
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                resolved = {n for s, n in _am_events(am_got) if s == "resolved"}
-                if "KvwatchThrashing" in resolved:
-                    break
-                time.sleep(1.0)
-            assert "KvwatchThrashing" in resolved, _am_events(am_got)
+        asyncio.run(run_burst(base, n=32, max_tokens=300, seed=41))
+        # fired through Prometheus and Alertmanager
+        vllm_rules = {"VllmPreemptionRateHigh", "VllmRepeatedPreemptions"}
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            fired = {n for s, n in _am_events(am_got) if s == "firing"}
+            if "KvwatchThrashing" in fired and fired & vllm_rules:
+                break
+            time.sleep(0.5)
+        assert "KvwatchThrashing" in fired and fired & vllm_rules, _am_events(am_got)
+        # and resolved once the load is gone
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            resolved = {n for s, n in _am_events(am_got) if s == "resolved"}
+            if "KvwatchThrashing" in resolved:
+                break
+            time.sleep(1.0)
+        assert "KvwatchThrashing" in resolved, _am_events(am_got)
     side_events = [(g["body"]["status"], g["body"]["alertname"]) for g in side_got]
     assert ("firing", "KvwatchThrashing") in side_events
     assert ("resolved", "KvwatchThrashing") in side_events
