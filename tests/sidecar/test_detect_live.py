@@ -13,6 +13,8 @@ import pytest
 
 from loadgen.burst import run_burst
 from loadgen.local_server import LocalVLLM
+from sidecar.exposition import parse_exposition
+from sidecar.vocabulary import KV_USAGE
 from tests.loadgen.test_loadgen_live import run as loadgen_run
 from tests.receiver import receiver
 from tests.sidecar.running import kvwatch_samples, running_sidecar
@@ -27,6 +29,7 @@ class _States:
         self.url = url
         self.rows: list[tuple[float, str, float, float]] = []
         self.errors: list[str] = []
+        self.scrape: tuple[int, dict[str, int], str | None] = (0, {}, None)
         self._stop = threading.Event()
         self._th = threading.Thread(target=self._run, daemon=True)
 
@@ -37,7 +40,9 @@ class _States:
             except httpx.HTTPError as e:
                 self.errors.append(repr(e))
                 continue
-            for e in snap["targets"][0]["engines"]:
+            target = snap["targets"][0]
+            self.scrape = (target["scrapes"], target["scrape_errors"], target["last_error"])
+            for e in target["engines"]:
                 if e["present"]:
                     sig = e["signals"]
                     self.rows.append(
@@ -60,6 +65,34 @@ class _States:
 
     def since(self, t: float) -> list[tuple[float, str, float, float]]:
         return [r for r in self.rows if r[0] >= t]
+
+
+class _VllmPeak:
+    """The highest KV usage vLLM's own /metrics shows while the block runs, polled directly."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.peak = 0.0
+        self._stop = threading.Event()
+        self._th = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                text = httpx.get(self.base + "/metrics", timeout=10).text
+            except httpx.HTTPError:
+                continue
+            for s in parse_exposition(text).family(KV_USAGE):
+                self.peak = max(self.peak, s.value)
+            self._stop.wait(0.1)
+
+    def __enter__(self) -> _VllmPeak:
+        self._th.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._th.join()
 
 
 def test_light_fill_and_thrash_are_told_apart(vllm_server: LocalVLLM, tmp_path: Path) -> None:
@@ -97,24 +130,29 @@ def _run_loads(base: str, args: list[str], tmp_path: Path) -> None:
         assert light and {r[1] for r in light} == {"ok"}, light
 
         # fill: pairs of 600-token requests with 540-token prompts: from their prefill on each
-        # pair holds 34 to 38 of the 39 usable blocks, four times over; nothing is preempted
+        # pair holds 34 to 38 of the 39 usable blocks, six times over; nothing is preempted
         t = time.monotonic()
-        loadgen_run(
-            base,
-            tmp_path / "fill",
-            "--concurrency",
-            "2",
-            "--requests",
-            "8",
-            "--input-len",
-            "540",
-            "--output-len",
-            "60",
-        )
+        with _VllmPeak(base) as vllm_peak:
+            records = loadgen_run(
+                base,
+                tmp_path / "fill",
+                "--concurrency",
+                "2",
+                "--requests",
+                "12",
+                "--input-len",
+                "540",
+                "--output-len",
+                "60",
+            )
         time.sleep(1.0)
         fill = states.since(t)
         kv = [round(r[2], 2) for r in fill]
-        assert max(kv) >= 0.85, f"no fill seen: {kv}; poll errors: {states.errors}"
+        assert max(kv) >= 0.85, (
+            f"no fill seen by the sidecar: {kv}; vLLM's own peak {vllm_peak.peak:.2f}; "
+            f"sidecar scrapes (count, errors, last): {states.scrape}; poll errors: "
+            f"{states.errors}; request durations: {[round(r['e2e'], 2) for r in records]}"
+        )
         assert fill[-1][3] == fill[0][3], "the fill load preempted; the fixture changed?"
         assert "thrashing" not in {r[1] for r in fill}
 
