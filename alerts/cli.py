@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kvwatch.cli import CliError
+from kvwatch.cli import add_threshold_option, thresholds_from
 
 __all__ = ["register"]
 
@@ -26,13 +26,7 @@ def register(sub: Any) -> None:
     a.add_argument(
         "--print", dest="print_", choices=["rules", "k8s"], help="print one file instead of writing"
     )
-    a.add_argument(
-        "--threshold",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="override a threshold (as for kvwatch sidecar)",
-    )
+    add_threshold_option(a, "override a threshold (as for kvwatch sidecar)")
     a.add_argument("--runbook-base-url", help="where runbook_url links point")
     a.add_argument(
         "--for-scale",
@@ -45,12 +39,8 @@ def register(sub: Any) -> None:
 
 def _alerts(ns: argparse.Namespace) -> int:
     from alerts.build import render_prometheus_rule, render_rules, write_all
-    from sidecar.thresholds import parse_overrides
 
-    try:
-        th = parse_overrides(ns.threshold)
-    except ValueError as e:
-        raise CliError(str(e)) from None
+    th = thresholds_from(ns)
     if ns.runbook_base_url:
         th = replace(th, runbook_base_url=ns.runbook_base_url)
     if ns.print_:

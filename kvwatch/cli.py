@@ -9,10 +9,23 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from kvwatch import __version__
 
-__all__ = ["main", "CliError", "EXIT_OK", "EXIT_FOUND", "EXIT_USAGE", "EXIT_UNREACHABLE"]
+if TYPE_CHECKING:
+    from sidecar.thresholds import Thresholds
+
+__all__ = [
+    "main",
+    "CliError",
+    "add_threshold_option",
+    "thresholds_from",
+    "EXIT_OK",
+    "EXIT_FOUND",
+    "EXIT_USAGE",
+    "EXIT_UNREACHABLE",
+]
 
 EXIT_OK = 0
 EXIT_FOUND = 1
@@ -29,8 +42,23 @@ class CliError(Exception):
         self.code = code
 
 
+def add_threshold_option(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE", help=help)
+
+
+def thresholds_from(ns: argparse.Namespace, extra: Sequence[str] = ()) -> Thresholds:
+    """The thresholds `--threshold NAME=VALUE` (and `extra` overrides) ask for."""
+    from sidecar.thresholds import parse_overrides
+
+    try:
+        return parse_overrides([*ns.threshold, *extra])
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     from alerts import cli as alerts_cli
+    from dashboards import cli as dashboards_cli
     from kvwatch import advise_cmd, demo
     from loadgen import cli as loadgen_cli
     from sidecar import cli as sidecar_cli
@@ -46,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.register(sub)
     advise_cmd.register(sub)
     alerts_cli.register(sub)
+    dashboards_cli.register(sub)
     sidecar_cli.register(sub)
     loadgen_cli.register(sub)
     return parser

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Set up everything kvwatch needs on a fresh Debian machine; safe to run again (it skips what is done).
-#   - Debian packages the tests use (Prometheus, Alertmanager, promtool)
+#   - Debian packages the tests use (Prometheus, Alertmanager, promtool, Chromium, Node.js)
 #   - .venv with kvwatch, vLLM for CPU and the test tools
+#   - Grafana's dashboard types and TypeScript (npm, in dashboards/typecheck)
 #   - the tiny local model (in $KVWATCH_CACHE or ~/.cache/kvwatch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(prometheus prometheus-alertmanager)
+APT_PACKAGES=(prometheus prometheus-alertmanager chromium)
+command -v npm >/dev/null || APT_PACKAGES+=(nodejs npm)
 # pip drags these in with vLLM; they are CUDA-linked and break `import vllm.entrypoints` on CPU.
 CUDA_ONLY=(torchvision torchaudio torchcodec triton)
 
@@ -54,3 +56,11 @@ if [ ! -f "$stamp" ]; then
 fi
 
 say "tiny model: $(.venv/bin/kvwatch loadgen build-model 2>/dev/null)"
+
+TYPECHECK=dashboards/typecheck
+npm_stamp="$TYPECHECK/node_modules/.kvwatch-$(sha256sum "$TYPECHECK/package-lock.json" | cut -c1-16)"
+if [ ! -f "$npm_stamp" ]; then
+  say "installing @grafana/schema and TypeScript (npm ci in $TYPECHECK)"
+  npm ci --prefix "$TYPECHECK" --no-audit --no-fund --loglevel=error >/dev/null
+  touch "$npm_stamp"
+fi

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from kvwatch.cli import EXIT_UNREACHABLE, CliError
+from kvwatch.cli import EXIT_UNREACHABLE, CliError, add_threshold_option, thresholds_from
 
 __all__ = ["register", "read_log_chunks"]
 
@@ -54,13 +54,7 @@ def register(sub: Any) -> None:
     )
     s.add_argument("--short-window", type=float, help="short rate window, s (10)")
     s.add_argument("--long-window", type=float, help="long rate window, s (60)")
-    s.add_argument(
-        "--threshold",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="override a detection threshold (see docs/detection.md); repeatable",
-    )
+    add_threshold_option(s, "override a detection threshold (see docs/detection.md); repeatable")
     s.add_argument(
         "--db",
         default=str(_default_db()),
@@ -114,12 +108,11 @@ def _listen(value: str) -> tuple[str, int]:
 
 def _sidecar(ns: argparse.Namespace) -> int:
     from sidecar.daemon import SidecarConfig, run_sidecar
-    from sidecar.thresholds import parse_overrides
     from sidecar.webhooks import load_receivers
 
     command = tuple(a for a in ns.command if a != "--") if ns.command else ()
     host, port = _listen(ns.listen)
-    overrides = list(ns.threshold)
+    overrides = []
     if ns.short_window is not None:
         overrides.append(f"short_window_s={ns.short_window}")
     if ns.long_window is not None:
@@ -134,7 +127,7 @@ def _sidecar(ns: argparse.Namespace) -> int:
             log_path=ns.log,
             log_from_start=ns.log_from_start,
             command=command,
-            thresholds=parse_overrides(overrides),
+            thresholds=thresholds_from(ns, overrides),
             db_path=Path(ns.db) if ns.db else None,
             receivers=tuple(load_receivers(ns.webhook, ns.webhook_config)),
         )

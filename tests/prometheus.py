@@ -21,9 +21,11 @@ def running_prometheus(
     interval: str = "1s",
     rules: str | None = None,
     alertmanager: str | None = None,
+    rename: tuple[str, str] | None = None,
 ) -> Iterator[str]:
     """`targets` maps a job name to host:port addresses; `rules` is a rules file's text;
-    `alertmanager` a host:port. Stops the process by its PID."""
+    `alertmanager` a host:port; `rename` a (regex, replacement) applied to every scraped
+    metric name (to store the other vLLM spelling). Stops the process by its PID."""
     tmp = Path(tempfile.mkdtemp(prefix="kvwatch-prom-"))
     extra = ""
     if rules is not None:
@@ -34,9 +36,17 @@ def running_prometheus(
             "alerting:\n  alertmanagers:\n    - static_configs:\n"
             f"        - targets: [{alertmanager!r}]\n"
         )
+    relabel = ""
+    if rename is not None:
+        relabel = (
+            "    metric_relabel_configs:\n      - source_labels: [__name__]\n"
+            f"        regex: {rename[0]!r}\n        target_label: __name__\n"
+            f"        replacement: {rename[1]!r}\n"
+        )
     jobs = "".join(
         f"  - job_name: {job}\n    scrape_interval: {interval}\n"
         f"    static_configs:\n      - targets: [{', '.join(repr(a) for a in addrs)}]\n"
+        f"{relabel}"
         for job, addrs in targets.items()
     )
     (tmp / "prometheus.yml").write_text(

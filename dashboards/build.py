@@ -1,0 +1,475 @@
+"""Panels and layout of kvwatch's Grafana dashboards, built with grafana-foundation-sdk.
+
+Queries come from dashboards/queries.py and threshold lines from sidecar/thresholds.py, so a
+panel's orange line sits where the sidecar starts to say "pressure". `kvwatch dashboards` writes
+the JSON; a test fails when the checked-in files differ from what this renders.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from grafana_foundation_sdk.builders import (
+    bargauge,
+    common,
+    dashboard,
+    prometheus,
+    stat,
+    statetimeline,
+    timeseries,
+)
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as cm
+from grafana_foundation_sdk.models import dashboard as dm
+from grafana_foundation_sdk.models import prometheus as pm
+
+from dashboards import queries as q
+from sidecar.thresholds import DEFAULT_THRESHOLDS, Thresholds
+from sidecar.vocabulary import E2E, GENERATION_TOKENS, ITL, PROMPT_TOKENS, TTFT
+
+__all__ = ["DASHBOARDS", "kv_pressure", "fleet", "build", "render", "write_all"]
+
+_DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
+_STATES = ("ok", "pressure", "saturated", "thrashing")
+_STATE_COLORS = ("green", "yellow", "orange", "red")
+
+
+def _query(expr: str, legend: str, ref: str, instant: bool = False) -> prometheus.Dataquery:
+    t = prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(ref).datasource(_DS)
+    return t.instant() if instant else t.range()
+
+
+def _targets(panel: Any, *queries: tuple[str, str]) -> Any:
+    for i, (expr, legend) in enumerate(queries):
+        panel = panel.with_target(_query(expr, legend, chr(ord("A") + i)))
+    return panel
+
+
+def _steps(*steps: tuple[float | None, str]) -> dashboard.ThresholdsConfig:
+    return (
+        dashboard.ThresholdsConfig()
+        .mode(dm.ThresholdsMode.ABSOLUTE)
+        .steps([dm.Threshold(value=v, color=c) for v, c in steps])
+    )
+
+
+def _legend() -> common.VizLegendOptions:
+    return (
+        common.VizLegendOptions()
+        .display_mode(cm.LegendDisplayMode.TABLE)
+        .placement(cm.LegendPlacement.BOTTOM)
+        .show_legend(True)
+        .calcs(["lastNotNull", "max"])
+    )
+
+
+def _series(
+    title: str,
+    description: str,
+    unit: str,
+    *queries: tuple[str, str],
+    width: int = 12,
+    lines: dashboard.ThresholdsConfig | None = None,
+) -> timeseries.Panel:
+    p = (
+        timeseries.Panel()
+        .title(title)
+        .description(description)
+        .unit(unit)
+        .datasource(_DS)
+        .span(width)
+        .height(8)
+        .line_width(1)
+        .fill_opacity(10)
+        .legend(_legend())
+    )
+    if lines is not None:
+        p = p.thresholds(lines).thresholds_style(
+            common.GraphThresholdsStyleConfig().mode(cm.GraphThresholdsStyleMode.LINE)
+        )
+    return _targets(p, *queries)
+
+
+def _state_mappings() -> list[dm.ValueMap]:
+    return [
+        dm.ValueMap(
+            options={
+                str(i): dm.ValueMappingResult(text=name, color=color, index=i)
+                for i, (name, color) in enumerate(zip(_STATES, _STATE_COLORS, strict=True))
+            }
+        )
+    ]
+
+
+def _state_timeline(title: str, description: str, expr: str, legend: str) -> Any:
+    p = (
+        statetimeline.Panel()
+        .title(title)
+        .description(description)
+        .unit("none")
+        .datasource(_DS)
+        .span(24)
+        .height(6)
+        .mappings(_state_mappings())
+        .thresholds(_steps((None, "green"), (1, "yellow"), (2, "orange"), (3, "red")))
+        .color_scheme(dashboard.FieldColor().mode(dm.FieldColorModeId.THRESHOLDS))
+    )
+    return _targets(p, (expr, legend))
+
+
+def _bars(title: str, description: str, unit: str, expr: str, legend: str, **kw: Any) -> Any:
+    p = (
+        bargauge.Panel()
+        .title(title)
+        .description(description)
+        .unit(unit)
+        .datasource(_DS)
+        .span(kw.get("width", 8))
+        .height(8)
+        .orientation(cm.VizOrientation.HORIZONTAL)
+        .display_mode(cm.BarGaugeDisplayMode.BASIC)
+        .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+    )
+    if "lines" in kw:
+        p = p.thresholds(kw["lines"])
+    if "mappings" in kw:
+        p = p.mappings(kw["mappings"])
+    return p.with_target(
+        _query(expr, legend, "A", instant=True).format(
+            kw.get("fmt", pm.PromQueryFormat.TIME_SERIES)
+        )
+    )
+
+
+def _variables(d: dashboard.Dashboard, with_instance: bool = True) -> dashboard.Dashboard:
+    d = d.with_variable(
+        dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus")
+    )
+    chain = [("model_name", "Model", "")]
+    if with_instance:
+        chain += [
+            ("instance", "Instance", 'model_name=~"$model_name"'),
+            ("engine", "Engine", 'model_name=~"$model_name", instance=~"$instance"'),
+        ]
+    for name, label, matchers in chain:
+        d = d.with_variable(
+            dashboard.QueryVariable(name)
+            .label(label)
+            .datasource(_DS)
+            .query(q.label_values(name, matchers))
+            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .sort(dm.VariableSort.ALPHABETICAL_ASC)
+            .multi(True)
+            .include_all(True)
+            .all_value(".*")
+        )
+    return d
+
+
+def _annotations(d: dashboard.Dashboard) -> dashboard.Dashboard:
+    thrash = q.state_level() + f" >= {len(_STATES) - 1}"
+    return d.annotation(
+        dashboard.AnnotationQuery()
+        .name("Thrashing (kvwatch)")
+        .datasource(_DS)
+        .enable(True)
+        .icon_color("red")
+        .expr(thrash)
+    ).annotation(
+        dashboard.AnnotationQuery()
+        .name("Load stages (kvwatch loadgen)")
+        .datasource(_DS)
+        .enable(True)
+        .icon_color("blue")
+        .expr("max by (stage) (kvwatch_load_stage)")
+    )
+
+
+def _layout(d: dashboard.Dashboard, *rows: tuple[str | None, list[Any]]) -> dashboard.Dashboard:
+    """Adds rows and panels in order with ids 1, 2, ... (Grafana wants them unique)."""
+    n = 0
+    for title, panels in rows:
+        if title is not None:
+            n += 1
+            d = d.with_row(dashboard.Row(title).id(n))
+        for panel in panels:
+            n += 1
+            d = d.with_panel(panel.id(n))
+    return d
+
+
+def kv_pressure(th: Thresholds = DEFAULT_THRESHOLDS) -> dashboard.Dashboard:
+    kv_lines = _steps((None, "green"), (th.pressure_kv, "orange"), (th.saturated_kv, "red"))
+    kv = (
+        _series(
+            "KV cache usage",
+            "Fraction of KV cache blocks in use per engine. Orange: the sidecar's pressure "
+            f"threshold ({th.pressure_kv:.0%}); red: full ({th.saturated_kv:.0%}). A full "
+            "cache alone is fine; full plus preemptions is thrashing.",
+            "percentunit",
+            (q.kv_usage(), "{{instance}} {{model_name}} e{{engine}}"),
+            lines=kv_lines,
+        )
+        .min(0)
+        .max(1)
+    )
+    capacity = _targets(
+        stat.Panel()
+        .title("KV cache capacity")
+        .description(
+            "Blocks and tokens the KV cache holds (from vLLM's cache_config_info or its "
+            "startup log, as the sidecar read them). Tokens = blocks x block size."
+        )
+        .unit("short")
+        .datasource(_DS)
+        .span(12)
+        .height(8)
+        .color_mode(cm.BigValueColorMode.NONE)
+        .graph_mode(cm.BigValueGraphMode.NONE),
+        (f"max by (model_name, engine) ({q.sidecar('kvwatch_kv_cache_capacity_blocks')})",
+         "blocks {{model_name}} e{{engine}}"),
+        (f"max by (model_name, engine) ({q.sidecar('kvwatch_kv_cache_capacity_tokens')})",
+         "tokens {{model_name}} e{{engine}}"),
+    )  # fmt: skip
+    demand = _series(
+        "New blocks per step vs free blocks",
+        "Each running request needs a new block every block_size tokens, so the batch asks "
+        "for running / block_size blocks per step. When the free blocks meet that line, the "
+        "next steps preempt.",
+        "short",
+        (q.sidecar("kvwatch_block_demand_per_step"), "demand {{model_name}} e{{engine}}"),
+        (q.sidecar("kvwatch_kv_cache_free_blocks"), "free {{model_name}} e{{engine}}"),
+    )
+    exhaustion = _series(
+        "Time until the free blocks run out",
+        "Free KV tokens divided by the current generation rate: how long the running batch "
+        "can grow before vLLM must preempt. Empty when nothing generates.",
+        "s",
+        (q.sidecar("kvwatch_seconds_to_kv_exhaustion"), "{{model_name}} e{{engine}}"),
+    )
+    preempt = _series(
+        "Preemptions per second",
+        "vLLM preemptions (vllm:num_preemptions_total); the counter rises when the victim "
+        "next produces output. The red line is the sidecar's thrashing rate "
+        f"({th.thrashing_preemptions_per_s}/s sustained).",
+        "short",
+        (q.preemption_rate(), "{{instance}} {{model_name}} e{{engine}}"),
+        lines=_steps((None, "green"), (th.thrashing_preemptions_per_s, "red")),
+    ).axis_label("preemptions/s")
+    state = _state_timeline(
+        "kvwatch state",
+        "The sidecar's judgement per engine: ok, pressure (KV above "
+        f"{th.pressure_kv:.0%}), saturated (full and requests waiting), thrashing (a steady "
+        "stream of preemptions with evidence that work is redone).",
+        q.state_level(),
+        "{{model_name}} e{{engine}}",
+    )
+    per_request = _bars(
+        "Preemptions per finished request",
+        "How many times each request finished in the dashboard's range was preempted "
+        "(vllm:request_num_preemptions, 0.30+). Requests preempted more than once are "
+        "the thrashing victims: their users saw the longest stalls.",
+        "short",
+        q.preemptions_per_request(),
+        "{{le}}",
+        fmt=pm.PromQueryFormat.HEATMAP,
+        width=8,
+    )
+    episodes = _targets(
+        stat.Panel()
+        .title("Thrashing episodes")
+        .description(
+            "Thrashing episodes the sidecar opened in the dashboard's range (kept across "
+            "sidecar restarts, in its SQLite store)."
+        )
+        .unit("short")
+        .datasource(_DS)
+        .span(4)
+        .height(8)
+        .thresholds(_steps((None, "green"), (1, "red")))
+        .graph_mode(cm.BigValueGraphMode.NONE),
+        (
+            "sum by (model_name, engine) (increase("
+            f"{q.sidecar('kvwatch_thrashing_episodes_total')}[$__range]))",
+            "{{model_name}} e{{engine}}",
+        ),
+    )
+    recomputed = _series(
+        "Work redone",
+        "Tokens the sidecar estimates were recomputed in the current thrashing episode "
+        "(each preemption throws away the victim's context), and requests preempted more "
+        "than once in the long window.",
+        "short",
+        (q.sidecar("kvwatch_episode_recomputed_tokens"), "tokens {{model_name}} e{{engine}}"),
+        (q.sidecar("kvwatch_repeat_preempted_requests"), "repeat victims {{model_name}}"),
+    )
+    queue = _series(
+        "Running and waiting requests",
+        "The running batch and the queue. Preempted requests go back to the queue; vLLM "
+        "0.20+ shows them under reason=capacity.",
+        "short",
+        (q.running(), "running {{instance}} e{{engine}}"),
+        (q.waiting(), "waiting {{instance}} e{{engine}}"),
+        (q.waiting_by_reason(), "waiting ({{reason}}) {{instance}} e{{engine}}"),
+    )
+    tokens = _series(
+        "Token throughput",
+        "Generated and prefilled tokens per second. Thrashing shows as prefill that goes "
+        "up while generation goes down: the same prompts computed again.",
+        "short",
+        (q.token_rate(GENERATION_TOKENS), "generated {{instance}} e{{engine}}"),
+        (q.token_rate(PROMPT_TOKENS), "prefilled {{instance}} e{{engine}}"),
+    ).axis_label("tokens/s")
+
+    def latency(title: str, family: Any, what: str) -> timeseries.Panel:
+        return _series(
+            title,
+            f"{what} percentiles from vLLM's histogram over $__rate_interval windows.",
+            "s",
+            *[
+                (q.latency_quantile(family, x), f"p{x * 100:g} " + "{{instance}}")
+                for x in q.QUANTILES
+            ],
+            width=8,
+        )
+
+    d = (
+        dashboard.Dashboard("kvwatch / KV pressure")
+        .uid("kvwatch-kv-pressure")
+        .description(
+            "KV cache pressure, preemption and thrashing for vLLM servers, with kvwatch's "
+            "judgement. Built by kvwatch from its metric vocabulary."
+        )
+        .tags(["kvwatch", "vllm"])
+        .refresh("10s")
+        .time("now-1h", "now")
+        .tooltip(dm.DashboardCursorSync.CROSSHAIR)
+        .timezone("browser")
+    )
+    return _layout(
+        _annotations(_variables(d)),
+        ("KV cache", [kv, capacity, demand, exhaustion]),
+        ("Preemption and thrashing", [state, preempt, recomputed, per_request, episodes, queue]),
+        (
+            "Load and latency",
+            [
+                tokens.span(24),
+                latency("Time to first token", TTFT, "Time to first token"),
+                latency("Inter-token latency", ITL, "Inter-token latency"),
+                latency("End-to-end latency", E2E, "End-to-end request latency"),
+            ],
+        ),
+    )
+
+
+def fleet(th: Thresholds = DEFAULT_THRESHOLDS) -> dashboard.Dashboard:
+    every = 'model_name=~"$model_name"'
+    kv_lines = _steps((None, "green"), (th.pressure_kv, "orange"), (th.saturated_kv, "red"))
+    where = "{{instance}} {{model_name}} e{{engine}}"
+    d = (
+        dashboard.Dashboard("kvwatch / Fleet")
+        .uid("kvwatch-fleet")
+        .description("Many vLLM instances at once, worst offenders first. Built by kvwatch.")
+        .tags(["kvwatch", "vllm"])
+        .refresh("30s")
+        .time("now-3h", "now")
+        .tooltip(dm.DashboardCursorSync.CROSSHAIR)
+        .timezone("browser")
+    )
+    panels = [
+        _bars(
+            "Engines by kvwatch state",
+            "How many engines the sidecars judge ok, under pressure, saturated or thrashing.",
+            "short",
+            f"sum by (state) (kvwatch_state{{{every}}})",
+            "{{state}}",
+        ),
+        _bars(
+            "Highest KV usage",
+            "The ten engines with the fullest KV cache now.",
+            "percentunit",
+            f"topk(10, {q.kv_usage(every)})",
+            where,
+            lines=kv_lines,
+        )
+        .min(0)
+        .max(1),
+        _bars(
+            "Most preemptions per second",
+            "The ten engines preempting most over the last rate window. Above "
+            f"{th.thrashing_preemptions_per_s}/s sustained the sidecar calls it thrashing.",
+            "short",
+            f"topk(10, {q.preemption_rate(every)})",
+            where,
+            lines=_steps((None, "green"), (th.thrashing_preemptions_per_s, "red")),
+        ),
+        _state_timeline(
+            "kvwatch state per engine",
+            "Each engine's state over time: ok, pressure, saturated, thrashing.",
+            f"max by (target, model_name, engine) (kvwatch_state_level{{{every}}})",
+            "{{target}} {{model_name}} e{{engine}}",
+        ),
+        _series(
+            "KV cache usage, all engines",
+            "Every engine's KV usage; the orange and red lines are the sidecar's thresholds.",
+            "percentunit",
+            (q.kv_usage(every), where),
+            lines=kv_lines,
+        )
+        .min(0)
+        .max(1),
+        _series(
+            "Waiting requests, all engines",
+            "Queues that grow while KV is full mean the cache, not the GPU, is the limit.",
+            "short",
+            (q.waiting(every), where),
+        ),
+    ]
+    return _layout(_annotations(_variables(d, with_instance=False)), (None, panels))
+
+
+DASHBOARDS: dict[str, Callable[[Thresholds], dashboard.Dashboard]] = {
+    "kvwatch-kv-pressure.json": kv_pressure,
+    "kvwatch-fleet.json": fleet,
+}
+
+
+_INTERVAL_ONLY = ("auto", "auto_count", "auto_min")
+
+
+def _to_grafana_11(doc: dict[str, Any]) -> dict[str, Any]:
+    """Two fixes to the SDK's output so it fits Grafana's published 11.6 types: a Prometheus
+    annotation's query goes in `target` (the SDK writes the legacy top-level `expr`), and the
+    interval-variable fields the SDK writes on every variable are dropped from the others."""
+    for a in doc.get("annotations", {}).get("list", []):
+        if "expr" in a:
+            a["target"] = {"expr": a.pop("expr"), "refId": "Anno"}
+    for v in doc.get("templating", {}).get("list", []):
+        if v.get("type") != "interval":
+            for key in _INTERVAL_ONLY:
+                v.pop(key, None)
+    return doc
+
+
+def build(name: str, th: Thresholds = DEFAULT_THRESHOLDS) -> dict[str, Any]:
+    """The dashboard as Grafana's JSON model (plain dicts)."""
+    doc = json.loads(json.dumps(DASHBOARDS[name](th).build(), cls=JSONEncoder))
+    return _to_grafana_11(doc)
+
+
+def render(name: str, th: Thresholds = DEFAULT_THRESHOLDS) -> str:
+    """Stable JSON (sorted keys, fixed indent), so regeneration gives clean diffs."""
+    return json.dumps(build(name, th), sort_keys=True, indent=2) + "\n"
+
+
+def write_all(out: Path, th: Thresholds = DEFAULT_THRESHOLDS) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in DASHBOARDS:
+        path = out / name
+        path.write_text(render(name, th))
+        written.append(path)
+    return written

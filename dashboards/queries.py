@@ -1,0 +1,84 @@
+"""PromQL for the dashboards, as functions of the sidecar's vocabulary.
+
+Every vLLM selector matches both the `vllm:` and the `vllm_` spelling (`{__name__=~"vllm[:_]..."}`),
+so a Prometheus that stored either one fills the panels. Selectors carry the dashboard's template
+variables; `kvwatch_*` series come from the sidecar, whose own `instance` is not vLLM's, so they
+are filtered by model and engine only. Layout lives in dashboards/build.py.
+"""
+
+from __future__ import annotations
+
+from sidecar.vocabulary import (
+    KV_USAGE,
+    PREEMPTIONS,
+    REQUEST_PREEMPTIONS,
+    RUNNING,
+    WAITING,
+    WAITING_BY_REASON,
+    Family,
+    promql_selector,
+)
+
+__all__ = [
+    "VLLM_FILTER", "SIDECAR_FILTER", "BY", "vllm", "sidecar", "kv_usage", "preemption_rate",
+    "running", "waiting", "waiting_by_reason", "token_rate", "latency_quantile",
+    "preemptions_per_request", "state_level", "label_values", "QUANTILES",
+]  # fmt: skip
+
+VLLM_FILTER = 'model_name=~"$model_name", instance=~"$instance", engine=~"$engine"'
+SIDECAR_FILTER = 'model_name=~"$model_name", engine=~"$engine"'
+BY = "instance, model_name, engine"
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+def vllm(family: Family, suffix: str = "", matchers: str = VLLM_FILTER) -> str:
+    return promql_selector(family, matchers, suffix)
+
+
+def sidecar(name: str, matchers: str = SIDECAR_FILTER) -> str:
+    return f"{name}{{{matchers}}}"
+
+
+def kv_usage(matchers: str = VLLM_FILTER) -> str:
+    return f"max by ({BY}) ({vllm(KV_USAGE, matchers=matchers)})"
+
+
+def preemption_rate(matchers: str = VLLM_FILTER, window: str = "$__rate_interval") -> str:
+    return f"sum by ({BY}) (rate({vllm(PREEMPTIONS, matchers=matchers)}[{window}]))"
+
+
+def running(matchers: str = VLLM_FILTER) -> str:
+    return f"sum by ({BY}) ({vllm(RUNNING, matchers=matchers)})"
+
+
+def waiting(matchers: str = VLLM_FILTER) -> str:
+    return f"sum by ({BY}) ({vllm(WAITING, matchers=matchers)})"
+
+
+def waiting_by_reason() -> str:
+    """vLLM 0.20+ splits the queue: `capacity` holds preempted requests waiting for blocks."""
+    return f"sum by ({BY}, reason) ({vllm(WAITING_BY_REASON)})"
+
+
+def token_rate(family: Family) -> str:
+    return f"sum by ({BY}) (rate({vllm(family)}[$__rate_interval]))"
+
+
+def latency_quantile(family: Family, q: float) -> str:
+    bucket = vllm(family, "bucket")
+    return f"histogram_quantile({q}, sum by ({BY}, le) (rate({bucket}[$__rate_interval])))"
+
+
+def preemptions_per_request() -> str:
+    """Finished requests per bucket of the preemption histogram over the dashboard's range;
+    the panel's heatmap format turns the cumulative buckets into counts per bucket."""
+    return f"sum by (le) (increase({vllm(REQUEST_PREEMPTIONS, 'bucket')}[$__range]))"
+
+
+def state_level(matchers: str = SIDECAR_FILTER) -> str:
+    return f"max by (model_name, engine) ({sidecar('kvwatch_state_level', matchers)})"
+
+
+def label_values(label: str, matchers: str = "") -> str:
+    """A Grafana variable query: the label's values on vLLM's KV usage series."""
+    return f"label_values({vllm(KV_USAGE, matchers=matchers)}, {label})"

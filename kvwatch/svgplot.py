@@ -1,0 +1,222 @@
+"""Small, dependency-free SVG charts for the run report and the dashboard previews.
+
+Pictures must open offline and in a test browser with no network, so they are inline SVG
+written here rather than a plotting library or a CDN script. Three kinds cover what kvwatch
+shows: lines over time (with shaded spans and marks), horizontal bars, and state lanes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from html import escape
+
+__all__ = ["Line", "Span", "Mark", "line_chart", "bar_chart", "state_lanes", "format_value"]
+
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+_W, _H = 720, 240
+_L, _R, _T, _B = 64, 16, 28, 40  # margins: left, right, top, bottom
+
+
+@dataclass(frozen=True)
+class Line:
+    label: str
+    points: Sequence[tuple[float, float]]  # (x, y); x is seconds (unix or relative)
+
+
+@dataclass(frozen=True)
+class Span:
+    """A shaded x range, e.g. a thrashing episode."""
+
+    start: float
+    end: float
+    label: str
+    color: str = "#d62728"
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A vertical line at x, e.g. where a load stage began."""
+
+    x: float
+    label: str
+
+
+@dataclass
+class _Frame:
+    x0: float
+    x1: float
+    y0: float
+    y1: float
+    w: int = _W
+    h: int = _H
+    parts: list[str] = field(default_factory=list)
+
+    def px(self, x: float) -> float:
+        return _L + (x - self.x0) / ((self.x1 - self.x0) or 1.0) * (self.w - _L - _R)
+
+    def py(self, y: float) -> float:
+        return self.h - _B - (y - self.y0) / ((self.y1 - self.y0) or 1.0) * (self.h - _T - _B)
+
+
+def format_value(v: float, unit: str = "") -> str:
+    if unit == "percentunit":
+        return f"{v * 100:.0f}%"
+    if unit == "s":
+        return f"{v * 1000:.0f} ms" if 0 < abs(v) < 1 else f"{v:.3g} s"
+    if abs(v) >= 1000:
+        return f"{v / 1000:.3g}k"
+    return f"{v:.3g}"
+
+
+def _nice_ticks(lo: float, hi: float, n: int = 4) -> list[float]:
+    if hi <= lo:
+        return [lo]
+    raw = (hi - lo) / n
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    first = math.ceil(lo / step) * step
+    return [first + i * step for i in range(int((hi - first) / step + 1e-9) + 1)]
+
+
+def _svg(f: _Frame, title: str, body: list[str], legend: list[tuple[str, str]]) -> str:
+    items = "".join(
+        f'<tspan fill="{c}">\u25a0</tspan><tspan dx="3" dy="0">{escape(label)}</tspan>'
+        f'<tspan dx="12"></tspan>'
+        for label, c in legend[:8]
+    )
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {f.w} {f.h}" role="img" '
+        f'class="kvw-chart" font-family="sans-serif" font-size="11">'
+        f"<title>{escape(title)}</title>"
+        f'<rect width="{f.w}" height="{f.h}" fill="#fff"/>'
+        f'<text x="{_L}" y="16" font-size="13" font-weight="bold">{escape(title)}</text>'
+        + "".join(body)
+        + f'<text x="{_L}" y="{f.h - 6}">{items}</text></svg>'
+    )
+
+
+def _axes(f: _Frame, unit: str, relative_x: bool) -> list[str]:
+    out = []
+    for y in _nice_ticks(f.y0, f.y1):
+        py = f.py(y)
+        out.append(f'<line x1="{_L}" x2="{f.w - _R}" y1="{py:.1f}" y2="{py:.1f}" stroke="#eee"/>')
+        out.append(
+            f'<text x="{_L - 6}" y="{py + 4:.1f}" text-anchor="end">{format_value(y, unit)}</text>'
+        )
+    for x in _nice_ticks(f.x0, f.x1, 6):
+        px = f.px(x)
+        label = f"{x - f.x0:.0f}s" if not relative_x else f"{x:.0f}s"
+        out.append(f'<text x="{px:.1f}" y="{f.h - _B + 14}" text-anchor="middle">{label}</text>')
+    out.append(f'<line x1="{_L}" x2="{f.w - _R}" y1="{f.h - _B}" y2="{f.h - _B}" stroke="#999"/>')
+    return out
+
+
+def line_chart(
+    title: str,
+    lines: Sequence[Line],
+    unit: str = "",
+    spans: Sequence[Span] = (),
+    marks: Sequence[Mark] = (),
+    thresholds: Sequence[tuple[float, str]] = (),
+    y_range: tuple[float | None, float | None] = (None, None),
+    relative_x: bool = False,
+) -> str:
+    """Lines over time. x values are seconds; with relative_x they are printed as they are,
+    otherwise as seconds since the first point."""
+    pts = [(x, y) for ln in lines for x, y in ln.points if math.isfinite(y)]
+    xs = [x for x, _ in pts] + [s.start for s in spans] + [s.end for s in spans]
+    ys = [y for _, y in pts] + [v for v, _ in thresholds]
+    if not pts:
+        f = _Frame(0, 1, 0, 1)
+        msg = f'<text x="{f.w / 2}" y="{f.h / 2}" text-anchor="middle">no data</text>'
+        return _svg(f, title, [msg], [])
+    y0 = y_range[0] if y_range[0] is not None else min(0.0, min(ys))
+    y1 = y_range[1] if y_range[1] is not None else max(ys) * 1.05 or 1.0
+    f = _Frame(min(xs), max(xs), y0, y1)
+    body = _axes(f, unit, relative_x)
+    for s in spans:
+        a, b = f.px(s.start), f.px(max(s.end, s.start))
+        body.append(
+            f'<rect x="{a:.1f}" y="{_T}" width="{max(b - a, 1):.1f}" height="{f.h - _T - _B}" '
+            f'fill="{s.color}" opacity="0.12"><title>{escape(s.label)}</title></rect>'
+        )
+    for v, color in thresholds:
+        py = f.py(v)
+        body.append(
+            f'<line x1="{_L}" x2="{f.w - _R}" y1="{py:.1f}" y2="{py:.1f}" stroke="{color}" '
+            'stroke-dasharray="4 3"/>'
+        )
+    for m in marks:
+        px = f.px(m.x)
+        body.append(
+            f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{_T}" y2="{f.h - _B}" stroke="#555" '
+            f'stroke-dasharray="2 3"/><text x="{px + 3:.1f}" y="{_T + 10}" fill="#555">'
+            f"{escape(m.label)}</text>"
+        )
+    legend = []
+    for i, ln in enumerate(lines):
+        color = PALETTE[i % len(PALETTE)]
+        legend.append((ln.label, color))
+        d = []
+        pen = "M"
+        for x, y in ln.points:
+            if not math.isfinite(y):
+                pen = "M"
+                continue
+            d.append(f"{pen}{f.px(x):.1f},{f.py(y):.1f}")
+            pen = "L"
+        body.append(
+            f'<path d="{" ".join(d)}" fill="none" stroke="{color}" stroke-width="1.5">'
+            f"<title>{escape(ln.label)}</title></path>"
+        )
+    return _svg(f, title, body, legend)
+
+
+def bar_chart(title: str, bars: Sequence[tuple[str, float]], unit: str = "") -> str:
+    """Horizontal bars, one per (label, value), in the order given."""
+    h = max(_H // 2, _T + 22 * len(bars) + 16)
+    top = max([v for _, v in bars if math.isfinite(v)] or [1.0]) or 1.0
+    f = _Frame(0, top, 0, 1, h=h)
+    body = []
+    label_w = 160
+    for i, (label, v) in enumerate(bars):
+        y = _T + 6 + 22 * i
+        width = 0.0 if not math.isfinite(v) else v / top * (f.w - label_w - 80)
+        body.append(
+            f'<text x="{label_w - 6}" y="{y + 13}" text-anchor="end">{escape(label)}</text>'
+            f'<rect x="{label_w}" y="{y}" width="{max(width, 1):.1f}" height="16" '
+            f'fill="{PALETTE[0]}"/><text x="{label_w + width + 6:.1f}" y="{y + 13}">'
+            f"{format_value(v, unit)}</text>"
+        )
+    return _svg(f, title, body, [])
+
+
+def state_lanes(
+    title: str,
+    lanes: Sequence[tuple[str, Sequence[tuple[float, int]]]],
+    names: Sequence[str],
+    colors: Sequence[str],
+) -> str:
+    """One lane per (label, [(x, level)]), each stretch coloured by its level, like Grafana's
+    state timeline."""
+    xs = [x for _, pts in lanes for x, _ in pts]
+    h = max(_H // 2, _T + 26 * len(lanes) + _B)
+    f = _Frame(min(xs, default=0.0), max(xs, default=1.0), 0, 1, h=h)
+    body = []
+    for i, (label, pts) in enumerate(lanes):
+        y = _T + 4 + 26 * i
+        body.append(f'<text x="{_L - 6}" y="{y + 14}" text-anchor="end">{escape(label)}</text>')
+        for (x, level), nxt in zip(pts, [*pts[1:], None], strict=True):
+            end = nxt[0] if nxt else x
+            a, b = f.px(x), f.px(end)
+            body.append(
+                f'<rect x="{a:.1f}" y="{y}" width="{max(b - a, 1):.1f}" height="20" '
+                f'fill="{colors[level % len(colors)]}"><title>{escape(names[level])}</title></rect>'
+            )
+    for x in _nice_ticks(f.x0, f.x1, 6):
+        body.append(
+            f'<text x="{f.px(x):.1f}" y="{h - _B + 14}" text-anchor="middle">{x - f.x0:.0f}s</text>'
+        )
+    return _svg(f, title, body, list(zip(names, colors, strict=True)))
