@@ -169,8 +169,8 @@ def _variables(d: dashboard.Dashboard, with_instance: bool = True) -> dashboard.
     return d
 
 
-def _annotations(d: dashboard.Dashboard) -> dashboard.Dashboard:
-    thrash = q.state_level() + f" >= {len(_STATES) - 1}"
+def _annotations(d: dashboard.Dashboard, matchers: str = q.SIDECAR_FILTER) -> dashboard.Dashboard:
+    thrash = q.state_level(matchers) + f" >= {len(_STATES) - 1}"
     return d.annotation(
         dashboard.AnnotationQuery()
         .name("Thrashing (kvwatch)")
@@ -428,7 +428,7 @@ def fleet(th: Thresholds = DEFAULT_THRESHOLDS) -> dashboard.Dashboard:
             (q.waiting(every), where),
         ),
     ]
-    return _layout(_annotations(_variables(d, with_instance=False)), (None, panels))
+    return _layout(_annotations(_variables(d, with_instance=False), every), (None, panels))
 
 
 DASHBOARDS: dict[str, Callable[[Thresholds], dashboard.Dashboard]] = {

@@ -16,7 +16,7 @@ import httpx
 
 __all__ = [
     "PanelQuery", "panel_queries", "annotation_queries", "fill_variables", "substitute",
-    "run_query", "Series",
+    "run_query", "Series", "grafana_regex_escape",
 ]  # fmt: skip
 
 _LABEL_VALUES = re.compile(r"^label_values\((?:(.+),\s*)?([a-zA-Z_][a-zA-Z0-9_]*)\)\s*$")
@@ -99,8 +99,15 @@ def fill_variables(
         found = sorted(r.json()["data"])
         if not found:
             raise LookupError(f"variable {v['name']}: no values for {v['query']}")
-        values[v["name"]] = re.escape(found[0])
+        values[v["name"]] = grafana_regex_escape(found[0])
     return values
+
+
+def grafana_regex_escape(value: str) -> str:
+    """A variable value as Grafana's Prometheus data source writes it into `=~"..."`: regex
+    specials escaped, and the escape itself doubled for the PromQL string."""
+    value = value.replace("\\", "\\\\\\\\")
+    return re.sub(r"[$^*{}\[\]'+?.()|]", lambda m: "\\\\" + m.group(0), value)
 
 
 def run_query(

@@ -21,8 +21,12 @@ _STATE_COLORS = ("#73bf69", "#fade2a", "#ff9830", "#f2495c")
 
 
 def legend(fmt: str, labels: dict[str, str]) -> str:
-    """Grafana's legendFormat: `{{name}}` replaced by the label's value."""
-    text = re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: labels.get(m.group(1), ""), fmt)
+    """Grafana's legendFormat: `{{name}}` replaced by the label's value (a model given as a
+    path shortened to its last part, so the pictures stay readable)."""
+    short = {
+        k: v.rstrip("/").rsplit("/", 1)[-1] if v.startswith("/") else v for k, v in labels.items()
+    }
+    text = re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: short.get(m.group(1), ""), fmt)
     return " ".join(text.split()) or ", ".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
@@ -43,7 +47,11 @@ def spans_from(series: list[Series], step: float, label: str) -> list[Span]:
 
 
 def panel_svg(
-    title: str, panel_type: str, results: list[tuple[PanelQuery, list[Series]]], spans: list[Span]
+    title: str,
+    panel_type: str,
+    results: list[tuple[PanelQuery, list[Series]]],
+    spans: list[Span],
+    window: tuple[float, float] | None = None,
 ) -> str:
     unit = results[0][0].unit if results else ""
     if panel_type == "state-timeline":
@@ -52,7 +60,7 @@ def panel_svg(
             for pq, series in results
             for s in series
         ]
-        return state_lanes(title, lanes, _STATES, _STATE_COLORS)
+        return state_lanes(title, lanes, _STATES, _STATE_COLORS, x_range=window)
     if panel_type in ("bargauge", "stat"):
         bars = [
             (legend(pq.legend, s.labels), s.points[-1][1])
@@ -65,7 +73,7 @@ def panel_svg(
         return bar_chart(title, bars, unit)
     lines = [Line(legend(pq.legend, s.labels), s.points) for pq, series in results for s in series]
     y_range = (0.0, 1.0) if unit == "percentunit" else (None, None)
-    return line_chart(title, lines, unit, spans=spans, y_range=y_range)
+    return line_chart(title, lines, unit, spans=spans, y_range=y_range, x_range=window)
 
 
 def _is_buckets(bars: list[tuple[str, float]]) -> bool:
@@ -94,8 +102,10 @@ def write_preview(
     doc: dict[str, Any],
     results: dict[str, list[tuple[PanelQuery, list[Series]]]],
     spans: list[Span],
+    window: tuple[float, float],
 ) -> Path:
-    """One SVG per panel and an index.md that shows them in dashboard order."""
+    """One SVG per panel and an index.md that shows them in dashboard order; every chart
+    spans the same time window so they line up."""
     out.mkdir(parents=True, exist_ok=True)
     by_panel: dict[str, list[tuple[PanelQuery, list[Series]]]] = defaultdict(list)
     for title, rows in results.items():
@@ -103,7 +113,7 @@ def write_preview(
     lines = [f"# {doc['title']}: what the panels showed", ""]
     for i, (title, rows) in enumerate(by_panel.items()):
         name = f"{doc['uid']}-{i:02d}.svg"
-        (out / name).write_text(panel_svg(title, rows[0][0].panel_type, rows, spans))
+        (out / name).write_text(panel_svg(title, rows[0][0].panel_type, rows, spans, window))
         lines += [f"![{title}]({name})", ""]
     index = out / f"{doc['uid']}.md"
     index.write_text("\n".join(lines))

@@ -122,6 +122,7 @@ def line_chart(
     thresholds: Sequence[tuple[float, str]] = (),
     y_range: tuple[float | None, float | None] = (None, None),
     relative_x: bool = False,
+    x_range: tuple[float, float] | None = None,
 ) -> str:
     """Lines over time. x values are seconds; with relative_x they are printed as they are,
     otherwise as seconds since the first point."""
@@ -134,7 +135,7 @@ def line_chart(
         return _svg(f, title, [msg], [])
     y0 = y_range[0] if y_range[0] is not None else min(0.0, min(ys))
     y1 = y_range[1] if y_range[1] is not None else max(ys) * 1.05 or 1.0
-    f = _Frame(min(xs), max(xs), y0, y1)
+    f = _Frame(*(x_range or (min(xs), max(xs))), y0, y1)
     body = _axes(f, unit, relative_x)
     for s in spans:
         a, b = f.px(s.start), f.px(max(s.end, s.start))
@@ -180,7 +181,7 @@ def bar_chart(title: str, bars: Sequence[tuple[str, float]], unit: str = "") -> 
     top = max([v for _, v in bars if math.isfinite(v)] or [1.0]) or 1.0
     f = _Frame(0, top, 0, 1, h=h)
     body = []
-    label_w = 160
+    label_w = 220
     for i, (label, v) in enumerate(bars):
         y = _T + 6 + 22 * i
         width = 0.0 if not math.isfinite(v) else v / top * (f.w - label_w - 80)
@@ -198,16 +199,17 @@ def state_lanes(
     lanes: Sequence[tuple[str, Sequence[tuple[float, int]]]],
     names: Sequence[str],
     colors: Sequence[str],
+    x_range: tuple[float, float] | None = None,
 ) -> str:
     """One lane per (label, [(x, level)]), each stretch coloured by its level, like Grafana's
     state timeline."""
     xs = [x for _, pts in lanes for x, _ in pts]
-    h = max(_H // 2, _T + 26 * len(lanes) + _B)
-    f = _Frame(min(xs, default=0.0), max(xs, default=1.0), 0, 1, h=h)
+    h = max(_H // 2, _T + 14 + 34 * len(lanes) + _B)
+    f = _Frame(*(x_range or (min(xs, default=0.0), max(xs, default=1.0))), 0, 1, h=h)
     body = []
     for i, (label, pts) in enumerate(lanes):
-        y = _T + 4 + 26 * i
-        body.append(f'<text x="{_L - 6}" y="{y + 14}" text-anchor="end">{escape(label)}</text>')
+        y = _T + 14 + 34 * i
+        body.append(f'<text x="{_L}" y="{y - 2}" font-size="10">{escape(label)}</text>')
         for (x, level), nxt in zip(pts, [*pts[1:], None], strict=True):
             end = nxt[0] if nxt else x
             a, b = f.px(x), f.px(end)

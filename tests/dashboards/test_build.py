@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dashboards.build import DASHBOARDS, build, render
-from dashboards.live import annotation_queries, panel_queries, substitute
+from dashboards.live import annotation_queries, grafana_regex_escape, panel_queries, substitute
 from dashboards.schema_check import check_dashboards
 from sidecar.thresholds import Thresholds
 
@@ -59,6 +59,9 @@ def test_panels_are_complete_and_use_the_vocabulary(name: str) -> None:
             assert window in ("$__rate_interval", "$__range"), e
     names = {v["name"] for v in doc["templating"]["list"]}
     assert "datasource" in names and "model_name" in names
+    for e in exprs:  # no variable the dashboard does not define
+        used = set(re.findall(r"\$(\w+)", e)) - {"__rate_interval", "__range"}
+        assert used <= names, (used - names, e)
 
 
 def test_threshold_lines_follow_the_thresholds() -> None:
@@ -86,3 +89,8 @@ def test_cli_prints_and_writes(tmp_path: Path) -> None:
     assert p.returncode == 0 and sorted(x.name for x in tmp_path.iterdir()) == sorted(DASHBOARDS)
     p = subprocess.run([*run, "--threshold", "pressure_kv=x"], capture_output=True, text=True)
     assert p.returncode == 2 and "pressure_kv" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_variable_values_are_escaped_like_grafana() -> None:
+    # a model path in a PromQL regex: `.` escaped for the regex, the escape for the string
+    assert grafana_regex_escape("/m/tiny.v1") == "/m/tiny\\\\.v1"

@@ -1,0 +1,92 @@
+"""Every panel of every dashboard returns data from a real Prometheus that scraped the real vLLM
+fixture and a sidecar through a load that goes from healthy into thrashing, once with the
+spelling Prometheus stores on its own and once with the other one (`vllm:` vs `vllm_`)."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dashboards.build import DASHBOARDS, build
+from dashboards.live import annotation_queries, fill_variables, panel_queries, run_query, substitute
+from dashboards.preview import spans_from, write_preview
+from loadgen.local_server import LocalVLLM
+from tests.loadgen.test_loadgen_live import run as loadgen_run
+from tests.prometheus import running_prometheus, wait_for_series
+from tests.sidecar.running import running_sidecar
+
+pytestmark = pytest.mark.integration
+
+STEP = 1.0
+RATE_INTERVAL = "5s"  # what Grafana makes $__rate_interval of a 1 s scrape interval
+KV = '{__name__=~"vllm[:_](kv_cache_usage_perc|gpu_cache_usage_perc)"}'
+# Where the panel plots go; set it to docs/dashboards to refresh the pictures in the docs.
+PREVIEW_DIR = Path(os.environ.get("KVWATCH_DASHBOARD_PREVIEW", "test-artifacts/dashboards"))
+
+
+def _stored_spelling(prom: str) -> str:
+    (s,) = wait_for_series(prom, KV)
+    return "vllm:" if s["metric"]["__name__"].startswith("vllm:") else "vllm_"
+
+
+def test_every_panel_returns_data_in_both_spellings(vllm_server: LocalVLLM, tmp_path: Path) -> None:
+    base = vllm_server.base_url
+    with running_sidecar(["--target", base, "--interval", "0.5", "--db", ""]) as side:
+        targets = {
+            "vllm": [base.removeprefix("http://")],
+            "kvwatch": [side.removeprefix("http://")],
+        }
+        with running_prometheus(targets) as prom_a:
+            native = _stored_spelling(prom_a)
+            other = "vllm_" if native == "vllm:" else "vllm:"
+            rename = (f"{native[:-1]}{native[-1]}(.*)", f"{other}$1")
+            with running_prometheus(targets, rename=rename) as prom_b:
+                assert _stored_spelling(prom_b) == other
+                wait_for_series(prom_b, 'up{job="kvwatch"} == 1')
+                start = time.time()
+                loadgen_run(
+                    base, tmp_path / "load", "--sidecar", side,
+                    "--stage", "concurrency:n=2#6", "--stage", "concurrency:n=32#32",
+                    "--input-len", "30", "--output-len", "300", "--seed", "13",
+                )  # fmt: skip
+                time.sleep(6)  # the last scrapes and rule windows after the load
+                end = time.time()
+                problems = []
+                for prom, spelling in ((prom_a, native), (prom_b, other)):
+                    problems += _check_all(prom, spelling, start, end, write=prom is prom_a)
+    assert not problems, "\n".join(problems)
+
+
+def _check_all(prom: str, spelling: str, start: float, end: float, write: bool) -> list[str]:
+    problems = []
+    with httpx.Client(timeout=10) as client:
+        for name in sorted(DASHBOARDS):
+            doc = build(name)
+            values = fill_variables(client, prom, doc, start, end)
+
+            def query(expr: str, instant: bool, values: dict[str, str] = values) -> list:
+                e = substitute(expr, values, end - start, RATE_INTERVAL)
+                return run_query(client, prom, e, start, end, instant, STEP)
+
+            results: dict[str, list] = {}
+            for pq in panel_queries(doc):
+                series = query(pq.expr, pq.instant)
+                finite = [v for s in series for _, v in s.points if math.isfinite(v)]
+                if not finite:
+                    problems.append(f"{spelling} {name}: {pq.panel} {pq.ref} empty: {pq.expr}")
+                results.setdefault(pq.panel, []).append((pq, series))
+            spans = []
+            for title, expr in annotation_queries(doc).items():
+                series = query(expr, False)
+                if not series:
+                    problems.append(f"{spelling} {name}: annotation {title!r} empty: {expr}")
+                if "Thrashing" in title:
+                    spans = spans_from(series, STEP, "thrashing")
+            if write:
+                write_preview(PREVIEW_DIR, doc, results, spans, (start, end))
+    return problems
