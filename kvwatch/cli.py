@@ -59,7 +59,7 @@ def thresholds_from(ns: argparse.Namespace, extra: Sequence[str] = ()) -> Thresh
 def build_parser() -> argparse.ArgumentParser:
     from alerts import cli as alerts_cli
     from dashboards import cli as dashboards_cli
-    from kvwatch import advise_cmd, demo
+    from kvwatch import advise_cmd, demo, report
     from loadgen import cli as loadgen_cli
     from sidecar import cli as sidecar_cli
 
@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo.register(sub)
     advise_cmd.register(sub)
+    report.register(sub)
     alerts_cli.register(sub)
     dashboards_cli.register(sub)
     sidecar_cli.register(sub)

@@ -1,30 +1,31 @@
-"""`kvwatch demo`: a real vLLM driven from healthy into preemption, watched by the sidecar.
+"""`kvwatch demo`: a real vLLM ramped from healthy into thrashing, with everything kvwatch does.
 
-Starts (or points at) a vLLM server, runs the sidecar beside it in its own process, sends a light
-phase then a heavy one, shows a live line per second, and writes a run directory.
+Each part runs as it would in production, in its own process: vLLM (CPU, tiny model, small KV
+cache), the sidecar beside it (metrics and the server's log, a webhook to a local receiver),
+and `kvwatch loadgen run` for the load. The demo prints a live line a second, prints each alert
+as the receiver gets it, then the sizing advice, and writes a run directory with the report,
+the dashboards and the rules. It stops everything it started.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import subprocess
 import sys
 import threading
 import time
 from contextlib import ExitStack
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from kvwatch.cli import EXIT_UNREACHABLE, CliError
-from loadgen.burst import run_burst
+from kvwatch.cli import EXIT_FOUND, EXIT_UNREACHABLE, CliError
 from loadgen.local_server import LocalVLLM, ServerConfig, ServerStartError, free_port
-from loadgen.records import RequestRecord
 
-__all__ = ["register"]
+__all__ = ["register", "ramp_stages", "AlertReceiver"]
 
 _SIDECAR_READY_S = 30.0
 
@@ -32,10 +33,12 @@ _SIDECAR_READY_S = 30.0
 def register(sub: Any) -> None:
     d = sub.add_parser(
         "demo",
-        help="start a local vLLM, drive it into preemption, and watch it with the sidecar",
+        help="start a local vLLM, ramp it into thrashing, and watch, alert and advise",
         description="Build the tiny model, start vLLM (CPU) with a small KV cache, run the "
-        "sidecar beside it, send a light phase then a heavy phase of streaming requests, show "
-        "KV usage and preemptions live, and write everything to a run directory.",
+        "sidecar beside it with a webhook to a local receiver, ramp the load from healthy "
+        "into thrashing with `kvwatch loadgen run`, show KV usage and preemptions live, "
+        "print the alerts and the sizing advice, and write a run directory with report.html, "
+        "the dashboards and the rules.",
     )
     d.add_argument("--target", metavar="URL", help="use this running vLLM instead of starting one")
     d.add_argument(
@@ -44,32 +47,69 @@ def register(sub: Any) -> None:
         default=10 * 1024 * 1024,
         help="KV budget of the local server (default 10 MiB = 40 blocks)",
     )
-    d.add_argument("--light", type=int, default=3, help="concurrent streams, light phase (3)")
-    d.add_argument("--heavy", type=int, default=32, help="concurrent streams, heavy phase (32)")
+    d.add_argument("--light", type=int, default=2, help="concurrent streams, healthy stage (2)")
+    d.add_argument("--heavy", type=int, default=32, help="concurrent streams, heavy stage (32)")
     d.add_argument("--max-tokens", type=int, default=300, help="tokens per request (300)")
-    d.add_argument("--rounds", type=int, default=1, help="heavy phases to run (1); more = longer")
+    d.add_argument("--rounds", type=int, default=1, help="heavy stages to run (1); more = longer")
     d.add_argument("--run-dir", type=Path, help="where to write the run (default runs/demo-TIME)")
     d.set_defaults(func=_demo)
 
 
+def ramp_stages(light: int, heavy: int, rounds: int) -> list[str]:
+    """Healthy, then pressure, then `rounds` heavy stages: loadgen stage specs."""
+    middle = max(light + 1, heavy // 3)
+    stages = [f"concurrency:n={light}#{2 * light}", f"concurrency:n={middle}#{middle}"]
+    return stages + [f"concurrency:n={heavy}#{heavy}"] * rounds
+
+
+class AlertReceiver:
+    """A local webhook receiver for the sidecar's alerts: prints each one as it arrives."""
+
+    def __init__(self) -> None:
+        self.alerts: list[dict[str, Any]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.end_headers()
+                try:
+                    alert = json.loads(body)
+                except ValueError:
+                    return
+                receiver.alerts.append(alert)
+                summary = (alert.get("annotations") or {}).get("summary", "")
+                print(
+                    f">>> webhook: {alert.get('status')} {alert.get('alertname')}: {summary}",
+                    flush=True,
+                )
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_port}/hook"
+        self._th = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> AlertReceiver:
+        self._th.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
 def _start_sidecar(
-    target: str, log: Path | None, run_dir: Path
+    target: str, log: Path | None, run_dir: Path, webhook: str
 ) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     cmd = [
-        sys.executable,
-        "-m",
-        "kvwatch",
-        "sidecar",
-        "--target",
-        target,
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--interval",
-        "1",
-        "--short-window",
-        "5",
-    ]
+        sys.executable, "-m", "kvwatch", "sidecar", "--target", target,
+        "--listen", f"127.0.0.1:{port}", "--interval", "1", "--short-window", "5",
+        "--db", str(run_dir / "sidecar.db"), "--webhook", f"{webhook},json",
+    ]  # fmt: skip
     if log is not None:
         cmd += ["--log", str(log), "--log-from-start"]
     err = open(run_dir / "sidecar.log", "wb")  # noqa: SIM115 (lives as long as the process)
@@ -86,6 +126,15 @@ def _start_sidecar(
     raise CliError("the sidecar did not start; see " + str(run_dir / "sidecar.log"))
 
 
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def _engine(state: dict[str, Any]) -> dict[str, Any] | None:
     """The first engine the sidecar sees now: its signals plus its state."""
     for t in state["targets"]:
@@ -100,7 +149,6 @@ class _LiveView:
 
     def __init__(self, sidecar: str) -> None:
         self.sidecar = sidecar
-        self.phase = "start"
         self.peak_kv = 0.0
         self.peak_rate = 0.0
         self.last: dict[str, Any] | None = None
@@ -109,23 +157,25 @@ class _LiveView:
 
     def _run(self) -> None:
         print(
-            f"{'phase':<7} {'state':<10} {'KV used':>7} {'preempt/s':>9} {'running':>7} "
+            f"{'stage':<22} {'state':<10} {'KV used':>7} {'preempt/s':>9} {'running':>7} "
             f"{'waiting':>7} {'gen tok/s':>9}"
         )
         with httpx.Client(timeout=2) as client:
             while not self._stop.wait(1.0):
                 try:
-                    sig = _engine(client.get(self.sidecar + "/api/state").json())
+                    state = client.get(self.sidecar + "/api/state").json()
                 except (httpx.HTTPError, ValueError):
                     continue
+                sig = _engine(state)
                 if sig is None or sig["kv_usage"] is None:
                     continue
+                stage = next(iter(state.get("load", {}).get("stages", {})), "-")
                 self.last = sig
                 rate = sig["preemptions_per_s_short"] or 0.0
                 self.peak_kv = max(self.peak_kv, sig["kv_usage"])
                 self.peak_rate = max(self.peak_rate, rate)
                 print(
-                    f"{self.phase:<7} {sig['state']:<10} {sig['kv_usage']:>7.0%} {rate:>9.1f} "
+                    f"{stage:<22} {sig['state']:<10} {sig['kv_usage']:>7.0%} {rate:>9.1f} "
                     f"{sig['running'] or 0:>7.0f} {sig['waiting'] or 0:>7.0f} "
                     f"{sig['generation_tokens_per_s'] or 0:>9.0f}",
                     flush=True,
@@ -140,17 +190,11 @@ class _LiveView:
         self._th.join()
 
 
-def _pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
-
-
 def _demo(ns: argparse.Namespace) -> int:
     from loadgen.tiny_model import build_tiny_model
 
     run_dir = ns.run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
-    records: list[RequestRecord] = []
     with ExitStack() as stack:
         if ns.target:
             base, log = ns.target.rstrip("/"), None
@@ -164,31 +208,61 @@ def _demo(ns: argparse.Namespace) -> int:
             except ServerStartError as e:
                 raise CliError(str(e), EXIT_UNREACHABLE) from None
             base = server.base_url
-        side, side_url = _start_sidecar(base, log, run_dir)
-        stack.callback(lambda: (side.terminate(), side.wait(15)))
-        print(f"vLLM at {base}; sidecar at {side_url}/metrics", flush=True)
+        receiver = stack.enter_context(AlertReceiver())
+        side, side_url = _start_sidecar(base, log, run_dir, receiver.url)
+        stack.callback(_stop, side)
+        print(f"vLLM at {base}; sidecar at {side_url}/metrics; alerts to {receiver.url}")
+        stages = ramp_stages(ns.light, ns.heavy, ns.rounds)
+        cmd = [
+            sys.executable, "-m", "kvwatch", "loadgen", "run", "--url", base,
+            "--run-dir", str(run_dir), "--sidecar", side_url, "--no-progress", "--seed", "7",
+            "--input-len", "30", "--output-len", str(ns.max_tokens), "--json",
+            *[x for s in stages for x in ("--stage", s)],
+        ]  # fmt: skip
         with _LiveView(side_url) as view:
-            view.phase = "light"
-            records += asyncio.run(run_burst(base, ns.light, ns.max_tokens, seed=100))
-            for i in range(ns.rounds):
-                view.phase = "heavy"
-                records += asyncio.run(run_burst(base, ns.heavy, ns.max_tokens, seed=200 + i))
-            view.phase = "idle"
-            time.sleep(3)
+            load = subprocess.run(cmd, capture_output=True, text=True)
+            time.sleep(3)  # the sidecar sees the last of it
+        if load.returncode not in (0, EXIT_FOUND):
+            raise CliError(f"the load generator failed: {load.stderr.strip()[-500:]}")
         state = httpx.get(side_url + "/api/state", timeout=5).json()
+        time.sleep(1)  # a webhook in flight lands before the receiver stops
+        alerts = list(receiver.alerts)
+    _write_extras(run_dir, state, alerts)
+    _print_summary(run_dir, state, view, alerts)
+    return 0 if load.returncode == 0 else EXIT_FOUND
+
+
+def _write_extras(run_dir: Path, state: dict[str, Any], alerts: list[dict[str, Any]]) -> None:
+    """The sidecar's last state, the alerts, the dashboards, the rules and the report."""
+    from alerts.build import write_all as write_rules
+    from dashboards.build import write_all as write_dashboards
+    from kvwatch.report import render_report
+    from loadgen.rundir import write_jsonl
+
     (run_dir / "sidecar-state.json").write_text(json.dumps(state, indent=1))
-    with (run_dir / "requests.jsonl").open("w") as fh:
-        for r in records:
-            fh.write(json.dumps(r.to_dict()) + "\n")
+    write_jsonl(run_dir / "alerts.jsonl", alerts)
+    write_dashboards(run_dir / "dashboards")
+    write_rules(run_dir / "alerts")
+    (run_dir / "report.html").write_text(render_report(run_dir))
+
+
+def _print_summary(
+    run_dir: Path, state: dict[str, Any], view: _LiveView, alerts: list[dict[str, Any]]
+) -> None:
+    from kvwatch.advise_cmd import observed_from_run
+    from sidecar.advice import advise
+    from sidecar.kvmath import SizingError
+
+    summary = json.loads((run_dir / "summary.json").read_text())["overall"]
     sig = _engine(state) or view.last or {}
-    ok = [r for r in records if r.ok]
-    gaps = [g for r in ok for g in r.gaps]
+    nan = float("nan")
+    ttft = summary.get("ttft") or {}
     print()
     print(
-        f"requests: {len(ok)}/{len(records)} completed; "
-        f"TTFT p50 {_pct([r.ttft for r in ok if r.ttft], 0.5):.2f} s, "
-        f"p99 {_pct([r.ttft for r in ok if r.ttft], 0.99):.2f} s; "
-        f"largest inter-token gap {max(gaps, default=0):.2f} s"
+        f"requests: {summary['completed']}/{summary['requests']} completed; "
+        f"TTFT p50 {ttft.get('p50', nan):.2f} s, p99 {ttft.get('p99', nan):.2f} s; "
+        f"largest inter-token gap {(summary.get('itl') or {}).get('max', 0):.2f} s; "
+        f"{summary.get('stalls', 0)} stalls"
     )
     print(
         f"KV cache: {sig.get('capacity_blocks')} blocks of {sig.get('block_size')} tokens; "
@@ -196,24 +270,14 @@ def _demo(ns: argparse.Namespace) -> int:
     )
     print(
         f"preemptions seen by the sidecar: {sig.get('preemptions_observed', 0):.0f} "
-        f"(peak {view.peak_rate:.1f}/s)"
+        f"(peak {view.peak_rate:.1f}/s); alerts delivered to the webhook: {len(alerts)}"
     )
-    _print_advice(state)
-    print(f"run directory: {run_dir}")
-    return 0
-
-
-def _print_advice(state: dict[str, Any]) -> None:
-    from kvwatch.advise_cmd import observed_from_state
-    from sidecar.advice import advise
-    from sidecar.kvmath import SizingError
-
     try:
-        (name, obs), *_ = observed_from_state(state, "the demo's sidecar")
+        adv = advise(observed_from_run(run_dir))
     except SizingError as e:
-        print(f"advice: not enough seen yet ({e})")
-        return
-    adv = advise(obs)
-    print(f"advice: {adv.verdict}")
-    for line in adv.options[:2]:
-        print(f"  {line}")
+        print(f"advice: not enough seen ({e})")
+    else:
+        print(f"advice: {adv.verdict}")
+        for line in adv.options[:2]:
+            print(f"  {line}")
+    print(f"run directory: {run_dir}  (report: {run_dir / 'report.html'})")

@@ -123,9 +123,10 @@ def line_chart(
     y_range: tuple[float | None, float | None] = (None, None),
     relative_x: bool = False,
     x_range: tuple[float, float] | None = None,
+    dots: bool = False,
 ) -> str:
-    """Lines over time. x values are seconds; with relative_x they are printed as they are,
-    otherwise as seconds since the first point."""
+    """Lines over time, or dots (one per point, e.g. per request). x values are seconds;
+    with relative_x they are printed as they are, otherwise as seconds since the first."""
     pts = [(x, y) for ln in lines for x, y in ln.points if math.isfinite(y)]
     xs = [x for x, _ in pts] + [s.start for s in spans] + [s.end for s in spans]
     ys = [y for _, y in pts] + [v for v, _ in thresholds]
@@ -160,6 +161,13 @@ def line_chart(
     for i, ln in enumerate(lines):
         color = PALETTE[i % len(PALETTE)]
         legend.append((ln.label, color))
+        if dots:
+            body += [
+                f'<circle cx="{f.px(x):.1f}" cy="{f.py(y):.1f}" r="2.5" fill="{color}"/>'
+                for x, y in ln.points
+                if math.isfinite(y)
+            ]
+            continue
         d = []
         pen = "M"
         for x, y in ln.points:

@@ -19,7 +19,7 @@ from loadgen.client import served_model
 from loadgen.records import StallRule
 from loadgen.runner import Progress, RunOptions, run_loop, run_stages
 from loadgen.schedule import Stage, StageSpecError, parse_stage, sweep_stages
-from loadgen.server_metrics import server_snapshot
+from loadgen.server_metrics import TimelineRecorder, server_snapshot
 from loadgen.workload import DatasetError, WorkloadSpec, tokenize_corpus
 
 __all__ = ["register_run"]
@@ -209,6 +209,40 @@ async def _progress(p: Progress, t0: float) -> None:
         )
 
 
+def _send(
+    ns: argparse.Namespace,
+    stages: list[Stage],
+    opts: RunOptions,
+    workload: WorkloadSpec,
+    stall: StallRule,
+    progress: Progress,
+) -> tuple[float, list[dict[str, Any]], list[dict[str, Any]]]:
+    """Runs the stages in this process or in worker processes; (start, records, events)."""
+    if ns.workers > 1:
+        from loadgen.workers import run_in_workers
+
+        print(f"starting {ns.workers} sender processes ...", file=sys.stderr)
+        start_unix, records, events = run_in_workers(ns.workers, stages, opts, workload, stall)
+    else:
+
+        async def go() -> Any:
+            ticker = None
+            if not ns.no_progress:
+                ticker = asyncio.create_task(_progress(progress, time.perf_counter()))
+            try:
+                return await run_stages(stages, opts, workload.items(), progress)
+            finally:
+                if ticker:
+                    ticker.cancel()
+
+        result = run_loop(go())
+        if not ns.no_progress:
+            print(file=sys.stderr)
+        start_unix, events = result.start_unix, result.events
+        records = [r.to_dict(result.t0, stall) for r in result.records]
+    return start_unix, records, events
+
+
 def _run(ns: argparse.Namespace) -> int:
     from loadgen.rundir import write_run
     from loadgen.summary import SloError, parse_slo, render_table, summarize_records
@@ -251,28 +285,8 @@ def _run(ns: argparse.Namespace) -> int:
         events_url=ns.sidecar,
     )
     stall = StallRule(ns.stall_factor, ns.stall_min)
-    if ns.workers > 1:
-        from loadgen.workers import run_in_workers
-
-        print(f"starting {ns.workers} sender processes ...", file=sys.stderr)
-        start_unix, records, events = run_in_workers(ns.workers, stages, opts, workload, stall)
-    else:
-
-        async def go() -> Any:
-            ticker = None
-            if not ns.no_progress:
-                ticker = asyncio.create_task(_progress(progress, time.perf_counter()))
-            try:
-                return await run_stages(stages, opts, workload.items(), progress)
-            finally:
-                if ticker:
-                    ticker.cancel()
-
-        result = run_loop(go())
-        if not ns.no_progress:
-            print(file=sys.stderr)
-        start_unix, events = result.start_unix, result.events
-        records = [r.to_dict(result.t0, stall) for r in result.records]
+    with TimelineRecorder(ns.url, ns.sidecar, headers) as recorder:
+        start_unix, records, events = _send(ns, stages, opts, workload, stall, progress)
     server_after = run_loop(finish())
     summary = summarize_records(records, slo)
     if server_before and server_after:
@@ -302,7 +316,7 @@ def _run(ns: argparse.Namespace) -> int:
         "server_before": server_before,
         "server_after": server_after,
     }
-    write_run(run_dir, spec, records, events, summary)
+    write_run(run_dir, spec, records, events, summary, recorder.rows)
     if ns.json:
         import json
 

@@ -4,34 +4,44 @@ spec.json          what was asked: target, stages, workload, seed, SLOs
 requests.jsonl     one record per request (times in seconds from the run's start)
 requests.parquet   the same records as a table (pandas + pyarrow)
 events.jsonl       stage starts and ends, for the sidecar, the report and dashboard annotations
+timeline.jsonl     the server's /metrics once a second (KV usage, queues, counters; with
+                   --sidecar also the sidecar's state), unix time `t`
 summary.json       per stage and overall
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-__all__ = ["write_run", "read_records"]
+__all__ = ["write_run", "read_records", "read_jsonl", "write_jsonl"]
 
 
 def write_run(run_dir: Path, spec: dict[str, Any], records: list[dict[str, Any]],
-              events: list[dict[str, Any]], summary: dict[str, Any]) -> None:  # fmt: skip
+              events: list[dict[str, Any]], summary: dict[str, Any],
+              timeline: Sequence[dict[str, Any]] = ()) -> None:  # fmt: skip
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "spec.json").write_text(json.dumps(spec, indent=2, default=str) + "\n")
-    with (run_dir / "requests.jsonl").open("w") as fh:
-        for r in records:
-            fh.write(json.dumps(r) + "\n")
-    with (run_dir / "events.jsonl").open("w") as fh:
-        for e in events:
-            fh.write(json.dumps(e) + "\n")
+    for name, rows in (("requests", records), ("events", events), ("timeline", timeline)):
+        write_jsonl(run_dir / f"{name}.jsonl", rows)
     pd.DataFrame.from_records(records).to_parquet(run_dir / "requests.parquet", index=False)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
-def read_records(run_dir: Path) -> list[dict[str, Any]]:
-    with (run_dir / "requests.jsonl").open() as fh:
+def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    with path.open("w") as fh:
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    with path.open() as fh:
         return [json.loads(line) for line in fh if line.strip()]
+
+
+def read_records(run_dir: Path) -> list[dict[str, Any]]:
+    return read_jsonl(run_dir / "requests.jsonl")

@@ -95,6 +95,7 @@ class EngineObservation:
     repeat_preempted_total: float | None = None  # finished requests preempted 2+ times
     prompt_len_buckets: Buckets = ()  # per-request prompt tokens (cumulative histogram)
     output_len_buckets: Buckets = ()  # per-request generated tokens
+    preemption_buckets: Buckets = ()  # preemptions per finished request
     cache: CacheConfig | None = None
 
 
@@ -139,6 +140,7 @@ def observe(exp: Exposition) -> dict[EngineKey, EngineObservation]:
                 le1[k] = le1.get(k, 0.0) + s.value
     prompt_len = _buckets(exp.family(REQUEST_PROMPT_TOKENS))
     output_len = _buckets(exp.family(REQUEST_GENERATION_TOKENS))
+    per_request = _buckets(exp.family(REQUEST_PREEMPTIONS))
     caches = {
         s.labels.get("engine", ""): CacheConfig.from_labels(s.labels)
         for s in exp.family(CACHE_CONFIG)
@@ -162,6 +164,7 @@ def observe(exp: Exposition) -> dict[EngineKey, EngineObservation]:
             repeat_preempted_total=None if fin is None or k not in le1 else fin - le1[k],
             prompt_len_buckets=prompt_len.get(k, ()),
             output_len_buckets=output_len.get(k, ()),
+            preemption_buckets=per_request.get(k, ()),
             cache=caches.get(k[1]),
         )
     return out

@@ -1,0 +1,336 @@
+"""`kvwatch report RUN_DIR`: one self-contained HTML page about a run.
+
+The page must open offline, from a file, mailed or attached to a ticket: inline CSS and inline
+SVG (kvwatch/svgplot.py), no script, no fonts or images from anywhere. It reads only the run
+directory (spec, records, events, timeline, summary, and the sidecar's alerts when the demo
+wrote them) and computes the advice again with its arithmetic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from kvwatch.cli import EXIT_USAGE, CliError
+from kvwatch.svgplot import Line, Mark, Span, bar_chart, format_value, line_chart
+from loadgen.rundir import read_jsonl, read_records
+from sidecar.thresholds import DEFAULT_THRESHOLDS
+
+__all__ = ["register", "render_report", "counter_rate", "state_spans", "bucket_delta"]
+
+_CSS = """
+body{font-family:sans-serif;max-width:980px;margin:24px auto;padding:0 16px;color:#222}
+h1{font-size:22px;margin-bottom:4px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
+.sub{color:#666;margin-top:0}.verdict{padding:12px 16px;border-radius:6px;margin:16px 0}
+.bad{background:#fde8e8;border-left:6px solid #d62728}
+.good{background:#e8f6e8;border-left:6px solid #2ca02c}
+table{border-collapse:collapse;margin:8px 0}
+td,th{padding:4px 10px;border-bottom:1px solid #eee;text-align:left}
+th{background:#f6f6f6}td.n{text-align:right;font-variant-numeric:tabular-nums}
+pre{background:#f6f6f6;padding:10px;overflow-x:auto;font-size:12px}
+svg.kvw-chart{width:100%;height:auto;margin:6px 0}.note{color:#666;font-size:13px}
+"""
+
+
+def register(sub: Any) -> None:
+    r = sub.add_parser(
+        "report",
+        help="write a self-contained HTML report of a run directory",
+        description="Render RUN_DIR/report.html (or --out): the workload, KV usage, preemptions "
+        "and queues over time with thrashing shaded and load stages marked, per-request "
+        "latency and stalls, preemptions per request, and the sizing advice with its "
+        "arithmetic. Opens offline; no scripts.",
+    )
+    r.add_argument(
+        "run_dir", type=Path, metavar="RUN_DIR", help="a `kvwatch loadgen run` or demo run"
+    )
+    r.add_argument("--out", type=Path, help="where to write (default RUN_DIR/report.html)")
+    r.set_defaults(func=_report)
+
+
+def _report(ns: argparse.Namespace) -> int:
+    out = ns.out or ns.run_dir / "report.html"
+    out.write_text(render_report(ns.run_dir))
+    print(out)
+    return 0
+
+
+# ---- pure helpers (tested on their own) ----
+
+
+def counter_rate(rows: list[dict[str, Any]], key: str) -> list[tuple[float, float]]:
+    """Per-second rate of a counter between samples; a drop (server restart) restarts from
+    the new value instead of going negative."""
+    out = []
+    for a, b in zip(rows, rows[1:], strict=False):
+        va, vb = a.get(key), b.get(key)
+        dt = b["t"] - a["t"]
+        if va is None or vb is None or dt <= 0:
+            continue
+        inc = vb - va if vb >= va else vb
+        out.append((b["t"], inc / dt))
+    return out
+
+
+def state_spans(
+    rows: list[dict[str, Any]], state: str = "thrashing", color: str = "#d62728"
+) -> list[Span]:
+    """Stretches of the timeline where the sidecar said `state`."""
+    out: list[Span] = []
+    start = prev = None
+    for r in rows:
+        if r.get("state") == state:
+            start = r["t"] if start is None else start
+            prev = r["t"]
+        elif start is not None:
+            out.append(Span(start, r["t"], state, color))
+            start = None
+    if start is not None and prev is not None:
+        out.append(Span(start, prev, state, color))
+    return out
+
+
+def bucket_delta(before: list[list[float]], after: list[list[float]]) -> list[tuple[str, float]]:
+    """Counts per bucket of a cumulative histogram between two snapshots."""
+    b = {le: n for le, n in before}
+    cum = [(le, n - b.get(le, 0.0)) for le, n in sorted(after)]
+    out, prev = [], 0.0
+    for le, n in cum:
+        label = "more" if math.isinf(le) else f"\u2264 {le:g}"
+        out.append((label, max(n - prev, 0.0)))
+        prev = n
+    return out
+
+
+# ---- the page ----
+
+
+def _load(run_dir: Path) -> dict[str, Any]:
+    def opt(name: str) -> list[dict[str, Any]]:
+        path = run_dir / name
+        return read_jsonl(path) if path.exists() else []
+
+    try:
+        spec = json.loads((run_dir / "spec.json").read_text())
+        summary = json.loads((run_dir / "summary.json").read_text())
+        records = read_records(run_dir)
+    except OSError as e:
+        raise CliError(f"{run_dir} is not a run directory ({e.strerror}: {e.filename})") from None
+    except ValueError as e:
+        raise CliError(f"{run_dir}: unreadable run files ({e})", EXIT_USAGE) from None
+    return {
+        "spec": spec,
+        "summary": summary,
+        "records": records,
+        "events": opt("events.jsonl"),
+        "timeline": opt("timeline.jsonl"),
+        "alerts": opt("alerts.jsonl"),
+    }
+
+
+def _table(rows: list[tuple[str, str]]) -> str:
+    return (
+        "<table>"
+        + "".join(f"<tr><th>{escape(k)}</th><td>{v}</td></tr>" for k, v in rows)
+        + "</table>"
+    )
+
+
+def _pcts(d: dict[str, Any] | None, unit: str = "s") -> str:
+    if not d:
+        return "n/a"
+    return ", ".join(f"{k} {format_value(d[k], unit)}" for k in ("p50", "p90", "p99") if k in d)
+
+
+def _advice_html(run_dir: Path) -> tuple[str, str | None]:
+    from kvwatch.advise_cmd import observed_from_run
+    from sidecar.advice import advise
+    from sidecar.kvmath import SizingError
+
+    try:
+        obs = observed_from_run(run_dir)
+    except SizingError as e:
+        return f"<p class='note'>No advice: {escape(str(e))}</p>", None
+    adv = advise(obs)
+    parts = [f"<p><b>{escape(adv.verdict)}</b></p>"]
+    if adv.options:
+        parts.append("<p>Change one of:</p><ul>")
+        parts += [f"<li><code>{escape(o)}</code></li>" for o in adv.options]
+        parts.append("</ul>")
+    parts.append("<p>The arithmetic:</p><pre>" + escape("\n".join(adv.arithmetic)) + "</pre>")
+    parts.append("<p class='note'>Assumptions: " + escape("; ".join(adv.assumptions)) + "</p>")
+    return "".join(parts), adv.verdict
+
+
+def render_report(run_dir: Path) -> str:
+    d = _load(run_dir)
+    spec, summary, records = d["spec"], d["summary"], d["records"]
+    overall = summary.get("overall", {})
+    server = summary.get("server") or {}
+    t0 = spec.get("start_unix") or (d["timeline"][0]["t"] if d["timeline"] else 0.0)
+    tl = [dict(r, t=r["t"] - t0) for r in d["timeline"]]
+    marks = [Mark(e["t"], e["stage"]) for e in d["events"] if e.get("event") == "stage_start"]
+    spans = state_spans(tl, "saturated", "#ff7f0e") + state_spans(tl)
+    ends = [r["t"] for r in tl] + [r["finished_at"] for r in records if r.get("finished_at")]
+    window = (0.0, max(ends, default=1.0))
+    advice, verdict = _advice_html(run_dir)
+    th = DEFAULT_THRESHOLDS
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(spec.get("start_unix") or 0))
+
+    episodes = [sp for sp in spans if sp.label == "thrashing"]
+    thrashed = bool(episodes) or bool(server.get("repeat_preempted"))
+    head = [
+        f"<h1>kvwatch run report: {escape(run_dir.name)}</h1>",
+        f"<p class='sub'>{escape(str(spec.get('target')))} &middot; model "
+        f"<code>{escape(str(spec.get('model')))}</code> &middot; started {started} &middot; "
+        f"{overall.get('duration_s', 0):.0f} s</p>",
+        f"<div class='verdict {'bad' if thrashed else 'good'}'>"
+        + (
+            f"<b>Thrashing</b>: {len(episodes)} episode(s) seen by the sidecar; "
+            if episodes
+            else ("<b>Repeated preemption</b>: " if thrashed else "<b>No thrashing</b>: ")
+        )
+        + f"{server.get('preemptions', 0) or 0:.0f} preemptions, "
+        f"{server.get('repeat_preempted', 0) or 0:.0f} requests preempted more than once."
+        + (f"<br>{escape(verdict)}" if verdict else "")
+        + "</div>",
+    ]
+
+    o = overall
+    figures = _table(
+        [
+            ("requests", f"{o.get('completed', 0)} completed, {o.get('failed', 0)} failed"),
+            ("output tokens/s", f"{o.get('output_token_throughput') or 0:.0f}"),
+            ("time to first token", _pcts(o.get("ttft"))),
+            ("inter-token latency", _pcts(o.get("itl"))),
+            ("end-to-end", _pcts(o.get("e2e"))),
+            ("stalls", f"{o.get('stalls', 0)} in {o.get('requests_with_stalls', 0)} requests"),
+        ]
+    )
+    workload = spec.get("workload") or {}
+    stages = "".join(
+        f"<tr><td>{escape(s['name'])}</td><td>{escape(str(s['pattern']))}</td>"
+        f"<td class='n'>{s.get('duration_s') or ''}</td><td class='n'>{s.get('count') or ''}</td>"
+        f"<td>{'warm-up' if s.get('warmup') else ''}</td></tr>"
+        for s in spec.get("stages", [])
+    )
+    body = [
+        "<h2>Summary</h2>",
+        figures,
+        "<h2>Workload</h2>",
+        f"<table><tr><th>stage</th><th>pattern</th><th>seconds</th><th>requests</th><th></th></tr>{stages}</table>",
+        "<pre>" + escape(json.dumps(workload, indent=1)) + "</pre>",
+        "<h2>Over time</h2>",
+    ]  # fmt: skip
+    if tl:
+        body += [
+            line_chart(
+                "KV cache usage",
+                [Line("KV usage", [(r["t"], _f(r.get("kv_usage"))) for r in tl])],
+                "percentunit",
+                spans=spans,
+                marks=marks,
+                thresholds=[(th.pressure_kv, "#ff7f0e"), (th.saturated_kv, "#d62728")],
+                y_range=(0.0, 1.0),
+                relative_x=True,
+                x_range=window,
+            ),
+            line_chart(
+                "Preemptions per second",
+                [Line("preemptions/s", counter_rate(tl, "preemptions_total"))],
+                spans=spans,
+                marks=marks,
+                thresholds=[(th.thrashing_preemptions_per_s, "#d62728")],
+                relative_x=True,
+                x_range=window,
+            ),
+            line_chart(
+                "Running and waiting requests",
+                [
+                    Line("running", [(r["t"], _f(r.get("running"))) for r in tl]),
+                    Line("waiting", [(r["t"], _f(r.get("waiting"))) for r in tl]),
+                ],
+                spans=spans,
+                marks=marks,
+                relative_x=True,
+                x_range=window,
+            ),
+        ]
+        if any("state" in r for r in tl):
+            body.append(
+                "<p class='note'>Shaded: where the sidecar judged the server saturated "
+                "(orange) or thrashing (red). Dotted lines: load stages.</p>"
+            )
+        else:
+            body.append(
+                "<p class='note'>Run with <code>--sidecar URL</code> to shade the sidecar's "
+                "judgement (saturated, thrashing).</p>"
+            )
+    else:
+        body.append("<p class='note'>No server timeline in this run directory.</p>")
+    body += _requests_section(records, marks, spans, window)
+    buckets = _preemption_buckets(spec)
+    body.append("<h2>Preemptions per finished request</h2>")
+    if buckets:
+        body.append(bar_chart("Requests by how often vLLM preempted them", buckets))
+    else:
+        body.append("<p class='note'>The server exported no per-request preemption histogram.</p>")
+    if d["alerts"]:
+        body.append("<h2>Alerts delivered</h2><pre>")
+        body.append(escape("\n".join(json.dumps(a) for a in d["alerts"])))
+        body.append("</pre>")
+    body += ["<h2>Sizing advice</h2>", advice]
+    return (
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        f"<title>kvwatch report: {escape(run_dir.name)}</title><style>{_CSS}</style></head>"
+        "<body>" + "".join(head + body) + "</body></html>\n"
+    )
+
+
+def _f(v: Any) -> float:
+    return float("nan") if v is None else float(v)
+
+
+def _requests_section(
+    records: list[dict[str, Any]], marks: list[Mark], spans: list[Span], window: tuple[float, float]
+) -> list[str]:
+    ok = [r for r in records if r.get("ok") and r.get("finished_at") is not None]
+    if not ok:
+        return ["<h2>Requests</h2><p class='note'>No request completed.</p>"]
+    by_stalls: dict[str, float] = {}
+    for r in ok:
+        k = str(min(r.get("stalls") or 0, 4)) + ("+" if (r.get("stalls") or 0) >= 4 else "")
+        by_stalls[k] = by_stalls.get(k, 0) + 1
+    order = sorted(by_stalls, key=lambda k: int(k.rstrip("+")))
+    return [
+        "<h2>Requests</h2>",
+        line_chart(
+            "Each request's latency, at the time it finished",
+            [
+                Line("TTFT", [(r["finished_at"], _f(r.get("ttft"))) for r in ok]),
+                Line("end-to-end", [(r["finished_at"], _f(r.get("e2e"))) for r in ok]),
+                Line("largest gap", [(r["finished_at"], _f(r.get("max_gap"))) for r in ok]),
+            ],
+            "s",
+            spans=spans,
+            marks=marks,
+            relative_x=True,
+            x_range=window,
+            dots=True,
+        ),
+        bar_chart(
+            "Requests by stalls seen (gaps far above the stream's norm)",
+            [(f"{k} stalls", by_stalls[k]) for k in order],
+        ),
+    ]
+
+
+def _preemption_buckets(spec: dict[str, Any]) -> list[tuple[str, float]]:
+    before = (spec.get("server_before") or {}).get("preemption_buckets") or []
+    after = (spec.get("server_after") or {}).get("preemption_buckets") or []
+    return bucket_delta(before, after) if after else []

@@ -1,0 +1,82 @@
+"""The run report's arithmetic and page, from a run directory written here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from kvwatch.report import bucket_delta, counter_rate, render_report, state_spans
+from loadgen.rundir import write_run
+
+
+def test_counter_rate_survives_a_restart() -> None:
+    rows = [{"t": 0, "c": 10}, {"t": 1, "c": 14}, {"t": 2, "c": 3}, {"t": 3, "c": None}]
+    assert counter_rate(rows, "c") == [(1, 4.0), (2, 3.0)]  # the drop counts from zero
+
+
+def test_state_spans() -> None:
+    rows = [{"t": t, "state": s} for t, s in enumerate(["ok", "thrashing", "thrashing", "ok"])]
+    rows.append({"t": 4, "state": "thrashing"})
+    assert [(s.start, s.end) for s in state_spans(rows)] == [(1, 3), (4, 4)]
+
+
+def test_bucket_delta_gives_counts_per_bucket() -> None:
+    before = [[1.0, 5.0], [2.0, 6.0], [float("inf"), 6.0]]
+    after = [[1.0, 9.0], [2.0, 12.0], [float("inf"), 13.0]]
+    assert bucket_delta(before, after) == [("\u2264 1", 4.0), ("\u2264 2", 2.0), ("more", 1.0)]
+
+
+def _run_dir(tmp: Path) -> Path:
+    cache = {"block_size": 32, "num_blocks": 40, "kv_cache_memory_bytes": 40 * 32 * 8192}
+    spec = {
+        "target": "http://x:8000", "model": "m", "start_unix": 1000.0,
+        "stages": [{"name": "s1", "pattern": "Concurrency(n=4)", "duration_s": None,
+                    "count": 8, "warmup": False}],
+        "workload": {"synthetic": True},
+        "server_before": {"cache": cache, "preemption_buckets": [[1.0, 0.0], [2.0, 0.0]]},
+        "server_after": {"cache": cache, "preemption_buckets": [[1.0, 5.0], [2.0, 8.0]]},
+    }  # fmt: skip
+    records = [
+        {"ok": True, "sent_at": i * 0.5, "finished_at": 5 + i, "ttft": 0.2, "e2e": 4.0,
+         "max_gap": 1.0 + i, "stalls": i % 3, "prompt_tokens": 30, "output_tokens": 300,
+         "expected_input_tokens": 30, "expected_output_tokens": 300}
+        for i in range(8)
+    ]  # fmt: skip
+    events = [{"event": "stage_start", "stage": "s1", "t": 0.1, "unix": 1000.1}]
+    summary = {
+        "overall": {"completed": 8, "failed": 0, "duration_s": 12.0, "ttft": {"p50": 0.2}},
+        "server": {"preemptions": 12, "repeat_preempted": 3},
+    }
+    timeline = [
+        {"t": 1000.0 + i, "kv_usage": min(1.0, i / 5), "running": 4, "waiting": i % 2,
+         "preemptions_total": 2.0 * i, "state": "thrashing" if 5 <= i < 9 else "ok"}
+        for i in range(12)
+    ]  # fmt: skip
+    write_run(tmp, spec, records, events, summary, timeline)
+    return tmp
+
+
+def test_report_has_every_section(tmp_path: Path) -> None:
+    html = render_report(_run_dir(tmp_path / "run"))
+    for text in ("1 episode(s)", "KV cache usage", "Preemptions per second",
+                 "Running and waiting", "at the time it finished", "Requests by stalls",
+                 "Requests by how often vLLM preempted them", "Sizing advice", "The arithmetic",
+                 "undersized"):  # fmt: skip
+        assert text in html, text
+    assert "<script" not in html and "http-equiv" not in html
+    assert html.count("<svg") == 6
+
+
+def test_cli_errors_name_the_problem(tmp_path: Path) -> None:
+    run = [sys.executable, "-m", "kvwatch", "report"]
+    p = subprocess.run([*run, str(tmp_path / "nope")], capture_output=True, text=True)
+    assert p.returncode == 2 and "not a run directory" in p.stderr and "Traceback" not in p.stderr
+    bad = _run_dir(tmp_path / "bad")
+    (bad / "summary.json").write_text("{")
+    p = subprocess.run([*run, str(bad)], capture_output=True, text=True)
+    assert p.returncode == 2 and "unreadable" in p.stderr
+    good = _run_dir(tmp_path / "good")
+    p = subprocess.run([*run, str(good)], capture_output=True, text=True)
+    assert p.returncode == 0 and json.dumps(str(good / "report.html"))[1:-1] in p.stdout
