@@ -1,0 +1,100 @@
+"""The deployment examples in deploy/: they parse, Prometheus and Alertmanager accept their
+configs (promtool, amtool), and the Kubernetes pod wires vLLM and the sidecar together with
+flags kvwatch really has."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kvwatch.cli import build_parser
+from sidecar.webhooks import load_receivers
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+
+
+def _docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def test_every_yaml_file_parses() -> None:
+    files = sorted(DEPLOY.rglob("*.yaml")) + sorted(DEPLOY.rglob("*.yml"))
+    assert len(files) >= 5
+    for f in files:
+        assert _docs(f), f
+
+
+def test_prometheus_config_and_the_rules_it_loads_are_valid() -> None:
+    p = subprocess.run(
+        ["promtool", "check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "1 rule files found" in p.stdout + p.stderr
+    cfg = _docs(DEPLOY / "prometheus" / "prometheus.yml")[0]
+    (vllm,) = [j for j in cfg["scrape_configs"] if j["job_name"] == "vllm"]
+    (rename,) = vllm["metric_relabel_configs"]
+    assert rename["regex"] == "vllm_(.*)" and rename["replacement"] == "vllm:$1"
+
+
+def test_alertmanager_config_is_valid() -> None:
+    p = subprocess.run(
+        ["amtool", "check-config", str(DEPLOY / "alertmanager" / "alertmanager.yml")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_kubernetes_pod_wires_vllm_and_the_sidecar(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs = {d["kind"]: d for d in _docs(DEPLOY / "kubernetes" / "vllm-with-kvwatch.yaml")}
+    assert set(docs) == {"Deployment", "ConfigMap", "Service", "PodMonitor"}
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    c = {x["name"]: x for x in pod["containers"]}
+    # the sidecar's arguments are ones kvwatch accepts
+    ns = build_parser().parse_args(c["kvwatch"]["args"])
+    assert ns.command is None or ns.command == []
+    # vLLM writes its output where the sidecar reads it, on a volume both mount
+    vllm_cmd = " ".join(c["vllm"]["args"])
+    assert f"tee -a {ns.log}" in vllm_cmd and "pipefail" in vllm_cmd
+    mounts = {n: {m["name"]: m["mountPath"] for m in c[n]["volumeMounts"]} for n in c}
+    assert (
+        Path(ns.log).parent.as_posix()
+        == mounts["vllm"]["vllm-log"]
+        == mounts["kvwatch"]["vllm-log"]
+    )
+    assert "emptyDir" in {v["name"]: v for v in pod["volumes"]}["vllm-log"]
+    port = (
+        int(ns.target.rsplit(":", 1)[1])
+        if isinstance(ns.target, str)
+        else int(ns.target[0].rsplit(":", 1)[1])
+    )
+    assert port == c["vllm"]["ports"][0]["containerPort"] and "--port 8000" in vllm_cmd
+    # the PodMonitor scrapes both named ports
+    names = {p["name"] for x in c.values() for p in x["ports"]}
+    eps = docs["PodMonitor"]["spec"]["podMetricsEndpoints"]
+    assert {e["port"] for e in eps} == names == {"http", "kvwatch"}
+    assert ns.listen.endswith(":9477") and c["kvwatch"]["ports"][0]["containerPort"] == 9477
+    # the webhook config in the ConfigMap is one the sidecar loads
+    hooks = tmp_path / "webhooks.yaml"
+    hooks.write_text(docs["ConfigMap"]["data"]["webhooks.yaml"])
+    secret_env = {e["name"] for e in c["kvwatch"]["env"]}
+    for name in secret_env:
+        monkeypatch.setenv(name, "s3cret")
+    receivers = load_receivers([], hooks)
+    assert [r.format for r in receivers] == ["alertmanager", "slack", "json"]
+    assert {r.secret_env for r in receivers if r.secret_env} <= secret_env
+    assert shlex.split(vllm_cmd)  # a command a shell can read
+
+
+def test_grafana_provisioning_points_at_the_dashboards() -> None:
+    (provider,) = _docs(DEPLOY / "grafana" / "provisioning" / "dashboards" / "kvwatch.yaml")
+    assert provider["providers"][0]["type"] == "file"
+    (ds,) = _docs(DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yaml")
+    assert ds["datasources"][0]["type"] == "prometheus"
