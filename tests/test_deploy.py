@@ -70,11 +70,7 @@ def test_kubernetes_pod_wires_vllm_and_the_sidecar(
         == mounts["kvwatch"]["vllm-log"]
     )
     assert "emptyDir" in {v["name"]: v for v in pod["volumes"]}["vllm-log"]
-    port = (
-        int(ns.target.rsplit(":", 1)[1])
-        if isinstance(ns.target, str)
-        else int(ns.target[0].rsplit(":", 1)[1])
-    )
+    port = int(ns.target[0].rsplit(":", 1)[1])
     assert port == c["vllm"]["ports"][0]["containerPort"] and "--port 8000" in vllm_cmd
     # the PodMonitor scrapes both named ports
     names = {p["name"] for x in c.values() for p in x["ports"]}
