@@ -80,8 +80,9 @@ def main() -> None:
 
     print("| path | alert | first preemption to webhook |")
     print("|---|---|---|")
-    print(f"| sidecar, defaults | KvwatchThrashing | {when(got1, 'KvwatchThrashing')} |")
-    print(f"| sidecar, enter_after_s=0 | KvwatchThrashing | {when(got2, 'KvwatchThrashing')} |")
+    for name in ("KvwatchKvCacheSaturated", "KvwatchThrashing"):
+        print(f"| sidecar, defaults | {name} | {when(got1, name)} |")
+        print(f"| sidecar, enter_after_s=0 | {name} | {when(got2, name)} |")
     for name in ("KvwatchThrashing", "VllmPreemptionRateHigh", "VllmKvCacheSaturated"):
         print(f"| Prometheus + Alertmanager, for x0.02 | {name} | {when(got3, name, am=True)} |")
 

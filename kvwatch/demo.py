@@ -200,7 +200,9 @@ def _demo(ns: argparse.Namespace) -> int:
             base, log = ns.target.rstrip("/"), None
         else:
             print("building the tiny model ...", flush=True)
-            cfg = ServerConfig(model=build_tiny_model(), kv_cache_memory_bytes=ns.kv_cache_bytes)
+            cfg = ServerConfig(
+                model=build_tiny_model(), kv_cache_memory_bytes=ns.kv_cache_bytes, nice=10
+            )
             log = (run_dir / "vllm.log").resolve()
             print(f"starting vLLM (log: {log}) ...", flush=True)
             try:

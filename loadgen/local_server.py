@@ -69,6 +69,11 @@ class ServerConfig:
     port: int | None = None
     served_model_name: str | None = None
     stats_interval_s: float = 1.0
+    # CPU priority (nice value) of the server and its engine process. On a small machine the
+    # server stands in for a GPU one and competes for the CPUs with the observers (sidecar,
+    # load generator); a positive value keeps them from being starved into sampling only the
+    # server's idle moments.
+    nice: int = 0
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
 
@@ -86,7 +91,8 @@ class ServerConfig:
         ]  # fmt: skip
         if self.served_model_name:
             cmd += ["--served-model-name", self.served_model_name]
-        return cmd + list(self.extra_args)
+        cmd += list(self.extra_args)
+        return ["nice", "-n", str(self.nice), *cmd] if self.nice else cmd
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)

@@ -59,13 +59,18 @@ class SidecarConfig:
 
 
 async def _scrape_loop(
-    client: httpx.AsyncClient, state: SidecarState, target: str, cfg: SidecarConfig
+    client: httpx.AsyncClient,
+    state: SidecarState,
+    target: str,
+    cfg: SidecarConfig,
+    scraped: asyncio.Event,
 ) -> None:
     url = metrics_url(target)
     deadline = time.monotonic()
     while True:
         outcome = await scrape_once(client, url, cfg.timeout_s)
         state.record_scrape(target, time.monotonic(), outcome)
+        scraped.set()  # the alert loop judges this scrape now, not on its own next tick
         deadline += cfg.interval_s
         delay = deadline - time.monotonic()
         if delay < 0:  # fell behind (slow target): skip the missed ticks, don't burst
@@ -123,20 +128,27 @@ def _connect(path: Path | None) -> sqlite3.Connection:
     return db
 
 
-async def _alert_loop(cfg: SidecarConfig, state: SidecarState, external_url: str) -> None:
-    """Judge alerts after every scrape round and queue their notifications (the outbox keeps
-    them until every receiver has them)."""
+async def _alert_loop(
+    cfg: SidecarConfig, state: SidecarState, external_url: str, scraped: asyncio.Event
+) -> None:
+    """Judge alerts as soon as a scrape is recorded (and at least once an interval) and queue
+    their notifications; the sender is woken at once (the outbox keeps them until every
+    receiver has them)."""
     db = _connect(cfg.db_path)
     tracker = AlertTracker(db, cfg.thresholds.repeat_interval_s)
     outbox = Outbox(db)
-    sender = asyncio.create_task(deliver_forever(outbox, list(cfg.receivers)))
+    queued = asyncio.Event()
+    sender = asyncio.create_task(deliver_forever(outbox, list(cfg.receivers), wake=queued))
     try:
         while True:
-            await asyncio.sleep(cfg.interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(scraped.wait(), cfg.interval_s)
+            scraped.clear()
             now = time.time()
             notes = tracker.update(active_alerts(state.snapshot(), cfg.thresholds, now), now)
-            if cfg.receivers:
+            if cfg.receivers and notes:
                 enqueue(outbox, list(cfg.receivers), notes, external_url)
+                queued.set()
             firing = [
                 dict(f.alert.__dict__, starts_at=f.starts_at) for f in tracker.firing.values()
             ]
@@ -157,8 +169,11 @@ async def _main(
         loop.add_signal_handler(sig, stop.set)
     limits = httpx.Limits(max_connections=len(cfg.targets) * 2)
     async with httpx.AsyncClient(limits=limits) as client:
-        tasks = [asyncio.create_task(_scrape_loop(client, state, t, cfg)) for t in cfg.targets]
-        tasks.append(asyncio.create_task(_alert_loop(cfg, state, external_url)))
+        scraped = asyncio.Event()
+        tasks = [
+            asyncio.create_task(_scrape_loop(client, state, t, cfg, scraped)) for t in cfg.targets
+        ]
+        tasks.append(asyncio.create_task(_alert_loop(cfg, state, external_url, scraped)))
         code = 0
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):

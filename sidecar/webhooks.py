@@ -9,6 +9,7 @@ A receiver may sign bodies with HMAC-SHA256 using a secret read from an environm
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
@@ -214,11 +215,21 @@ async def _deliver_one(client: httpx.AsyncClient, outbox: Outbox, r: Receiver) -
     return False
 
 
-async def deliver_forever(outbox: Outbox, receivers: list[Receiver], poll_s: float = 0.2) -> None:
+async def deliver_forever(
+    outbox: Outbox,
+    receivers: list[Receiver],
+    poll_s: float = 0.2,
+    wake: asyncio.Event | None = None,
+) -> None:
+    """Sends the outbox in order per receiver; polls for retries that come due, and starts at
+    once when `wake` is set (new notifications queued)."""
+    wake = wake or asyncio.Event()
     async with httpx.AsyncClient() as client:
         while True:
             busy = False
             for r in receivers:
                 busy |= await _deliver_one(client, outbox, r)
             if not busy:
-                await asyncio.sleep(poll_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), poll_s)
+                wake.clear()

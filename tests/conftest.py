@@ -23,7 +23,8 @@ def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     from loadgen.local_server import LocalVLLM, ServerConfig
 
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    with LocalVLLM(ServerConfig(model=tiny_model), log_path=log) as server:
+    # nice 10: the observers under test get their CPU, as beside a GPU server (docs/testing.md)
+    with LocalVLLM(ServerConfig(model=tiny_model, nice=10), log_path=log) as server:
         yield server
 
 

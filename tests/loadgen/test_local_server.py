@@ -24,9 +24,9 @@ from sidecar.vocabulary import KV_USAGE, PREEMPTIONS
 pytestmark = pytest.mark.integration
 
 
-def _read(base_url: str) -> tuple[float, float]:
+def _read(base_url: str, client: httpx.Client | None = None) -> tuple[float, float]:
     """(preemptions so far, KV usage now) from the server's real /metrics."""
-    text = httpx.get(base_url + "/metrics", timeout=10).text
+    text = (client or httpx).get(base_url + "/metrics", timeout=10).text
     exp = parse_exposition(text)
     return exp.family(PREEMPTIONS)[0].value, exp.family(KV_USAGE)[0].value
 
@@ -39,9 +39,10 @@ class TestLocalVLLM:
 
         def poll() -> None:
             nonlocal peak
-            while not stop.is_set():
-                peak = max(peak, _read(vllm_server.base_url)[1])
-                time.sleep(0.1)
+            with httpx.Client() as client:  # one client: a new one per poll costs CPU
+                while not stop.is_set():
+                    peak = max(peak, _read(vllm_server.base_url, client)[1])
+                    time.sleep(0.1)
 
         poller = threading.Thread(target=poll, daemon=True)
         poller.start()

@@ -34,26 +34,26 @@ class _States:
         self._th = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                snap = httpx.get(self.url + "/api/state", timeout=5).json()
-            except httpx.HTTPError as e:
-                self.errors.append(repr(e))
-                continue
-            target = snap["targets"][0]
-            self.scrape = (target["scrapes"], target["scrape_errors"], target["last_error"])
-            for e in target["engines"]:
-                if e["present"]:
-                    sig = e["signals"]
-                    self.rows.append(
-                        (
-                            time.monotonic(),
-                            e["state"],
-                            sig["kv_usage"] or 0.0,
-                            sig["preemptions_observed"],
-                        )
-                    )
-            self._stop.wait(0.1)
+        # one client for all polls: a new httpx client per call builds an SSL context, and ten
+        # of those a second take CPU that the server under test needs on two cores
+        with httpx.Client(timeout=5) as client:
+            while not self._stop.is_set():
+                self._poll(client)
+                self._stop.wait(0.1)
+
+    def _poll(self, client: httpx.Client) -> None:
+        try:
+            snap = client.get(self.url + "/api/state").json()
+        except httpx.HTTPError as e:
+            self.errors.append(repr(e))
+            return
+        target = snap["targets"][0]
+        self.scrape = (target["scrapes"], target["scrape_errors"], target["last_error"])
+        for e in target["engines"]:
+            if e["present"]:
+                sig = e["signals"]
+                row = (time.monotonic(), e["state"], sig["kv_usage"] or 0.0)
+                self.rows.append((*row, sig["preemptions_observed"]))
 
     def __enter__(self) -> _States:
         self._th.start()
@@ -73,18 +73,21 @@ class _VllmPeak:
     def __init__(self, base: str) -> None:
         self.base = base
         self.peak = 0.0
+        self.samples: list[tuple[float, float]] = []  # (seconds the GET took, KV usage)
         self._stop = threading.Event()
         self._th = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                text = httpx.get(self.base + "/metrics", timeout=10).text
-            except httpx.HTTPError:
-                continue
-            for s in parse_exposition(text).family(KV_USAGE):
-                self.peak = max(self.peak, s.value)
-            self._stop.wait(0.1)
+        with httpx.Client(timeout=10) as client:
+            while not self._stop.wait(0.25):
+                t = time.monotonic()
+                try:
+                    text = client.get(self.base + "/metrics").text
+                except httpx.HTTPError:
+                    continue
+                kv = max((s.value for s in parse_exposition(text).family(KV_USAGE)), default=0.0)
+                self.peak = max(self.peak, kv)
+                self.samples.append((round(time.monotonic() - t, 2), round(kv, 2)))
 
     def __enter__(self) -> _VllmPeak:
         self._th.start()
@@ -129,8 +132,11 @@ def _run_loads(base: str, args: list[str], tmp_path: Path) -> None:
         light = states.since(t)
         assert light and {r[1] for r in light} == {"ok"}, light
 
-        # fill: pairs of 600-token requests with 540-token prompts: from their prefill on each
-        # pair holds 34 to 38 of the 39 usable blocks, six times over; nothing is preempted
+        # fill: pairs of 600-token requests (480 prompt + 120 generated, 19 blocks each, so a
+        # pair ends at 38 of the 39 usable blocks); nothing is preempted. On two busy cores the
+        # second request of a pair can reach the engine a few tenths of a second late, so the
+        # pair's peak is sampled, not certain: the test wants a real fill and the sidecar to
+        # see what vLLM itself reported.
         t = time.monotonic()
         with _VllmPeak(base) as vllm_peak:
             records = loadgen_run(
@@ -139,20 +145,22 @@ def _run_loads(base: str, args: list[str], tmp_path: Path) -> None:
                 "--concurrency",
                 "2",
                 "--requests",
-                "12",
+                "8",
                 "--input-len",
-                "540",
+                "480",
                 "--output-len",
-                "60",
+                "120",
             )
         time.sleep(1.0)
         fill = states.since(t)
         kv = [round(r[2], 2) for r in fill]
-        assert max(kv) >= 0.85, (
-            f"no fill seen by the sidecar: {kv}; vLLM's own peak {vllm_peak.peak:.2f}; "
-            f"sidecar scrapes (count, errors, last): {states.scrape}; poll errors: "
-            f"{states.errors}; request durations: {[round(r['e2e'], 2) for r in records]}"
+        seen = (
+            f"sidecar saw {kv}; vLLM's own samples {vllm_peak.samples}; sidecar scrapes "
+            f"(count, errors, last) {states.scrape}; poll errors {states.errors}; request "
+            f"durations {[round(r['e2e'], 2) for r in records]}"
         )
+        assert vllm_peak.peak >= 0.75, f"the fill did not fill: {seen}"
+        assert max(kv) >= vllm_peak.peak - 0.1, f"the sidecar missed the fill: {seen}"
         assert fill[-1][3] == fill[0][3], "the fill load preempted; the fixture changed?"
         assert "thrashing" not in {r[1] for r in fill}
 
