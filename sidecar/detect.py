@@ -8,8 +8,9 @@ Values come from sidecar/thresholds.py:
   running requests collapsed below a fraction of their recent peak while others wait, or
   generation throughput fell below a fraction of its recent peak.
 
-A worse state is entered once its conditions held `enter_after_s`; a state is left once its
-conditions stayed false for `exit_after_s`. Pure: the caller passes the clock.
+A worse state is entered once its conditions held `enter_after_s` (thrashing:
+`thrashing_enter_after_s`); a state is left once its conditions stayed false for
+`exit_after_s`. Pure: the caller passes the clock.
 """
 
 from __future__ import annotations
@@ -135,6 +136,11 @@ class Detector:
     _above: dict[Level, float | None] = field(default_factory=dict)
     _below: dict[Level, float | None] = field(default_factory=dict)
 
+    def _hold(self, level: Level) -> float:
+        if level is Level.THRASHING:
+            return self.th.thrashing_enter_after_s
+        return self.th.enter_after_s
+
     def update(self, now: float, raw: Level, reasons: list[str]) -> bool:
         """Feed one judgement; returns True if the level changed."""
         for lv in (Level.PRESSURE, Level.SATURATED, Level.THRASHING):
@@ -146,11 +152,7 @@ class Detector:
                 self._above[lv] = None
                 if self._below.get(lv) is None:
                     self._below[lv] = now
-        held = [
-            lv
-            for lv, t in self._above.items()
-            if t is not None and now - t >= self.th.enter_after_s
-        ]
+        held = [lv for lv, t in self._above.items() if t is not None and now - t >= self._hold(lv)]
         up = max(held, default=Level.OK)
         new = self.level
         if up > self.level:

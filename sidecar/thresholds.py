@@ -34,9 +34,13 @@ class Thresholds:
     collapse_running_fraction: float = 0.6
     # Evidence: generation throughput fell to this fraction of its recent peak while preempting.
     throughput_drop_fraction: float = 0.8
-    # How long a worse state's conditions must hold before it is entered, in seconds. Short: the
-    # counter already lags (it rises when the victim next produces output).
+    # How long pressure's or saturation's conditions must hold before the state is entered, in
+    # seconds: KV usage is a gauge, and one full sample is not yet a full cache.
     enter_after_s: float = 2.0
+    # The same for thrashing. None by default: its conditions already span the short window (a
+    # count of preemptions and evidence of redone work), and the preemption counter lags the
+    # eviction anyway. Raise it to trade alert latency for fewer alerts.
+    thrashing_enter_after_s: float = 0.0
     # How long the conditions must stay false before the state steps down, in seconds.
     exit_after_s: float = 15.0
     # Rate windows in seconds. Short reacts within seconds; long smooths and holds the evidence.

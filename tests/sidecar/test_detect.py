@@ -52,7 +52,7 @@ class TestJudge:
 
 class TestDetector:
     def test_enter_after_and_exit_after(self) -> None:
-        d = Detector(Thresholds(enter_after_s=2, exit_after_s=5))
+        d = Detector(Thresholds(thrashing_enter_after_s=2, exit_after_s=5))
         assert not d.update(0, Level.THRASHING, ["x"])
         assert not d.update(1, Level.THRASHING, ["x"])
         assert d.update(2, Level.THRASHING, ["x"]) and d.level is Level.THRASHING
@@ -65,10 +65,22 @@ class TestDetector:
         assert d.update(12, Level.OK, []) and d.level is Level.OK
 
     def test_a_blip_never_enters(self) -> None:
-        d = Detector(Thresholds(enter_after_s=2))
+        d = Detector(Thresholds(enter_after_s=2, thrashing_enter_after_s=2))
         for t, raw in enumerate([Level.THRASHING, Level.OK, Level.THRASHING, Level.OK] * 5):
             d.update(float(t), raw, [])
         assert d.level is Level.OK
+        d = Detector(Thresholds())  # defaults: a full-cache blip does not enter either
+        for t, raw in enumerate([Level.SATURATED, Level.OK] * 5):
+            d.update(float(t), raw, [])
+        assert d.level is Level.OK
+
+    def test_thrashing_enters_at_once_by_default(self) -> None:
+        # its conditions already span the short window: no extra hold, so the alert is fast
+        d = Detector(Thresholds(exit_after_s=5))
+        assert not d.update(0, Level.SATURATED, [])
+        assert d.update(1, Level.THRASHING, ["stream"]) and d.level is Level.THRASHING
+        d.update(2, Level.OK, [])
+        assert d.level is Level.THRASHING  # leaving still takes exit_after_s
 
 
 class TestThresholds:
