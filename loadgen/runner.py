@@ -213,7 +213,9 @@ async def run_stages(
         if on_event:
             on_event(ev)
         if opts.events_url and share.index == 0:
-            posts.append(asyncio.create_task(_post_event(opts.events_url, ev)))
+            # each post waits for the one before: a stage's end must not overtake it
+            after = posts[-1] if posts else None
+            posts.append(asyncio.create_task(_post_event(opts.events_url, ev, after)))
 
     async with contextlib.AsyncExitStack() as stack:
         clients = [
@@ -237,8 +239,13 @@ async def run_stages(
     return result
 
 
-async def _post_event(sidecar: str, ev: dict[str, Any]) -> None:
-    """Tell a sidecar about a stage; a sidecar that is away costs a warning, not the run."""
+async def _post_event(
+    sidecar: str, ev: dict[str, Any], after: asyncio.Task[None] | None = None
+) -> None:
+    """Tell a sidecar about a stage, after the event before it; a sidecar that is away costs a
+    warning, not the run."""
+    if after is not None:
+        await after
     try:
         async with httpx.AsyncClient(timeout=5) as client:
             r = await client.post(sidecar.rstrip("/") + "/api/events", json=ev)
