@@ -119,18 +119,26 @@ def _load(run_dir: Path) -> dict[str, Any]:
         spec = json.loads((run_dir / "spec.json").read_text())
         summary = json.loads((run_dir / "summary.json").read_text())
         records = read_records(run_dir)
+        events, timeline, alerts = (opt(f"{n}.jsonl") for n in ("events", "timeline", "alerts"))
     except OSError as e:
         raise CliError(f"{run_dir} is not a run directory ({e.strerror}: {e.filename})") from None
     except ValueError as e:
         raise CliError(f"{run_dir}: unreadable run files ({e})", EXIT_USAGE) from None
+    if not (isinstance(spec, dict) and isinstance(summary, dict)):
+        raise CliError(f"{run_dir}: spec.json and summary.json must hold JSON objects")
     return {
         "spec": spec,
         "summary": summary,
-        "records": records,
-        "events": opt("events.jsonl"),
-        "timeline": opt("timeline.jsonl"),
-        "alerts": opt("alerts.jsonl"),
+        "records": [r for r in records if isinstance(r, dict)],
+        "events": [e for e in events if _has_number(e, "t") and "stage" in e],
+        "timeline": [r for r in timeline if _has_number(r, "t")],
+        "alerts": alerts,
     }
+
+
+def _has_number(row: Any, key: str) -> bool:
+    """A row from a file someone may have edited: skip what cannot be plotted."""
+    return isinstance(row, dict) and isinstance(row.get(key), int | float)
 
 
 def _table(rows: list[tuple[str, str]]) -> str:

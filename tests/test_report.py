@@ -77,6 +77,14 @@ def test_cli_errors_name_the_problem(tmp_path: Path) -> None:
     (bad / "summary.json").write_text("{")
     p = subprocess.run([*run, str(bad)], capture_output=True, text=True)
     assert p.returncode == 2 and "unreadable" in p.stderr
+    odd = _run_dir(tmp_path / "odd")  # rows someone edited by hand: skipped, not a crash
+    with (odd / "timeline.jsonl").open("a") as fh:
+        fh.write('{"kv_usage": 0.5}\n[1, 2]\n')
+    p = subprocess.run([*run, str(odd)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    (odd / "events.jsonl").write_text("{not json\n")
+    p = subprocess.run([*run, str(odd)], capture_output=True, text=True)
+    assert p.returncode == 2 and "unreadable" in p.stderr and "Traceback" not in p.stderr
     good = _run_dir(tmp_path / "good")
     p = subprocess.run([*run, str(good)], capture_output=True, text=True)
     assert p.returncode == 0 and json.dumps(str(good / "report.html"))[1:-1] in p.stdout
