@@ -135,8 +135,8 @@ def _run_loads(base: str, args: list[str], tmp_path: Path) -> None:
         # fill: pairs of 600-token requests (480 prompt + 120 generated, 19 blocks each, so a
         # pair ends at 38 of the 39 usable blocks); nothing is preempted. On two busy cores the
         # second request of a pair can reach the engine a few tenths of a second late, so the
-        # pair's peak is sampled, not certain: the test wants a real fill and the sidecar to
-        # see what vLLM itself reported.
+        # pair's peak is short: the test wants vLLM's own /metrics and the sidecar each to show
+        # a full cache (75% or more) during the fill.
         t = time.monotonic()
         with _VllmPeak(base) as vllm_peak:
             records = loadgen_run(
@@ -159,8 +159,10 @@ def _run_loads(base: str, args: list[str], tmp_path: Path) -> None:
             f"(count, errors, last) {states.scrape}; poll errors {states.errors}; request "
             f"durations {[round(r['e2e'], 2) for r in records]}"
         )
+        # both sample a peak that lasts a few tenths of a second: each must see a full cache,
+        # not necessarily the same sample
         assert vllm_peak.peak >= 0.75, f"the fill did not fill: {seen}"
-        assert max(kv) >= vllm_peak.peak - 0.1, f"the sidecar missed the fill: {seen}"
+        assert max(kv) >= 0.75, f"the sidecar missed the fill: {seen}"
         assert fill[-1][3] == fill[0][3], "the fill load preempted; the fixture changed?"
         assert "thrashing" not in {r[1] for r in fill}
 
