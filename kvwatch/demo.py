@@ -23,7 +23,14 @@ from typing import Any
 import httpx
 
 from kvwatch.cli import EXIT_FOUND, EXIT_UNREACHABLE, CliError
-from loadgen.local_server import LocalVLLM, ServerConfig, ServerStartError, free_port
+from loadgen.local_server import (
+    LocalVLLM,
+    ServerConfig,
+    ServerStartError,
+    free_port,
+    stop_process,
+    wait_until_ok,
+)
 
 __all__ = ["register", "ramp_stages", "AlertReceiver"]
 
@@ -115,24 +122,10 @@ def _start_sidecar(
     err = open(run_dir / "sidecar.log", "wb")  # noqa: SIM115 (lives as long as the process)
     proc = subprocess.Popen(cmd, stdout=err, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + _SIDECAR_READY_S
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.terminate()
+    if wait_until_ok(url + "/healthz", proc, _SIDECAR_READY_S):
+        return proc, url
+    stop_process(proc)
     raise CliError("the sidecar did not start; see " + str(run_dir / "sidecar.log"))
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def _engine(state: dict[str, Any]) -> dict[str, Any] | None:
@@ -212,7 +205,7 @@ def _demo(ns: argparse.Namespace) -> int:
             base = server.base_url
         receiver = stack.enter_context(AlertReceiver())
         side, side_url = _start_sidecar(base, log, run_dir, receiver.url)
-        stack.callback(_stop, side)
+        stack.callback(stop_process, side)
         print(f"vLLM at {base}; sidecar at {side_url}/metrics; alerts to {receiver.url}")
         stages = ramp_stages(ns.light, ns.heavy, ns.rounds)
         cmd = [

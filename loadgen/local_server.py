@@ -24,6 +24,8 @@ __all__ = [
     "LocalVLLM",
     "ServerStartError",
     "free_port",
+    "wait_until_ok",
+    "stop_process",
     "port_is_free",
     "group_alive",
 ]
@@ -181,27 +183,15 @@ class LocalVLLM:
 
     def _wait_ready(self) -> None:
         assert self.proc is not None
-        deadline = time.monotonic() + self.start_timeout_s
-        url = self.base_url + "/health"
-        with httpx.Client(timeout=2.0) as client:
-            while True:
-                code = self.proc.poll()
-                if code is not None:
-                    raise ServerStartError(
-                        f"vLLM exited with code {code} during start; log {self.log_path}:\n"
-                        + _tail(self.log_path)
-                    )
-                try:
-                    if client.get(url).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise ServerStartError(
-                        f"vLLM not ready after {self.start_timeout_s:.0f} s; log {self.log_path}:\n"
-                        + _tail(self.log_path)
-                    )
-                time.sleep(0.25)
+        if wait_until_ok(self.base_url + "/health", self.proc, self.start_timeout_s):
+            return
+        code = self.proc.poll()
+        why = (
+            f"vLLM exited with code {code} during start"
+            if code is not None
+            else f"vLLM not ready after {self.start_timeout_s:.0f} s"
+        )
+        raise ServerStartError(f"{why}; log {self.log_path}:\n" + _tail(self.log_path))
 
     def stop(self) -> int | None:
         """SIGTERM the process group, wait, then SIGKILL what is left. Returns the exit code."""
@@ -234,6 +224,35 @@ class LocalVLLM:
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def wait_until_ok(
+    url: str, proc: subprocess.Popen[bytes], timeout_s: float, period_s: float = 0.2
+) -> bool:
+    """Polls `url` until it answers 200 (True), or until the process exits or the time is up
+    (False): the readiness check of every process kvwatch starts."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=2.0) as client:
+        while True:
+            try:
+                if client.get(url).status_code == 200:
+                    return True
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(period_s)
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 15.0) -> int:
+    """SIGTERM, wait up to `grace_s`, then SIGKILL (for single processes; a vLLM server's
+    process group is stopped by LocalVLLM.stop)."""
+    proc.terminate()
+    try:
+        return proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
 
 
 def _signal_group(pgid: int, sig: int) -> None:

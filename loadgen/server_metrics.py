@@ -101,23 +101,8 @@ class TimelineRecorder:
         s = summarize_engines(engines)
         row.update({k: s[k] for k in ("kv_usage", "running", "waiting", *_COUNTERS)})
         if self.sidecar_url:
-            row["state"] = self._sidecar_state(client)
+            row["state"] = _sidecar_state(client, self.sidecar_url)
         return row
-
-    def _sidecar_state(self, client: httpx.Client) -> str | None:
-        """The worst state the sidecar gives any engine of this server."""
-        order = ("ok", "pressure", "saturated", "thrashing")
-        try:
-            snap = client.get(self.sidecar_url + "/api/state").json()  # type: ignore[operator]
-        except (httpx.HTTPError, ValueError):
-            return None
-        states = [
-            e["state"]
-            for t in snap.get("targets", [])
-            for e in t.get("engines", [])
-            if e.get("present") and e.get("state") in order
-        ]
-        return max(states, key=order.index) if states else None
 
     def _run(self) -> None:
         with httpx.Client(timeout=max(1.0, self.period_s)) as client:
@@ -135,3 +120,19 @@ class TimelineRecorder:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._th.join()
+
+
+def _sidecar_state(client: httpx.Client, sidecar_url: str) -> str | None:
+    """The worst state the sidecar gives any engine of this server."""
+    order = ("ok", "pressure", "saturated", "thrashing")
+    try:
+        snap = client.get(sidecar_url + "/api/state").json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    states = [
+        e["state"]
+        for t in snap.get("targets", [])
+        for e in t.get("engines", [])
+        if e.get("present") and e.get("state") in order
+    ]
+    return max(states, key=order.index) if states else None

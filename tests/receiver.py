@@ -7,8 +7,10 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.http_server import serving
 
 __all__ = ["receiver"]
 
@@ -38,11 +40,5 @@ def receiver(port: int = 0) -> Iterator[tuple[str, list[dict[str, Any]]]]:
             self.send_header("Content-Length", "0")
             self.end_headers()
 
-    srv = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    th = threading.Thread(target=srv.serve_forever, daemon=True)
-    th.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}/hook", got
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with serving(Handler, port) as url:
+        yield url + "/hook", got

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
-
-from loadgen.local_server import free_port
+from loadgen.local_server import free_port, stop_process, wait_until_ok
 
 __all__ = ["running_service"]
 
@@ -26,17 +23,9 @@ def running_service(name: str, tmp: Path, argv: Callable[[int], list[str]]) -> I
         proc = subprocess.Popen(argv(port), stdout=subprocess.DEVNULL, stderr=log)
         url = f"http://127.0.0.1:{port}"
         try:
-            for _ in range(100):
-                try:
-                    if httpx.get(url + "/-/ready", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.1)
-            else:
+            if not wait_until_ok(url + "/-/ready", proc, 10.0, period_s=0.1):
                 raise RuntimeError(f"{name} did not start: " + log_path.read_text())
             yield url
         finally:
-            proc.terminate()
-            proc.wait(15)
+            stop_process(proc)
             shutil.rmtree(tmp, ignore_errors=True)

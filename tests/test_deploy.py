@@ -4,7 +4,6 @@ flags kvwatch really has."""
 
 from __future__ import annotations
 
-import shlex
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -86,7 +85,6 @@ def test_kubernetes_pod_wires_vllm_and_the_sidecar(
     receivers = load_receivers([], hooks)
     assert [r.format for r in receivers] == ["alertmanager", "slack", "json"]
     assert {r.secret_env for r in receivers if r.secret_env} <= secret_env
-    assert shlex.split(vllm_cmd)  # a command a shell can read
 
 
 def test_grafana_provisioning_points_at_the_dashboards() -> None:

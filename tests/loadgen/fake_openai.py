@@ -8,10 +8,11 @@ short normal answer. It counts the completion requests it got.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from tests.http_server import serving
 
 __all__ = ["fake_openai"]
 
@@ -75,12 +76,5 @@ class _Handler(BaseHTTPRequestHandler):
 def fake_openai() -> Iterator[tuple[str, list[int]]]:
     counter = [0]
     handler = type("H", (_Handler,), {"counter": counter})
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    srv.daemon_threads = True
-    th = threading.Thread(target=srv.serve_forever, daemon=True)
-    th.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}", counter
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with serving(handler) as url:
+        yield url, counter

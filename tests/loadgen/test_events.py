@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from loadgen.runner import _post_event
+from tests.http_server import serving
 
 
 def test_a_slow_post_is_not_overtaken() -> None:
@@ -26,20 +26,13 @@ def test_a_slow_post_is_not_overtaken() -> None:
             self.send_response(204)
             self.end_headers()
 
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}"
-
-    async def go() -> None:
+    async def go(url: str) -> None:
         first = asyncio.create_task(_post_event(url, {"event": "stage_end", "stage": "a"}))
         second = asyncio.create_task(
             _post_event(url, {"event": "stage_start", "stage": "b"}, first)
         )
         await asyncio.gather(first, second)
 
-    try:
-        asyncio.run(go())
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with serving(Slow) as url:
+        asyncio.run(go(url))
     assert got == ["stage_end", "stage_start"]

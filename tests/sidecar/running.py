@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
 
-from loadgen.local_server import free_port
+from loadgen.local_server import free_port, stop_process, wait_until_ok
 from sidecar.exposition import Sample
 
 __all__ = ["running_sidecar", "kvwatch_samples", "Sidecar"]
@@ -30,25 +29,13 @@ def running_sidecar(args: list[str], ready_timeout: float = 20.0) -> Iterator[Si
     url = Sidecar(f"http://127.0.0.1:{port}")
     url.proc = proc
     try:
-        deadline = time.monotonic() + ready_timeout
-        while True:
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                out = proc.stdout.read().decode() if proc.stdout else ""
-                raise RuntimeError(f"sidecar did not start: {out}")
-            time.sleep(0.1)
+        if not wait_until_ok(url + "/healthz", proc, ready_timeout, period_s=0.1):
+            stop_process(proc)
+            out = proc.stdout.read().decode() if proc.stdout else ""
+            raise RuntimeError(f"sidecar did not start: {out}")
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         if proc.stdout:
             proc.stdout.close()
 

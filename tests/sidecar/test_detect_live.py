@@ -13,8 +13,7 @@ import pytest
 
 from loadgen.burst import run_burst
 from loadgen.local_server import LocalVLLM
-from sidecar.exposition import parse_exposition
-from sidecar.vocabulary import KV_USAGE
+from loadgen.server_metrics import TimelineRecorder
 from tests.loadgen.test_loadgen_live import run as loadgen_run
 from tests.receiver import receiver
 from tests.sidecar.running import kvwatch_samples, running_sidecar
@@ -67,37 +66,6 @@ class _States:
         return [r for r in self.rows if r[0] >= t]
 
 
-class _VllmPeak:
-    """The highest KV usage vLLM's own /metrics shows while the block runs, polled directly."""
-
-    def __init__(self, base: str) -> None:
-        self.base = base
-        self.peak = 0.0
-        self.samples: list[tuple[float, float]] = []  # (seconds the GET took, KV usage)
-        self._stop = threading.Event()
-        self._th = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=10) as client:
-            while not self._stop.wait(0.25):
-                t = time.monotonic()
-                try:
-                    text = client.get(self.base + "/metrics").text
-                except httpx.HTTPError:
-                    continue
-                kv = max((s.value for s in parse_exposition(text).family(KV_USAGE)), default=0.0)
-                self.peak = max(self.peak, kv)
-                self.samples.append((round(time.monotonic() - t, 2), round(kv, 2)))
-
-    def __enter__(self) -> _VllmPeak:
-        self._th.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._th.join()
-
-
 def test_light_fill_and_thrash_are_told_apart(vllm_server: LocalVLLM, tmp_path: Path) -> None:
     base = vllm_server.base_url
     db = tmp_path / "episodes.db"
@@ -138,7 +106,7 @@ def _run_loads(base: str, args: list[str], tmp_path: Path) -> None:
         # pair's peak is short: the test wants vLLM's own /metrics and the sidecar each to show
         # a full cache (75% or more) during the fill.
         t = time.monotonic()
-        with _VllmPeak(base) as vllm_peak:
+        with TimelineRecorder(base, period_s=0.25) as vllm_own:  # vLLM's own /metrics
             records = loadgen_run(
                 base,
                 tmp_path / "fill",
@@ -154,14 +122,15 @@ def _run_loads(base: str, args: list[str], tmp_path: Path) -> None:
         time.sleep(1.0)
         fill = states.since(t)
         kv = [round(r[2], 2) for r in fill]
+        vllm_kv = [round(r["kv_usage"] or 0.0, 2) for r in vllm_own.rows]
         seen = (
-            f"sidecar saw {kv}; vLLM's own samples {vllm_peak.samples}; sidecar scrapes "
+            f"sidecar saw {kv}; vLLM's own /metrics {vllm_kv}; sidecar scrapes "
             f"(count, errors, last) {states.scrape}; poll errors {states.errors}; request "
             f"durations {[round(r['e2e'], 2) for r in records]}"
         )
         # both sample a peak that lasts a few tenths of a second: each must see a full cache,
         # not necessarily the same sample
-        assert vllm_peak.peak >= 0.75, f"the fill did not fill: {seen}"
+        assert max(vllm_kv, default=0.0) >= 0.75, f"the fill did not fill: {seen}"
         assert max(kv) >= 0.75, f"the sidecar missed the fill: {seen}"
         assert fill[-1][3] == fill[0][3], "the fill load preempted; the fixture changed?"
         assert "thrashing" not in {r[1] for r in fill}
