@@ -9,6 +9,7 @@ import time
 import httpx
 
 from loadgen.client import served_model, stream_completion
+from loadgen.http1 import Http1Pool
 from loadgen.records import RequestRecord
 
 __all__ = ["burst_prompts", "run_burst"]
@@ -39,19 +40,16 @@ async def run_burst(
     base_url: str, n: int, max_tokens: int, seed: int = 0, timeout_s: float = 600.0
 ) -> list[RequestRecord]:
     """Send `n` completions concurrently, each generating exactly `max_tokens` (ignore_eos)."""
-    limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
-    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=10) as client:
         model = await served_model(client, base_url)
-        now = time.perf_counter()
-        records = [RequestRecord(request_id=f"burst-{i}", scheduled_at=now) for i in range(n)]
-        bodies = [
-            {"model": model, "prompt": p, "max_tokens": max_tokens, "ignore_eos": True}
-            for p in burst_prompts(n, seed)
-        ]
+    now = time.perf_counter()
+    records = [RequestRecord(request_id=f"burst-{i}", scheduled_at=now) for i in range(n)]
+    bodies = [
+        {"model": model, "prompt": p, "max_tokens": max_tokens, "ignore_eos": True}
+        for p in burst_prompts(n, seed)
+    ]
+    async with Http1Pool(base_url, read_timeout_s=timeout_s) as pool:
         await asyncio.gather(
-            *(
-                stream_completion(client, base_url, b, r)
-                for b, r in zip(bodies, records, strict=True)
-            )
+            *(stream_completion(pool, b, r) for b, r in zip(bodies, records, strict=True))
         )
     return records

@@ -1,22 +1,26 @@
 """Stream one OpenAI-compatible completion and record its timing, never raising for server faults.
 
 Errors (refused connections, HTTP errors, a stream cut mid-way, malformed SSE) become fields of
-the record, so a run with failures still yields a full set of records.
+the record, so a run with failures still yields a full set of records. Requests go through the
+lean HTTP/1.1 pool (`loadgen.http1`); the one-off `/v1/models` lookup uses httpx.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
 
 import httpx
 
+from loadgen.http1 import Http1Pool
 from loadgen.records import RequestRecord
 
-__all__ = ["stream_completion", "served_model"]
+__all__ = ["completion_request", "start_completion", "stream_completion", "served_model"]
 
-_DATA = "data:"
+_DATA = b"data:"
+_ERROR_BODY = 300  # bytes of an error response kept in the record
 
 
 async def served_model(client: httpx.AsyncClient, base_url: str) -> str:
@@ -29,47 +33,88 @@ async def served_model(client: httpx.AsyncClient, base_url: str) -> str:
     return str(data[0]["id"])
 
 
+def completion_request(pool: Http1Pool, body: dict[str, Any], endpoint: str) -> bytes:
+    """The bytes of a streaming request with usage reporting on, built ahead of its due time."""
+    payload = dict(body, stream=True, stream_options={"include_usage": True})
+    return pool.encode_post(endpoint, json.dumps(payload).encode())
+
+
+def start_completion(
+    pool: Http1Pool, request: bytes, record: RequestRecord
+) -> asyncio.Future[None]:
+    """Send now (on a warm connection); the future is done when `record` is complete."""
+
+    def sent(t: float) -> None:
+        record.sent_at = t
+
+    return pool.post(request, _StreamRecorder(record), sent)
+
+
 async def stream_completion(
-    client: httpx.AsyncClient,
-    base_url: str,
+    pool: Http1Pool,
     body: dict[str, Any],
     record: RequestRecord,
     endpoint: str = "/v1/completions",
 ) -> RequestRecord:
     """POST `body` with streaming and usage on; fill `record` as chunks arrive."""
-    payload = dict(body, stream=True, stream_options={"include_usage": True})
-    url = base_url.rstrip("/") + endpoint
-    record.sent_at = time.perf_counter()
-    done = False
-    try:
-        async with client.stream("POST", url, json=payload) as resp:
-            record.status = resp.status_code
-            if resp.status_code >= 400:
-                text = (await resp.aread())[:300].decode("utf-8", "replace")
-                record.error = f"HTTP {resp.status_code}: {text}"
-                return record
-            async for line in resp.aiter_lines():
-                now = time.perf_counter()
-                if not line.startswith(_DATA):
-                    continue
-                data = line[len(_DATA) :].strip()
-                if data == "[DONE]":
-                    done = True
-                    break
-                try:
-                    chunk = json.loads(data)
-                except ValueError:
-                    record.error = f"malformed SSE data: {data[:120]!r}"
-                    return record
-                _take_chunk(chunk, record, now)
-    except httpx.HTTPError as e:
-        record.error = f"{type(e).__name__}: {e}"
-        return record
-    finally:
-        record.finished_at = time.perf_counter()
-    if not done:
-        record.error = "stream ended without [DONE]"
+    await start_completion(pool, completion_request(pool, body, endpoint), record)
     return record
+
+
+class _StreamRecorder:
+    """Fills a record from an SSE stream as its bytes arrive (an `http1.ResponseSink`)."""
+
+    __slots__ = ("record", "pending", "done", "failed", "error_body")
+
+    def __init__(self, record: RequestRecord) -> None:
+        self.record = record
+        self.pending = b""  # an SSE line not yet ended
+        self.done = False  # [DONE] seen
+        self.failed = False
+        self.error_body = b""
+
+    def status(self, code: int) -> None:
+        self.record.status = code
+        self.failed = code >= 400
+
+    def data(self, chunk: bytes, now: float) -> None:
+        if self.failed:
+            if len(self.error_body) < _ERROR_BODY:
+                self.error_body += chunk[: _ERROR_BODY - len(self.error_body)]
+            return
+        if self.done or self.record.error is not None:
+            return
+        lines = (self.pending + chunk).split(b"\n")
+        self.pending = lines.pop()
+        for line in lines:
+            if not line.startswith(_DATA):
+                continue
+            data = line[len(_DATA) :].strip()
+            if data == b"[DONE]":
+                self.done = True
+                return
+            try:
+                parsed = json.loads(data)
+            except ValueError:
+                self.record.error = f"malformed SSE data: {data[:120]!r}"
+                return
+            if not isinstance(parsed, dict):
+                self.record.error = f"SSE data is not a JSON object: {data[:120]!r}"
+                return
+            _take_chunk(parsed, self.record, now)
+
+    def end(self, error: str | None) -> None:
+        rec = self.record
+        rec.finished_at = time.perf_counter()
+        if rec.error is not None:
+            return
+        if error is not None:
+            rec.error = error
+        elif self.failed:
+            text = self.error_body.decode("utf-8", "replace")
+            rec.error = f"HTTP {rec.status}: {text}"
+        elif not self.done:
+            rec.error = "stream ended without [DONE]"
 
 
 def _take_chunk(chunk: dict[str, Any], record: RequestRecord, now: float) -> None:

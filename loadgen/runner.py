@@ -8,7 +8,6 @@ the run. Closed-loop (concurrency) stages keep N requests in flight.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -19,7 +18,8 @@ from typing import Any
 import httpx
 
 from loadgen.arrivals import Concurrency
-from loadgen.client import stream_completion
+from loadgen.client import completion_request, start_completion
+from loadgen.http1 import Http1Pool
 from loadgen.records import RequestRecord
 from loadgen.schedule import Stage
 from loadgen.workload import WorkItem
@@ -28,10 +28,9 @@ __all__ = ["RunOptions", "RunResult", "Progress", "Share", "run_stages", "run_lo
 
 log = logging.getLogger("kvwatch.loadgen")
 
-# httpcore's pool scans every connection for every request (quadratic in requests in flight);
-# spreading requests over several clients keeps each pool small: 2.5x the throughput at 2,000
-# concurrent streams (docs/benchmarks.md).
-_CLIENT_SHARDS = 32
+# Event loop timers fire on a millisecond grid (uvloop's and epoll's): an open-loop sender sleeps
+# to this much before a request is due and yields to the loop from there (see `_until`).
+_TIMER_GRAIN_S = 0.002
 
 
 @dataclass(frozen=True)
@@ -102,18 +101,19 @@ class RunResult:
 class _Sender:
     def __init__(
         self,
-        clients: list[httpx.AsyncClient],
+        pool: Http1Pool,
         opts: RunOptions,
         items: Iterator[WorkItem],
         result: RunResult,
         progress: Progress,
     ) -> None:
-        self.clients, self.opts, self.items = clients, opts, items
+        self.pool, self.opts, self.items = pool, opts, items
         self.result, self.progress = result, progress
         self.gate = asyncio.Semaphore(opts.max_inflight) if opts.max_inflight else None
 
-    def new_record(self, stage: Stage, due: float, n: int) -> tuple[RequestRecord, WorkItem]:
-        """`n` numbers the request within its stage, the same way in every worker process."""
+    def prepare(self, stage: Stage, due: float, n: int) -> tuple[RequestRecord, bytes]:
+        """The record and the request bytes, made before the due time so that sending is one
+        write. `n` numbers the request within its stage, the same way in every worker process."""
         item = next(self.items)
         rec = RequestRecord(
             request_id=f"{stage.name}/{n}",
@@ -124,29 +124,51 @@ class _Sender:
             expected_output_tokens=item.max_tokens,
         )
         self.result.records.append(rec)
-        return rec, item
-
-    async def send(self, rec: RequestRecord, item: WorkItem, n: int) -> None:
         body = item.body(self.opts.model, self.opts.chat, self.opts.ignore_eos)
-        client = self.clients[n % len(self.clients)]
+        return rec, completion_request(self.pool, body, self.opts.endpoint)
+
+    def start(self, rec: RequestRecord, request: bytes) -> asyncio.Future[None]:
+        """Send now, unless `--max-inflight` holds it back (then it waits, and the wait shows
+        as dispatch lag)."""
         if self.gate is not None:
-            await self.gate.acquire()
+            return asyncio.ensure_future(self._gated(rec, request))
+        return self._start(rec, request)
+
+    async def send(self, rec: RequestRecord, request: bytes) -> None:
+        await self.start(rec, request)
+
+    def _start(self, rec: RequestRecord, request: bytes) -> asyncio.Future[None]:
         self.progress.sent += 1
-        try:
-            await stream_completion(client, self.opts.base_url, body, rec, self.opts.endpoint)
-        finally:
-            if self.gate is not None:
-                self.gate.release()
-            self.progress.done += 1
-            self.progress.errors += not rec.ok
-            self.progress.output_tokens += rec.output_tokens or 0
+        future = start_completion(self.pool, request, rec)
+        future.add_done_callback(lambda _: self._done(rec))
+        return future
+
+    async def _gated(self, rec: RequestRecord, request: bytes) -> None:
+        assert self.gate is not None
+        async with self.gate:
+            await self._start(rec, request)
+
+    def _done(self, rec: RequestRecord) -> None:
+        self.progress.done += 1
+        self.progress.errors += not rec.ok
+        self.progress.output_tokens += rec.output_tokens or 0
+
+
+async def _until(due: float) -> None:
+    """Return at `due` to within tens of microseconds, never before: sleep to just short of it
+    (timers have millisecond grain), then keep yielding so responses are still read meanwhile."""
+    delay = due - time.perf_counter() - _TIMER_GRAIN_S
+    if delay > 0:
+        await asyncio.sleep(delay)
+    while time.perf_counter() < due:
+        await asyncio.sleep(0)
 
 
 async def _open_stage(sender: _Sender, stage: Stage, rng: random.Random, share: Share) -> None:
     assert not isinstance(stage.pattern, Concurrency)
     duration = stage.duration_s if stage.duration_s is not None else float("inf")
     start = time.perf_counter()
-    tasks = []
+    pending = []
     for i, offset in enumerate(stage.pattern.offsets(rng, duration)):
         if stage.count is not None and i >= stage.count:
             break
@@ -154,15 +176,10 @@ async def _open_stage(sender: _Sender, stage: Stage, rng: random.Random, share: 
             next(sender.items)  # keep the workload sequence identical to a one-process run
             continue
         due = start + offset
-        delay = due - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-            # asyncio may wake a timer up to its clock resolution early: never send before due
-            while time.perf_counter() < due:
-                pass
-        rec, item = sender.new_record(stage, due, i)
-        tasks.append(asyncio.create_task(sender.send(rec, item, i)))
-    await asyncio.gather(*tasks)
+        rec, request = sender.prepare(stage, due, i)
+        await _until(due)
+        pending.append(sender.start(rec, request))
+    await asyncio.gather(*pending)
 
 
 async def _closed_stage(sender: _Sender, stage: Stage, share: Share) -> None:
@@ -177,8 +194,8 @@ async def _closed_stage(sender: _Sender, stage: Stage, share: Share) -> None:
         while time.perf_counter() < end and (count is None or issued < count):
             n = issued * active + share.index
             issued += 1
-            rec, item = sender.new_record(stage, time.perf_counter(), n)
-            await sender.send(rec, item, n)
+            rec, request = sender.prepare(stage, time.perf_counter(), n)
+            await sender.send(rec, request)
 
     await asyncio.gather(*(worker() for _ in range(share.part(stage.pattern.n, active))))
 
@@ -194,8 +211,6 @@ async def run_stages(
     progress = progress or Progress()
     share = share or Share()
     headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=1000)
-    timeout = httpx.Timeout(opts.request_timeout_s, connect=10.0)
     result = RunResult(t0=time.perf_counter(), start_unix=time.time())
     rng = random.Random(opts.seed)
 
@@ -217,14 +232,9 @@ async def run_stages(
             after = posts[-1] if posts else None
             posts.append(asyncio.create_task(_post_event(opts.events_url, ev, after)))
 
-    async with contextlib.AsyncExitStack() as stack:
-        clients = [
-            await stack.enter_async_context(
-                httpx.AsyncClient(headers=headers, limits=limits, timeout=timeout)
-            )
-            for _ in range(_CLIENT_SHARDS)
-        ]
-        sender = _Sender(clients, opts, items, result, progress)
+    pool = Http1Pool(opts.base_url, read_timeout_s=opts.request_timeout_s, headers=headers)
+    async with pool:
+        sender = _Sender(pool, opts, items, result, progress)
         for stage in stages:
             if share.barrier is not None:
                 await asyncio.to_thread(share.barrier.wait)

@@ -8,10 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
 from loadgen.client import stream_completion
+from loadgen.http1 import Http1Pool
 from loadgen.records import RequestRecord
 from tests.loadgen.fake_openai import fake_openai
 from tests.sidecar.fakes import raw_http_server
@@ -19,10 +19,10 @@ from tests.sidecar.fakes import raw_http_server
 
 def _one(base: str, model: str) -> RequestRecord:
     async def go() -> RequestRecord:
-        async with httpx.AsyncClient(timeout=10) as c:
+        async with Http1Pool(base, read_timeout_s=10) as pool:
             rec = RequestRecord("r", 0.0)
-            return await stream_completion(c, base, {"model": model, "prompt": "x",
-                                                     "max_tokens": 4}, rec)  # fmt: skip
+            return await stream_completion(pool, {"model": model, "prompt": "x",
+                                                  "max_tokens": 4}, rec)  # fmt: skip
 
     return asyncio.run(go())
 

@@ -1,0 +1,222 @@
+"""The load generator's HTTP/1.1 client: the parser on any split of the bytes, and the pool's
+keep-alive, expiry and timeouts against a small keep-alive SSE server written for the test (the
+live tests drive the same code against vLLM's own server)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from loadgen.client import stream_completion
+from loadgen.http1 import Http1Pool, HttpProtocolError, ResponseParser, Target
+from loadgen.records import RequestRecord
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.code = 0
+        self.body = b""
+        self.ended: list[str | None] = []
+
+    def status(self, code: int) -> None:
+        self.code = code
+
+    def data(self, chunk: bytes, now: float) -> None:
+        self.body += chunk
+
+    def end(self, error: str | None) -> None:
+        self.ended.append(error)
+
+
+def _chunked(*pieces: bytes) -> bytes:
+    out = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    for p in pieces:
+        out += b"%x;ext=1\r\n%s\r\n" % (len(p), p)
+    return out + b"0\r\nX-Trailer: 1\r\n\r\n"
+
+
+def _feed_split(raw: bytes, cuts: list[int]) -> tuple[ResponseParser, _Sink]:
+    sink = _Sink()
+    parser = ResponseParser(sink)
+    last = 0
+    for c in sorted(set(cuts)) + [len(raw)]:
+        parser.feed(raw[last:c], 0.0)
+        last = c
+    return parser, sink
+
+
+class TestParser:
+    @given(st.lists(st.binary(min_size=1, max_size=40), max_size=8), st.data())
+    def test_chunked_body_is_the_same_however_split(self, pieces: list[bytes], data) -> None:
+        raw = _chunked(*pieces)
+        cuts = data.draw(st.lists(st.integers(0, len(raw)), max_size=12))
+        parser, sink = _feed_split(raw, cuts)
+        assert parser.done and parser.keep_alive and sink.code == 200
+        assert sink.body == b"".join(pieces)
+
+    @given(st.binary(max_size=200), st.data())
+    def test_content_length_body(self, body: bytes, data) -> None:
+        raw = b"HTTP/1.1 400 Bad Request\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        parser, sink = _feed_split(raw, data.draw(st.lists(st.integers(0, len(raw)))))
+        assert parser.done and sink.code == 400 and sink.body == body
+
+    def test_interim_response_is_skipped(self) -> None:
+        parser, sink = _feed_split(b"HTTP/1.1 100 Continue\r\n\r\n" + _chunked(b"x"), [])
+        assert parser.done and sink.code == 200 and sink.body == b"x"
+
+    def test_body_until_close(self) -> None:
+        parser, sink = _feed_split(b"HTTP/1.1 200 OK\r\n\r\nabc", [])
+        assert not parser.done and not parser.keep_alive
+        parser.eof()
+        assert parser.done and sink.body == b"abc"
+
+    @pytest.mark.parametrize(
+        ("head", "keep"),
+        [
+            (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n", False),
+            (b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n", False),
+            (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", True),
+            (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\nextra", False),
+        ],
+    )
+    def test_keep_alive(self, head: bytes, keep: bool) -> None:
+        parser, _ = _feed_split(head, [])
+        assert parser.done and parser.keep_alive is keep
+
+    @pytest.mark.parametrize(
+        ("raw", "why"),
+        [
+            (b"SPAM 200 OK\r\n\r\n", "bad status line"),
+            (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "bad header line"),
+            (b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", "Content-Length"),
+            (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size"),
+            (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nab\r\n", "CRLF"),
+            (b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 20000, "64 KiB"),
+        ],
+    )
+    def test_broken_responses_are_named(self, raw: bytes, why: str) -> None:
+        with pytest.raises(HttpProtocolError, match=why):
+            _feed_split(raw, [])
+
+    def test_cut_short(self) -> None:
+        parser, _ = _feed_split(_chunked(b"abc")[:-10], [])
+        with pytest.raises(HttpProtocolError, match="closed before"):
+            parser.eof()
+
+
+class TestTarget:
+    def test_request_bytes(self) -> None:
+        t = Target.parse("https://api.example.com/prefix/")
+        raw = t.post_bytes("/v1/completions", b"{}", {"Authorization": "Bearer k"})
+        assert raw.startswith(b"POST /prefix/v1/completions HTTP/1.1\r\nHost: api.example.com\r\n")
+        assert b"Content-Length: 2\r\nAuthorization: Bearer k\r\n\r\n{}" in raw
+        assert Target.parse("http://[::1]:8000").host_header == "[::1]:8000"
+
+    def test_not_http(self) -> None:
+        with pytest.raises(ValueError, match="not an http"):
+            Target.parse("ftp://x")
+
+
+@asynccontextmanager
+async def _sse_server(
+    close_after_response: bool = False, answer: bool = True
+) -> AsyncIterator[tuple[str, list[int]]]:
+    """A keep-alive server that streams `max_tokens` SSE chunks; counts its connections."""
+    conns = [0]
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conns[0] += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                req = json.loads(await reader.readexactly(length))
+                if not answer:
+                    await asyncio.sleep(3600)
+                pieces = [
+                    b"data: " + json.dumps({"choices": [{"text": f"t{i}"}]}).encode() + b"\n\n"
+                    for i in range(req["max_tokens"])
+                ]
+                usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}}
+                pieces.append(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+                raw = _chunked(*pieces)
+                for i in range(0, len(raw), 7):  # dribble: responses arrive split anywhere
+                    writer.write(raw[i : i + 7])
+                await writer.drain()
+                if close_after_response:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        yield f"http://127.0.0.1:{port}", conns
+
+
+async def _post(pool: Http1Pool, n: int = 4) -> RequestRecord:
+    rec = RequestRecord("r", time.perf_counter())
+    return await stream_completion(pool, {"model": "m", "prompt": "x", "max_tokens": n}, rec)
+
+
+class TestPool:
+    def test_keep_alive_reuses_connections(self) -> None:
+        async def go() -> None:
+            async with _sse_server() as (url, conns), Http1Pool(url, spare=2) as pool:
+                for _ in range(20):
+                    r = await _post(pool)
+                    assert r.ok, r.error
+                    assert len(r.token_times) == 4 and r.output_tokens == 4
+                    assert r.sent_at is not None and r.sent_at <= r.first_token_at
+                assert conns[0] <= 3
+
+        asyncio.run(go())
+
+    def test_sent_when_post_returns_on_a_warm_connection(self) -> None:
+        async def go() -> None:
+            async with _sse_server() as (url, _), Http1Pool(url) as pool:
+                sent: list[float] = []
+                fut = pool.post(pool.encode_post("/v1/completions", b"{}"), _Sink(), sent.append)
+                assert sent and sent[0] <= time.perf_counter()
+                fut.cancel()
+
+        asyncio.run(go())
+
+    def test_server_closing_or_expiry_never_fails_the_next_request(self) -> None:
+        async def go() -> None:
+            async with _sse_server(close_after_response=True) as (url, conns):
+                async with Http1Pool(url, spare=1) as pool:
+                    for _ in range(5):
+                        assert (await _post(pool)).ok
+                        await asyncio.sleep(0.05)  # the close reaches the client
+                assert conns[0] >= 5
+            async with _sse_server() as (url, conns):
+                async with Http1Pool(url, spare=1, keepalive_expiry_s=0.01) as pool:
+                    for _ in range(3):
+                        assert (await _post(pool)).ok
+                        await asyncio.sleep(0.05)
+                assert conns[0] >= 3
+
+        asyncio.run(go())
+
+    def test_read_timeout_is_a_record(self) -> None:
+        async def go() -> RequestRecord:
+            async with (
+                _sse_server(answer=False) as (url, _),
+                Http1Pool(url, read_timeout_s=0.3) as pool,
+            ):
+                return await _post(pool)
+
+        r = asyncio.run(go())
+        assert not r.ok and "ReadTimeout" in str(r.error) and r.finished_at is not None
