@@ -4,9 +4,10 @@ Both drive bench/fast_server.py (a FAKE streaming server written to outrun any c
 16-token prompts. Rated runs use Poisson arrivals for both tools; the max-throughput run sends all
 requests at once (`--request-rate inf` for vllm bench serve, an unbounded constant rate for
 kvwatch). kvwatch also reports its own dispatch lag (sent time minus scheduled time), with one
-sender process and with two (`--workers 2`).
+sender process and with two (`--workers 2`). Results: docs/benchmarks.md.
 
     .venv/bin/python bench/bench_loadgen.py [--rates 100,200,400] [--seconds 10]
+                                            [--max-requests 2000]
 """
 
 from __future__ import annotations

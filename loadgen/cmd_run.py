@@ -78,6 +78,13 @@ def register_run(lsub: Any) -> None:
     )
     g.add_argument("--max-inflight", type=int, help="cap on open requests (extra ones wait)")
     g.add_argument(
+        "--request-timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="a response silent this long is recorded as a ReadTimeout error (600)",
+    )
+    g.add_argument(
         "--sidecar",
         metavar="URL",
         help="a kvwatch sidecar to tell stage starts and ends (for marks and annotations)",
@@ -248,6 +255,8 @@ def _run(ns: argparse.Namespace) -> int:
     from loadgen.summary import SloError, parse_slo, render_table, summarize_records
 
     stages = build_stages(ns)
+    if not ns.request_timeout > 0:
+        raise CliError(f"--request-timeout must be above 0 seconds, not {ns.request_timeout:g}")
     try:
         slo = parse_slo(ns.slo)
     except SloError as e:
@@ -282,6 +291,7 @@ def _run(ns: argparse.Namespace) -> int:
         seed=ns.seed,
         api_key=api_key,
         max_inflight=ns.max_inflight,
+        request_timeout_s=ns.request_timeout,
         events_url=ns.sidecar,
     )
     stall = StallRule(ns.stall_factor, ns.stall_min)

@@ -86,6 +86,7 @@ class TestRunCli:
             ["--rate", "1", "--concurrency", "2"],
             ["--stage", "poisson:rate=1"],
             ["--sweep", "rate=a"],
+            ["--rate", "1", "--duration", "1", "--request-timeout", "0"],
         ],
     )
     def test_bad_load_specs(self, args: list[str]) -> None:
