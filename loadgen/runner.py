@@ -156,10 +156,14 @@ class _Sender:
 
 async def _until(due: float) -> None:
     """Return at `due` to within tens of microseconds, never before: sleep to just short of it
-    (timers have millisecond grain), then keep yielding so responses are still read meanwhile."""
-    delay = due - time.perf_counter() - _TIMER_GRAIN_S
-    if delay > 0:
-        await asyncio.sleep(delay)
+    (timers have millisecond grain), then keep yielding so responses are still read meanwhile.
+    A sender that is behind still yields once, so that connections open and responses flow
+    while it catches up."""
+    delay = due - time.perf_counter()
+    if delay > _TIMER_GRAIN_S:
+        await asyncio.sleep(delay - _TIMER_GRAIN_S)
+    elif delay < -_TIMER_GRAIN_S:
+        await asyncio.sleep(0)
     while time.perf_counter() < due:
         await asyncio.sleep(0)
 
