@@ -11,6 +11,7 @@ their next request when the previous one ends.
 | poisson | rate | exponential, mean 1/rate |
 | gamma | rate, burstiness | gamma(shape=burstiness, mean 1/rate); 1 = Poisson, < 1 burstier |
 | ramp | start, end (rates) | the rate grows linearly; sends spaced by its integral |
+| burst | size, every (seconds) | `size` at once, every `every` seconds (traffic spikes) |
 | concurrency | n | closed loop, n in flight |
 """
 
@@ -21,7 +22,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = ["Constant", "Poisson", "Gamma", "Ramp", "Concurrency", "Pattern", "OpenPattern"]
+__all__ = ["Constant", "Poisson", "Gamma", "Ramp", "Burst", "Concurrency", "Pattern", "OpenPattern"]
 
 
 def _positive(name: str, value: float) -> None:
@@ -104,6 +105,27 @@ class Ramp:
 
 
 @dataclass(frozen=True)
+class Burst:
+    """Spikes: the load that a cache sized for the average cannot hold, on a server with compute
+    to spare between them."""
+
+    size: int
+    every: float
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"burst size must be at least 1, got {self.size}")
+        _positive("every", self.every)
+
+    def offsets(self, rng: random.Random, duration_s: float) -> Iterator[float]:
+        k = 0
+        while (t := k * self.every) < duration_s:
+            for _ in range(self.size):
+                yield t
+            k += 1
+
+
+@dataclass(frozen=True)
 class Concurrency:
     n: int
 
@@ -112,5 +134,5 @@ class Concurrency:
             raise ValueError(f"concurrency must be at least 1, got {self.n}")
 
 
-OpenPattern = Constant | Poisson | Gamma | Ramp
+OpenPattern = Constant | Poisson | Gamma | Ramp | Burst
 Pattern = OpenPattern | Concurrency

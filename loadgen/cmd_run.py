@@ -27,6 +27,7 @@ __all__ = ["register_run"]
 _EPILOG = """stages (repeat --stage for a multi-stage schedule):
   poisson:rate=4@30s   gamma:rate=4,burstiness=0.5@60s   constant:rate=2#100
   ramp:start=1,end=10@60s   concurrency:n=16@45s#500      (@SECONDS and/or #COUNT)
+  burst:size=8,every=12@72s (8 at once every 12 s)
 examples:
   kvwatch loadgen run --url http://127.0.0.1:8000 --rate 4 --duration 60
   kvwatch loadgen run --url URL --concurrency 32 --requests 200 --input-len uniform:100,300

@@ -6,6 +6,7 @@ A stage is a pattern held for a duration and/or a request count:
     gamma:rate=4,burstiness=0.5@60s
     constant:rate=2#100         100 requests at 2 req/s
     ramp:start=1,end=10@60s     linear ramp of the rate
+    burst:size=8,every=12@72s   8 requests at once every 12 s
     concurrency:n=16@45s#500    16 in flight, stop at 45 s or 500 requests
 
 A run is a list of stages (a multi-stage schedule); a sweep is a generated list, one stage per
@@ -17,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from loadgen.arrivals import Concurrency, Constant, Gamma, Pattern, Poisson, Ramp
+from loadgen.arrivals import Burst, Concurrency, Constant, Gamma, Pattern, Poisson, Ramp
 
 __all__ = ["Stage", "parse_stage", "sweep_stages", "StageSpecError"]
 
@@ -29,6 +30,7 @@ _PARAMS = {
     "poisson": (Poisson, {"rate": float}),
     "gamma": (Gamma, {"rate": float, "burstiness": float}),
     "ramp": (Ramp, {"start": float, "end": float}),
+    "burst": (Burst, {"size": int, "every": float}),
     "concurrency": (Concurrency, {"n": int}),
 }
 
@@ -66,7 +68,8 @@ def _pattern(kind: str, params: str, spec: str) -> Pattern:
         try:
             values[key] = types[key](raw)
         except ValueError:
-            raise StageSpecError(f"{spec!r}: {key}={raw!r} is not a number") from None
+            what = "a whole number" if types[key] is int else "a number"
+            raise StageSpecError(f"{spec!r}: {key}={raw!r} is not {what}") from None
     try:
         return cls(**values)  # type: ignore[arg-type]
     except TypeError:

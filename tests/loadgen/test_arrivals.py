@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from loadgen.arrivals import Concurrency, Constant, Gamma, Poisson, Ramp
+from loadgen.arrivals import Burst, Concurrency, Constant, Gamma, Poisson, Ramp
 
 
 def gaps(offsets: list[float]) -> list[float]:
@@ -50,6 +50,12 @@ class TestRamp:
         assert len(list(Ramp(2, 2).offsets(random.Random(0), 10.0))) == 20
 
 
+class TestBurst:
+    def test_spikes(self) -> None:
+        offs = list(Burst(3, 2.5).offsets(random.Random(0), 6.0))
+        assert offs == [0, 0, 0, 2.5, 2.5, 2.5, 5.0, 5.0, 5.0]
+
+
 class TestValidation:
     @pytest.mark.parametrize(
         "make",
@@ -58,6 +64,8 @@ class TestValidation:
             lambda: Constant(-1),
             lambda: Gamma(1, 0),
             lambda: Ramp(0, 0),
+            lambda: Burst(0, 1),
+            lambda: Burst(2, 0),
             lambda: Concurrency(0),
             lambda: Poisson(float("inf")),
         ],

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.arrivals import Concurrency, Gamma, Poisson, Ramp
+from loadgen.arrivals import Burst, Concurrency, Gamma, Poisson, Ramp
 from loadgen.schedule import Stage, StageSpecError, parse_stage, sweep_stages
 
 
@@ -14,6 +14,7 @@ class TestParseStage:
         s = parse_stage("concurrency:n=16@45s#500")
         assert s.pattern == Concurrency(16) and (s.duration_s, s.count) == (45, 500)
         assert parse_stage("ramp:start=1,end=10@60s").pattern == Ramp(1, 10)
+        assert parse_stage("burst:size=8,every=12@72s").pattern == Burst(8, 12.0)
 
     @pytest.mark.parametrize(
         ("spec", "why"),
@@ -26,6 +27,7 @@ class TestParseStage:
             ("poisson:rate=-1@5s", "positive"),
             ("gamma:rate=1@5s#x", "expected KIND"),
             ("concurrency@5s", "needs n"),
+            ("burst:size=2.5,every=1@5s", "not a whole number"),
         ],
     )
     def test_errors_say_why(self, spec: str, why: str) -> None:
