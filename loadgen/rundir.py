@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-__all__ = ["write_run", "read_records", "read_jsonl", "write_jsonl"]
+__all__ = ["write_run", "read_records", "read_jsonl", "write_jsonl", "run_outcome"]
 
 
 def write_run(run_dir: Path, spec: dict[str, Any], records: list[dict[str, Any]],
@@ -45,3 +45,16 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def read_records(run_dir: Path) -> list[dict[str, Any]]:
     return read_jsonl(run_dir / "requests.jsonl")
+
+
+def run_outcome(run_dir: Path) -> dict[str, float]:
+    """The figures a sizing change is judged by: server-side preemptions during the run,
+    completed output tokens per second, end-to-end p99 and client-seen stalls."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    overall = summary["overall"]
+    return {
+        "preemptions": float(summary["server"]["preemptions"]),
+        "output_token_throughput": float(overall["output_token_throughput"]),
+        "e2e_p99": float(overall["e2e"]["p99"]),
+        "stalls": float(overall["stalls"]),
+    }

@@ -1,0 +1,78 @@
+"""Both sizing levers, proven the way tests/test_advice_proven.py does, on two workloads.
+
+For each workload: run it on the tiny-model vLLM (CPU, 40 blocks of 32 tokens), ask
+`kvwatch advise --run` for both levers, restart vLLM with each advised setting and rerun the same
+seeded workload. Prints one markdown row per server setting.
+
+  spikes     8 requests of 30 + 300 tokens at once every 12 s (what the test runs)
+  saturated  32 requests of 30 + 300 tokens, all in flight (closed loop): the server never idles
+
+    PYTHONPATH=. .venv/bin/python bench/bench_sizing_levers.py [--workload spikes|saturated]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from loadgen.local_server import LocalVLLM, ServerConfig
+from loadgen.rundir import run_outcome
+from loadgen.tiny_model import build_tiny_model
+
+WORKLOADS = {
+    "spikes": ["--stage", "burst:size=8,every=12@72s"],
+    "saturated": ["--concurrency", "32", "--requests", "32"],
+}
+COMMON = ["--input-len", "30", "--output-len", "300", "--seed", "9"]
+
+
+def _run(model: Path, work: Path, name: str, load: list[str], **cfg: object) -> dict[str, float]:
+    run_dir = work / name
+    with LocalVLLM(ServerConfig(model=model, nice=10, **cfg), log_path=work / f"{name}.log") as srv:  # type: ignore[arg-type]
+        subprocess.run(
+            [sys.executable, "-m", "kvwatch", "loadgen", "run", "--url", srv.base_url,
+             "--run-dir", str(run_dir), "--no-progress", *load, *COMMON],
+            check=True, capture_output=True,
+        )  # fmt: skip
+    return run_outcome(run_dir)
+
+
+def _row(workload: str, setting: str, o: dict[str, float], base: dict[str, float]) -> str:
+    ratio = o["output_token_throughput"] / base["output_token_throughput"]
+    return (
+        f"| {workload} | {setting} | {o['preemptions']:.0f} | "
+        f"{o['output_token_throughput']:,.0f} ({ratio:.2f}x) | {o['e2e_p99']:.2f} s | "
+        f"{o['stalls']:.0f} |"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), action="append")
+    ns = ap.parse_args()
+    model = build_tiny_model()
+    print("| workload | setting | preemptions | output tok/s | e2e p99 | stalls |")
+    print("|---|---|---|---|---|---|")
+    for workload in ns.workload or sorted(WORKLOADS):
+        load = WORKLOADS[workload]
+        with tempfile.TemporaryDirectory(prefix="kvwatch-levers-") as tmp:
+            work = Path(tmp)
+            base = _run(model, work, "before", load)
+            advise = [sys.executable, "-m", "kvwatch", "advise", "--run", str(work / "before")]
+            p = subprocess.run([*advise, "--json"], capture_output=True, text=True)
+            advice = json.loads(p.stdout)[0]["advice"]
+            print(_row(workload, "before (40 blocks)", base, base), flush=True)
+            kv = advice["kv_cache_memory_bytes"]
+            mem = _run(model, work, "memory", load, kv_cache_memory_bytes=kv)
+            print(_row(workload, f"`--kv-cache-memory-bytes {kv}`", mem, base), flush=True)
+            n = advice["max_num_seqs"]
+            seqs = _run(model, work, "seqs", load, extra_args=("--max-num-seqs", str(n)))
+            print(_row(workload, f"`--max-num-seqs {n}`", seqs, base), flush=True)
+
+
+if __name__ == "__main__":
+    main()
