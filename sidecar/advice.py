@@ -126,8 +126,9 @@ def advise(obs: Observed, margin: float = 0.10, gpu: Gpu | None = None) -> Advic
             )
         options.append(
             f"--max-num-seqs {max_seqs} (no preemption even if every admitted request reaches "
-            f"the p95 length; admits fewer at once, so decode throughput falls where it grows "
-            f"with the batch: prefer the memory lever when throughput matters)"
+            f"the p95 length; spikes queue instead of thrashing, at no throughput cost while the "
+            f"server has compute to spare between them; under sustained saturation it admits "
+            f"fewer at once and decode throughput falls: then prefer the memory lever)"
         )
         options.append(
             "on GPUs: --tensor-parallel-size 2 (splits weights and KV heads: more KV room)"
