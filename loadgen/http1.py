@@ -19,9 +19,9 @@ import asyncio
 import collections
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 __all__ = ["HttpProtocolError", "ResponseParser", "ResponseSink", "Target", "Http1Pool"]
@@ -64,10 +64,6 @@ class ResponseParser:
     @property
     def done(self) -> bool:
         return self.state == _DONE
-
-    @property
-    def started(self) -> bool:
-        return self.code != 0 or bool(self.buf)
 
     def feed(self, data: bytes, now: float) -> None:
         """Raises HttpProtocolError on bytes that break HTTP/1.1."""
@@ -434,8 +430,8 @@ class Http1Pool:
             self.opening -= 1
         self._release(conn)
 
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -447,11 +443,11 @@ class Http1Pool:
             for conn in list(self.busy):
                 if now - conn.last_io > self.read_timeout_s:
                     conn.abort(f"ReadTimeout: no data for {self.read_timeout_s:g} s")
-            fresh = [
-                c for c in self.idle if c.alive and now - c.idle_since < self.keepalive_expiry_s
-            ]
+            fresh: collections.deque[_Connection] = collections.deque()
             for c in self.idle:
-                if c not in fresh:
+                if c.alive and now - c.idle_since < self.keepalive_expiry_s:
+                    fresh.append(c)
+                else:
                     c._close()
-            self.idle = collections.deque(fresh)
+            self.idle = fresh
             self._top_up()
