@@ -2,7 +2,10 @@
 
 Values come from sidecar/thresholds.py:
 - pressure: KV usage >= pressure_kv (left below pressure_exit_kv);
-- saturated: peak KV usage in the short window >= saturated_kv, and requests waiting;
+- saturated: the cache ran out in the short window (peak KV usage >= saturated_kv, or any
+  preemption: vLLM preempts only when a running request cannot get a block, and on a short spike
+  the sampled usage misses that moment), and requests waiting (now or within counter_lag_s: the
+  preemption counter rises only when the victim runs again, by when the queue may be empty);
 - thrashing: saturated, a sustained preemption stream (rate and count in the short window), and
   evidence that work is redone: finished requests preempted 2+ times (per-request histogram),
   running requests collapsed below a fraction of their recent peak while others wait, or
@@ -43,6 +46,7 @@ class Evidence:
     kv_usage: float | None
     peak_kv_short: float | None
     waiting: float | None
+    peak_waiting_recent: float | None  # over the counter's lag
     running: float | None
     peak_running_long: float | None
     preemptions_short: float | None
@@ -69,6 +73,7 @@ def gather_evidence(tl: Timeline, sig: EngineSignals, now: float, th: Thresholds
         kv_usage=sig.kv_usage,
         peak_kv_short=tl.peak("kv_usage", th.short_window_s, now),
         waiting=sig.waiting,
+        peak_waiting_recent=tl.peak("waiting", th.counter_lag_s, now),
         running=sig.running,
         peak_running_long=tl.peak("running", th.long_window_s, now),
         preemptions_short=tl.increase("preemptions_total", th.short_window_s, now),
@@ -84,10 +89,11 @@ def judge(ev: Evidence, th: Thresholds, current: Level = Level.OK) -> tuple[Leve
     reasons: list[str] = []
     kv = ev.kv_usage or 0.0
     peak = ev.peak_kv_short or kv
-    waiting = ev.waiting or 0.0
-    saturated = peak >= th.saturated_kv and waiting >= th.saturated_waiting
+    waiting = max(ev.waiting or 0.0, ev.peak_waiting_recent or 0.0)
     rate = ev.preemption_rate_short or 0.0
     count = ev.preemptions_short or 0.0
+    ran_out = peak >= th.saturated_kv or count > 0
+    saturated = ran_out and waiting >= th.saturated_waiting
     stream = rate >= th.thrashing_preemptions_per_s and count >= th.thrashing_min_preemptions
     if saturated and stream:
         redone = []
@@ -118,7 +124,12 @@ def judge(ev: Evidence, th: Thresholds, current: Level = Level.OK) -> tuple[Leve
             reasons.append(f"{rate:.1f} preemptions/s ({count:.0f} in the short window)")
             return Level.THRASHING, reasons + redone
     if saturated:
-        return Level.SATURATED, [f"KV usage peaked at {peak:.0%} with {waiting:.0f} waiting"]
+        full = (
+            f"KV usage peaked at {peak:.0%}"
+            if peak >= th.saturated_kv
+            else (f"{count:.0f} preemptions (the cache ran out; sampled KV peak {peak:.0%})")
+        )
+        return Level.SATURATED, [f"{full} with up to {waiting:.0f} waiting"]
     limit = th.pressure_exit_kv if current >= Level.PRESSURE else th.pressure_kv
     if kv >= limit:
         return Level.PRESSURE, [f"KV usage {kv:.0%}"]

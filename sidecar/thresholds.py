@@ -43,6 +43,9 @@ class Thresholds:
     thrashing_enter_after_s: float = 0.0
     # How long the conditions must stay false before the state steps down, in seconds.
     exit_after_s: float = 15.0
+    # The preemption counter rises only when a victim produces output again, by when the queue it
+    # waited in may be empty: requests waiting this many seconds back still count as waiting.
+    counter_lag_s: float = 5.0
     # Rate windows in seconds. Short reacts within seconds; long smooths and holds the evidence.
     short_window_s: float = 10.0
     long_window_s: float = 60.0

@@ -13,7 +13,8 @@ TH = Thresholds()
 
 def ev(**kw: float | None) -> Evidence:
     base: dict[str, float | None] = dict(
-        kv_usage=0.5, peak_kv_short=0.5, waiting=0, running=4, peak_running_long=4,
+        kv_usage=0.5, peak_kv_short=0.5, waiting=0, peak_waiting_recent=0, running=4,
+        peak_running_long=4,
         preemptions_short=0, preemption_rate_short=0, repeat_preempted_long=0,
         generation_rate=100, peak_generation_rate_long=100,
     )  # fmt: skip
@@ -42,8 +43,20 @@ class TestJudge:
         # one preemption is no stream
         one = dict(preemptions_short=1, preemption_rate_short=0.1, repeat_preempted_long=3)
         assert judge(ev(**full, **one), TH)[0] is Level.SATURATED
-        # preemptions without a full cache are not thrashing (e.g. one long request)
+        # preemptions with nobody waiting are not thrashing
         assert judge(ev(**stream, repeat_preempted_long=3), TH)[0] is Level.OK
+
+    def test_a_spike_the_samples_miss_is_still_seen(self) -> None:
+        # A 5 s spike: KV sampled at 92% at most (the full moment fell between scrapes), and the
+        # counter rose once the victims ran again, when nobody waits any more.
+        spike = dict(kv_usage=0.6, peak_kv_short=0.92, waiting=0, peak_waiting_recent=5)
+        stream = dict(preemptions_short=6, preemption_rate_short=0.6)
+        lvl, why = judge(ev(**spike, **stream), TH)
+        assert lvl is Level.SATURATED and "the cache ran out" in why[0]
+        lvl, why = judge(ev(**spike, **stream, running=2, peak_running_long=8), TH)
+        assert lvl is Level.THRASHING and any("running fell to 2" in r for r in why)
+        # the same figures without a single preemption: only what the gauges say
+        assert judge(ev(**spike), TH)[0] is Level.OK
 
     def test_pressure_hysteresis_in_the_rule(self) -> None:
         assert judge(ev(kv_usage=0.87, peak_kv_short=0.87), TH)[0] is Level.OK
@@ -113,7 +126,7 @@ class TestStateEpisodes:
         th = Thresholds(enter_after_s=1, exit_after_s=3)
         st = SidecarState(["http://a"], th, EpisodeStore(db))
         t, pre, gen = 0.0, 0.0, 0.0
-        script = [(0, 100, 0.3, 4, 0)] * 3 + [(2, 20, 1.0, 4, 20)] * 8 + [(0, 100, 0.2, 3, 0)] * 6
+        script = [(0, 100, 0.3, 4, 0)] * 3 + [(2, 20, 1.0, 4, 20)] * 8 + [(0, 100, 0.2, 3, 0)] * 10
         running_peak = [(0, 100, 0.9, 19, 5)]
         for d_pre, d_gen, kv, run, wait in running_peak + script:
             pre, gen, t = pre + d_pre, gen + d_gen, t + 1
