@@ -245,14 +245,17 @@ def _print_summary(
     run_dir: Path, state: dict[str, Any], view: _LiveView, alerts: list[dict[str, Any]]
 ) -> None:
     from kvwatch.advise_cmd import observed_from_run
+    from loadgen.summary import render_table
     from sidecar.advice import advise
     from sidecar.kvmath import SizingError
 
-    summary = json.loads((run_dir / "summary.json").read_text())["overall"]
+    full = json.loads((run_dir / "summary.json").read_text())
+    summary = full["overall"]
     sig = _engine(state) or view.last or {}
     nan = float("nan")
     ttft = summary.get("ttft") or {}
     print()
+    print(render_table(full))
     print(
         f"requests: {summary['completed']}/{summary['requests']} completed; "
         f"TTFT p50 {ttft.get('p50', nan):.2f} s, p99 {ttft.get('p99', nan):.2f} s; "

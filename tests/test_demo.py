@@ -32,9 +32,9 @@ def demo(vllm_server: LocalVLLM, tmp_path_factory: pytest.TempPathFactory) -> tu
 
 def test_short_demo_ramps_alerts_and_advises(demo: tuple[str, Path]) -> None:
     out, run_dir = demo
-    # ramp: 2 streams (4 requests), 8 (8), 24 (24)
+    # ramp: 2 streams (4 requests), 8 (8), 24 (24), each in the per-stage table
     for stage in ("concurrency:n=2#4", "concurrency:n=8#8", "concurrency:n=24#24"):
-        assert stage in out
+        assert any(line.startswith(stage + " ") for line in out.splitlines()), stage
     assert "requests: 36/36 completed" in out
     seen = int(out.split("preemptions seen by the sidecar: ")[1].split()[0])
     assert seen > 0
