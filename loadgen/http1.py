@@ -323,9 +323,17 @@ class Http1Pool:
 
     async def __aenter__(self) -> Http1Pool:
         self._reaper = asyncio.create_task(self._reap())
-        self._top_up()
-        await asyncio.gather(*self._tasks)  # the spares: the first requests find them open
+        await self.warm(self.spare)  # the first requests find connections open
         return self
+
+    async def warm(self, n: int) -> None:
+        """Open connections until `n` are idle (a closed-loop stage about to keep n in flight),
+        so no request waits for a connect; one that cannot be opened is left to the requests."""
+        want = n - len(self.idle) - self.opening
+        if want <= 0:
+            return
+        self.opening += want
+        await asyncio.gather(*(self._open_spare() for _ in range(want)))
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
@@ -422,6 +430,7 @@ class Http1Pool:
             self._spawn(self._open_spare())
 
     async def _open_spare(self) -> None:
+        """Open one idle connection; the caller has counted it in `opening`."""
         try:
             conn = await self._open()
         except OSError:

@@ -201,7 +201,9 @@ async def _closed_stage(sender: _Sender, stage: Stage, share: Share) -> None:
             rec, request = sender.prepare(stage, time.perf_counter(), n)
             await sender.send(rec, request)
 
-    await asyncio.gather(*(worker() for _ in range(share.part(stage.pattern.n, active))))
+    streams = share.part(stage.pattern.n, active)
+    await sender.pool.warm(streams)  # every stream starts on an open connection
+    await asyncio.gather(*(worker() for _ in range(streams)))
 
 
 async def run_stages(

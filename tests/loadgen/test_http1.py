@@ -183,6 +183,17 @@ class TestPool:
 
         asyncio.run(go())
 
+    def test_warm_opens_connections_ahead(self) -> None:
+        async def go() -> None:
+            async with _sse_server() as (url, conns), Http1Pool(url, spare=1) as pool:
+                await pool.warm(6)
+                await asyncio.sleep(0.05)  # the server has accepted them all
+                assert len(pool.idle) == 6 and conns[0] == 6
+                records = await asyncio.gather(*(_post(pool) for _ in range(6)))
+                assert all(r.ok for r in records) and conns[0] <= 7
+
+        asyncio.run(go())
+
     def test_sent_when_post_returns_on_a_warm_connection(self) -> None:
         async def go() -> None:
             async with _sse_server() as (url, _), Http1Pool(url) as pool:
