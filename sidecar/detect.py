@@ -127,7 +127,7 @@ def judge(ev: Evidence, th: Thresholds, current: Level = Level.OK) -> tuple[Leve
         full = (
             f"KV usage peaked at {peak:.0%}"
             if peak >= th.saturated_kv
-            else (f"{count:.0f} preemptions (the cache ran out; sampled KV peak {peak:.0%})")
+            else f"{count:.0f} preemptions (the cache ran out; sampled KV peak {peak:.0%})"
         )
         return Level.SATURATED, [f"{full} with up to {waiting:.0f} waiting"]
     limit = th.pressure_exit_kv if current >= Level.PRESSURE else th.pressure_kv
