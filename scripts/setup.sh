@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Set up everything kvwatch needs on a fresh Debian machine; safe to run again (it skips what is done).
-#   - Debian packages the tests use (Prometheus, Alertmanager, promtool, Chromium, Node.js)
+#   - Debian packages the tests use (Prometheus, Alertmanager, promtool, Chromium, Node.js,
+#     openssl for a test certificate)
 #   - .venv with kvwatch, vLLM for CPU and the test tools
 #   - Grafana's dashboard types and TypeScript (npm, in dashboards/typecheck)
 #   - the tiny local model (in $KVWATCH_CACHE or ~/.cache/kvwatch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(prometheus prometheus-alertmanager chromium)
+APT_PACKAGES=(prometheus prometheus-alertmanager chromium openssl)
 command -v npm >/dev/null || APT_PACKAGES+=(nodejs npm)
 # pip drags these in with vLLM; they are CUDA-linked and break `import vllm.entrypoints` on CPU.
 CUDA_ONLY=(torchvision torchaudio torchcodec triton)
