@@ -159,6 +159,10 @@ async def _sse_server(
                     break
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
+        except asyncio.CancelledError:
+            # the loop is closing with this connection idle; ending cancelled makes Python 3.11's
+            # stream callback log a spurious "Exception in callback"
+            pass
         finally:
             writer.close()
 
