@@ -98,10 +98,11 @@ class _StreamRecorder:
             except ValueError:
                 self.record.error = f"malformed SSE data: {data[:120]!r}"
                 return
-            if not isinstance(parsed, dict):
-                self.record.error = f"SSE data is not a JSON object: {data[:120]!r}"
+            try:
+                _take_chunk(parsed, self.record, now)
+            except (AttributeError, TypeError):  # valid JSON, not a completion chunk
+                self.record.error = f"SSE data is not a completion chunk: {data[:120]!r}"
                 return
-            _take_chunk(parsed, self.record, now)
 
     def end(self, error: str | None) -> None:
         rec = self.record

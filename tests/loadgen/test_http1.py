@@ -275,3 +275,24 @@ def test_tls_target_verified(tmp_path: Path) -> None:
     assert (
         not r.ok and "ConnectError" in str(r.error) and "CERTIFICATE_VERIFY_FAILED" in str(r.error)
     )
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (b"data: {not json\n\n", "malformed SSE data"),
+        (b"data: [1, 2]\n\n", "not a completion chunk"),
+        (b'data: {"choices": [7]}\n\n', "not a completion chunk"),
+        (b'data: {"choices": [], "usage": 3}\n\n', "not a completion chunk"),
+        (b'data: {"error": {"message": "boom"}}\n\n', "server error in stream"),
+    ],
+)
+def test_odd_sse_data_is_a_record_error(data: bytes, why: str) -> None:
+    from loadgen.client import _StreamRecorder
+
+    rec = RequestRecord("r", 0.0)
+    sink = _StreamRecorder(rec)
+    sink.status(200)
+    sink.data(b'data: {"choices": [{"text": "a"}]}\n\n' + data, 1.0)
+    sink.end(None)
+    assert len(rec.token_times) == 1 and why in str(rec.error)
