@@ -423,8 +423,13 @@ class Http1Pool:
                 return
         self._send(conn, request, sink, on_sent)
 
-    def _top_up(self) -> None:
-        want = self.spare - len(self.idle) - self.opening
+    def reserve(self, n: int) -> None:
+        """Start opening connections until `n` are idle or opening, without waiting: a sender
+        about to wait for a bunch of requests due together gets them open meanwhile."""
+        self._top_up(n)
+
+    def _top_up(self, target: int | None = None) -> None:
+        want = (self.spare if target is None else target) - len(self.idle) - self.opening
         for _ in range(max(0, want)):
             self.opening += 1
             self._spawn(self._open_spare())

@@ -8,6 +8,8 @@ the run. Closed-loop (concurrency) stages keep N requests in flight.
 from __future__ import annotations
 
 import asyncio
+import collections
+import itertools
 import logging
 import random
 import time
@@ -31,6 +33,12 @@ log = logging.getLogger("kvwatch.loadgen")
 # Event loop timers fire on a millisecond grid (uvloop's and epoll's): an open-loop sender sleeps
 # to this much before a request is due and yields to the loop from there (see `_until`).
 _TIMER_GRAIN_S = 0.002
+# Requests due within this of each other are a bunch: _WARM_LEAD_S before the first is due, the
+# sender has a connection opened for each (at most _MAX_RESERVE), so none of them waits for a
+# connect (and none sits idle long enough for the server to close it).
+_BUNCH_S = 0.010
+_WARM_LEAD_S = 0.25
+_MAX_RESERVE = 1024
 
 
 @dataclass(frozen=True)
@@ -154,6 +162,29 @@ class _Sender:
         self.progress.output_tokens += rec.output_tokens or 0
 
 
+def _bunched(offsets: Iterator[float], window: float) -> Iterator[tuple[float, int]]:
+    """Each send offset (in order) with how many offsets, itself included, fall within `window`
+    of it. Reads ahead only as far as the window reaches."""
+    it = iter(offsets)
+    ahead: collections.deque[float] = collections.deque()
+    done = False
+    while True:
+        if not ahead:
+            first = next(it, None)
+            if first is None:
+                return
+            ahead.append(first)
+        head = ahead[0]
+        # everything in `ahead` but its last is within the window of `head` (offsets only grow)
+        while not done and ahead[-1] - head <= window:
+            nxt = next(it, None)
+            if nxt is None:
+                done = True
+            else:
+                ahead.append(nxt)
+        yield ahead.popleft(), len(ahead) + 1 - (bool(ahead) and ahead[-1] - head > window)
+
+
 async def _until(due: float) -> None:
     """Return at `due` to within tens of microseconds, never before: sleep to just short of it
     (timers have millisecond grain), then keep yielding so responses are still read meanwhile.
@@ -171,15 +202,24 @@ async def _until(due: float) -> None:
 async def _open_stage(sender: _Sender, stage: Stage, rng: random.Random, share: Share) -> None:
     assert not isinstance(stage.pattern, Concurrency)
     duration = stage.duration_s if stage.duration_s is not None else float("inf")
+    bunches = _bunched(stage.pattern.offsets(rng, duration), _BUNCH_S)
+    first = next(bunches, None)
+    if first is not None:  # the stage's first bunch goes out at its start: open for it first
+        await sender.pool.warm(min(_MAX_RESERVE, -(-first[1] // share.count)))
     start = time.perf_counter()
     pending = []
-    for i, offset in enumerate(stage.pattern.offsets(rng, duration)):
+    for i, (offset, bunch) in enumerate(itertools.chain([first] if first else [], bunches)):
         if stage.count is not None and i >= stage.count:
             break
         if not share.mine(i):
             next(sender.items)  # keep the workload sequence identical to a one-process run
             continue
         due = start + offset
+        if due - time.perf_counter() > _TIMER_GRAIN_S:  # a wait ahead: open what the bunch needs
+            lead = due - time.perf_counter() - _WARM_LEAD_S
+            if lead > 0:
+                await asyncio.sleep(lead)
+            sender.pool.reserve(min(_MAX_RESERVE, -(-bunch // share.count)))
         rec, request = sender.prepare(stage, due, i)
         await _until(due)
         pending.append(sender.start(rec, request))
@@ -240,6 +280,11 @@ async def run_stages(
 
     pool = Http1Pool(opts.base_url, read_timeout_s=opts.request_timeout_s, headers=headers)
     async with pool:
+        # the workload's first item loads its dataset or corpus: do that before any stage starts,
+        # not inside the first request's dispatch lag
+        first = next(items, None)
+        if first is not None:
+            items = itertools.chain([first], items)
         sender = _Sender(pool, opts, items, result, progress)
         for stage in stages:
             if share.barrier is not None:

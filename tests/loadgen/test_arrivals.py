@@ -73,3 +73,23 @@ class TestValidation:
     def test_bad_values(self, make: object) -> None:
         with pytest.raises(ValueError):
             make()  # type: ignore[operator]
+
+
+class TestBunches:
+    def test_counts_what_is_due_together(self) -> None:
+        from loadgen.runner import _bunched
+
+        offs = [0, 0, 0, 0.5, 0.505, 1.0]
+        assert list(_bunched(iter(offs), 0.01)) == [
+            (0, 3), (0, 2), (0, 1), (0.5, 2), (0.505, 1), (1.0, 1),
+        ]  # fmt: skip
+        spikes = list(_bunched(Burst(8, 12).offsets(random.Random(0), 30), 0.01))
+        assert [n for _, n in spikes][:9] == [8, 7, 6, 5, 4, 3, 2, 1, 8]
+
+    def test_reads_ahead_only_as_far_as_the_window(self) -> None:
+        import itertools
+
+        from loadgen.runner import _bunched
+
+        first = next(_bunched(itertools.count(0, 0.004), 0.01))  # an endless schedule
+        assert first == (0, 3)
