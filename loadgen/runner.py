@@ -203,7 +203,7 @@ async def _open_stage(sender: _Sender, stage: Stage, rng: random.Random, share: 
     assert not isinstance(stage.pattern, Concurrency)
     duration = stage.duration_s if stage.duration_s is not None else float("inf")
 
-    def mine(bunch: int, i: int) -> int:
+    def conns_for(bunch: int, i: int) -> int:
         """Connections this process needs for a bunch of `bunch` starting at request `i`."""
         if stage.count is not None:
             bunch = min(bunch, stage.count - i)
@@ -212,7 +212,7 @@ async def _open_stage(sender: _Sender, stage: Stage, rng: random.Random, share: 
     bunches = _bunched(stage.pattern.offsets(rng, duration), _BUNCH_S)
     first = next(bunches, None)
     if first is not None:  # the stage's first bunch goes out at its start: open for it first
-        await sender.pool.warm(mine(first[1], 0))
+        await sender.pool.warm(conns_for(first[1], 0))
     start = time.perf_counter()
     pending = []
     for i, (offset, bunch) in enumerate(itertools.chain([first] if first else [], bunches)):
@@ -226,7 +226,7 @@ async def _open_stage(sender: _Sender, stage: Stage, rng: random.Random, share: 
             lead = due - time.perf_counter() - _WARM_LEAD_S
             if lead > 0:
                 await asyncio.sleep(lead)
-            sender.pool.reserve(mine(bunch, i))
+            sender.pool.reserve(conns_for(bunch, i))
         rec, request = sender.prepare(stage, due, i)
         await _until(due)
         pending.append(sender.start(rec, request))
