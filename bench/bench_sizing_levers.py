@@ -22,12 +22,13 @@ from pathlib import Path
 from loadgen.local_server import LocalVLLM, ServerConfig
 from loadgen.rundir import run_outcome
 from loadgen.tiny_model import build_tiny_model
+from tests.test_advice_proven import LENGTHS, WORKLOAD
 
+# the spikes are exactly what the test runs, so the two cannot drift apart
 WORKLOADS = {
-    "spikes": ["--stage", "burst:size=8,every=12@72s"],
-    "saturated": ["--concurrency", "32", "--requests", "32"],
+    "spikes": WORKLOAD,
+    "saturated": ["--concurrency", "32", "--requests", "32", *LENGTHS],
 }
-COMMON = ["--input-len", "30", "--output-len", "300", "--seed", "9"]
 
 
 def _run(model: Path, work: Path, name: str, load: list[str], **cfg: object) -> dict[str, float]:
@@ -35,7 +36,7 @@ def _run(model: Path, work: Path, name: str, load: list[str], **cfg: object) -> 
     with LocalVLLM(ServerConfig(model=model, nice=10, **cfg), log_path=work / f"{name}.log") as srv:  # type: ignore[arg-type]
         subprocess.run(
             [sys.executable, "-m", "kvwatch", "loadgen", "run", "--url", srv.base_url,
-             "--run-dir", str(run_dir), "--no-progress", *load, *COMMON],
+             "--run-dir", str(run_dir), "--no-progress", *load],
             check=True, capture_output=True,
         )  # fmt: skip
     return run_outcome(run_dir)

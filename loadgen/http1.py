@@ -59,7 +59,6 @@ class ResponseParser:
         self.state = _HEAD
         self.remaining = 0
         self.keep_alive = True
-        self.code = 0
 
     @property
     def done(self) -> bool:
@@ -140,7 +139,6 @@ class ResponseParser:
         code = int(parts[1])
         if 100 <= code < 200:
             return  # an interim response: the real one follows
-        self.code = code
         headers: dict[str, str] = {}
         for line in lines[1:]:
             name, sep, value = line.partition(":")

@@ -22,16 +22,8 @@ from tests.loadgen.test_loadgen_live import run as loadgen_run
 
 pytestmark = pytest.mark.integration
 
-WORKLOAD = [
-    "--stage",
-    "burst:size=8,every=12@72s",
-    "--input-len",
-    "30",
-    "--output-len",
-    "300",
-    "--seed",
-    "9",
-]
+LENGTHS = ["--input-len", "30", "--output-len", "300", "--seed", "9"]
+WORKLOAD = ["--stage", "burst:size=8,every=12@72s", *LENGTHS]
 
 
 @pytest.fixture(scope="module")
