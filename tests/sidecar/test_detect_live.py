@@ -137,12 +137,21 @@ def _run_loads(base: str, args: list[str], tmp_path: Path) -> None:
 
         # thrash: 32 x 300 tokens
         t = time.monotonic()
-        asyncio.run(run_burst(base, n=32, max_tokens=300, seed=22))
+        burst = asyncio.run(run_burst(base, n=32, max_tokens=300, seed=22))
+        failed = [r.error for r in burst if r.error]
+        assert not failed, f"{len(failed)} of the burst's requests failed: {failed[:3]}"
+        time.sleep(1.0)  # the counter rises when a victim runs again; let the sidecar scrape it
         thrash = states.since(t)
-        first_preempt = next(r[0] for r in thrash if r[3] > thrash[0][3])
+        seen = (
+            f"sidecar states {[(round(r[0] - t, 1), r[1], round(r[2], 2), r[3]) for r in thrash]}; "
+            f"scrapes (count, errors, last) {states.scrape}; poll errors {states.errors}"
+        )
+        before = [r[3] for r in states.rows if r[0] < t][-1]  # the count the burst starts from
+        first_preempt = next((r[0] for r in thrash if r[3] > before), None)
+        assert first_preempt is not None, f"no preemption seen during the burst: {seen}"
         first_thrash = next((r[0] for r in thrash if r[1] == "thrashing"), None)
-        assert first_thrash is not None, thrash
-        assert first_thrash - first_preempt <= 6.0
+        assert first_thrash is not None, seen
+        assert first_thrash - first_preempt <= 6.0, seen
 
         # an episode is open; kill the sidecar hard and start it again on the same database
         assert kvwatch_samples(url)["kvwatch_thrashing_episodes_total"][0].value == 1
