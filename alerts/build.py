@@ -62,6 +62,8 @@ def rule_groups(
     running = f"sum by ({_BY}) ({promql_selector(RUNNING)})"
     waiting = f"sum by ({_BY}) ({promql_selector(WAITING)})"
     preempt = f"sum by ({_BY}) (rate({promql_selector(PREEMPTIONS)}[1m]))"
+    # from the raw series: a recorded series has one sample per rule evaluation (often 1m)
+    waited = f"sum by ({_BY}) (max_over_time({promql_selector(WAITING)}[1m]))"
     finished = (
         f"sum by ({_BY}) (increase({promql_selector(REQUEST_PREEMPTIONS, suffix='count')}[5m]))"
     )
@@ -97,13 +99,20 @@ def rule_groups(
             ),
             _alert(
                 "VllmKvCacheSaturated",
-                f"kvwatch:vllm_kv_cache_usage:max >= {th.saturated_kv:g} and on({_BY}) "
-                f"kvwatch:vllm_requests_waiting:sum >= {th.saturated_waiting:g}",
+                # as the sidecar judges it: the cache ran out (sampled full, or vLLM preempted,
+                # which it does only when a running request cannot get a block) while requests
+                # waited. A spike fills the cache between scrapes, and the preemption counter
+                # rises when the victim runs again, after the queue has drained: so waiting
+                # counts over the same minute as the preemptions.
+                f"(kvwatch:vllm_kv_cache_usage:max >= {th.saturated_kv:g} or on({_BY}) "
+                f"kvwatch:vllm_preemptions:rate1m > 0) and on({_BY}) "
+                f"{waited} >= {th.saturated_waiting:g}",
                 "5m",
                 "critical",
                 f"vLLM KV cache full with requests waiting on {where}",
-                "KV cache usage is {{ $value | humanizePercentage }} (at or above "
-                f"{pct(th.saturated_kv)}) while requests wait, for 5 minutes.",
+                "The KV cache ran out (usage at or above "
+                f"{pct(th.saturated_kv)}, or requests preempted) while requests waited, "
+                "minute after minute for 5 minutes.",
                 th,
             ),
             _alert(
