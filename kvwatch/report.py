@@ -217,7 +217,7 @@ def render_report(run_dir: Path) -> str:
             ("time to first token", _pcts(o.get("ttft"))),
             ("inter-token latency", _pcts(o.get("itl"))),
             ("end-to-end", _pcts(o.get("e2e"))),
-            ("stalls", f"{o.get('stalls', 0)} in {o.get('requests_with_stalls', 0)} requests"),
+            ("stalls", _stalls(o)),
         ]
     )
     workload = spec.get("workload") or {}
@@ -336,6 +336,14 @@ def _requests_section(
             [(f"{k} stalls", by_stalls[k]) for k in order],
         ),
     ]
+
+
+def _stalls(o: dict[str, Any]) -> str:
+    text = f"{o.get('stalls', 0)} in {o.get('requests_with_stalls', 0)} requests"
+    preempting = o.get("stalls_preempting")
+    if preempting is not None and o.get("stalls"):
+        text += f"; {preempting} while the server preempted, {o['stalls'] - preempting} without"
+    return text
 
 
 def _preemption_buckets(spec: dict[str, Any]) -> list[tuple[str, float]]:

@@ -20,6 +20,7 @@ from loadgen.records import StallRule
 from loadgen.runner import Progress, RunOptions, run_loop, run_stages
 from loadgen.schedule import Stage, StageSpecError, parse_stage, sweep_stages
 from loadgen.server_metrics import TimelineRecorder, server_snapshot
+from loadgen.stall_causes import PreemptionCounter, mark_preempting_stalls
 from loadgen.workload import DatasetError, WorkloadSpec, tokenize_corpus
 
 __all__ = ["register_run"]
@@ -284,6 +285,7 @@ def _run(ns: argparse.Namespace) -> int:
             return await server_snapshot(client, ns.url)
 
     model, workload, server_before = run_loop(prepare())
+    before_t = time.time()
     opts = RunOptions(
         ns.url,
         model,
@@ -298,7 +300,15 @@ def _run(ns: argparse.Namespace) -> int:
     stall = StallRule(ns.stall_factor, ns.stall_min)
     with TimelineRecorder(ns.url, ns.sidecar, headers) as recorder:
         start_unix, records, events = _send(ns, stages, opts, workload, stall, progress)
+    after_t = time.time()
     server_after = run_loop(finish())
+    # the snapshots close the timeline at both ends, so stalls at the edges can be judged too
+    samples = [
+        *([{"t": before_t, **server_before}] if server_before else []),
+        *recorder.rows,
+        *([{"t": after_t, **server_after}] if server_after else []),
+    ]
+    mark_preempting_stalls(records, PreemptionCounter.from_rows(samples), start_unix)
     summary = summarize_records(records, slo)
     if server_before and server_after:
         summary["server"] = _server_delta(server_before, server_after)

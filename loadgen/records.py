@@ -21,10 +21,14 @@ class StallRule:
     min_s: float = 0.25
 
     def stalls(self, gaps: list[float]) -> list[float]:
+        return [gaps[i] for i in self.where(gaps)]
+
+    def where(self, gaps: list[float]) -> list[int]:
+        """Indices of the gaps that are stalls."""
         if len(gaps) < 3:
             return []
         limit = max(self.factor * statistics.median(gaps), self.min_s)
-        return [g for g in gaps if g > limit]
+        return [i for i, g in enumerate(gaps) if g > limit]
 
 
 @dataclass
@@ -79,7 +83,9 @@ class RequestRecord:
             return None if t is None else t - t0
 
         gaps = self.gaps
-        stalls = (stall or StallRule()).stalls(gaps)
+        where = (stall or StallRule()).where(gaps)
+        stalls = [gaps[i] for i in where]
+        t = self.token_times
         n_out = self.output_tokens
         tpot = None
         if self.ok and n_out and n_out > 1 and self.first_token_at and self.finished_at:
@@ -114,4 +120,6 @@ class RequestRecord:
             "max_gap": max(gaps, default=None),
             "stalls": len(stalls),
             "stall_time": sum(stalls),
+            # [start, end] of each stall: when the stream stopped and when it resumed
+            "stall_spans": [[t[i] - t0, t[i + 1] - t0] for i in where],
         }

@@ -84,7 +84,17 @@ def _one(df: pd.DataFrame, slo: dict[str, float]) -> dict[str, Any]:
         "dispatch_lag": _q(df["dispatch_lag"]),
         "stalls": int(ok["stalls"].sum()),
         "requests_with_stalls": int((ok["stalls"] > 0).sum()),
+        "stalls_preempting": _preempting(ok),
     }
+
+
+def _preempting(ok: pd.DataFrame) -> int | None:
+    """Stalls while the server preempted (loadgen/stall_causes.py); None unless every stall
+    was judged."""
+    if "stalls_preempting" not in ok:
+        return None
+    col = ok.loc[ok["stalls"] > 0, "stalls_preempting"]
+    return None if col.isna().any() else int(col.sum())
 
 
 def summarize_records(records: list[dict[str, Any]], slo: dict[str, float] | None = None
@@ -105,7 +115,7 @@ def _ms(x: float | None) -> str:
 
 def render_table(summary: dict[str, Any]) -> str:
     rows = [("stage", "done/sent", "req/s", "tok/s", "TTFT p50/p99 ms", "TPOT p50 ms",
-             "e2e p99 ms", "lag p99 ms", "stalls", "goodput")]  # fmt: skip
+             "e2e p99 ms", "lag p99 ms", "stalls", "preempting", "goodput")]  # fmt: skip
     items = list(summary["stages"].items()) + [("overall", summary["overall"])]
     for name, s in items:
         if not s.get("requests"):
@@ -120,6 +130,7 @@ def render_table(summary: dict[str, Any]) -> str:
             _ms(s["e2e"]["p99"]),
             _ms(s["dispatch_lag"]["p99"]),
             f"{s['stalls']} in {s['requests_with_stalls']}",
+            "-" if s.get("stalls_preempting") is None else str(s["stalls_preempting"]),
             "-" if s["goodput"] is None else f"{s['goodput']:.2f}/s",
         ))  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

@@ -46,7 +46,15 @@ def _run_dir(tmp: Path) -> Path:
     ]  # fmt: skip
     events = [{"event": "stage_start", "stage": "s1", "t": 0.1, "unix": 1000.1}]
     summary = {
-        "overall": {"completed": 8, "failed": 0, "duration_s": 12.0, "ttft": {"p50": 0.2}},
+        "overall": {
+            "completed": 8,
+            "failed": 0,
+            "duration_s": 12.0,
+            "ttft": {"p50": 0.2},
+            "stalls": 8,
+            "requests_with_stalls": 5,
+            "stalls_preempting": 6,
+        },
         "server": {"preemptions": 12, "repeat_preempted": 3},
     }
     timeline = [
@@ -63,7 +71,8 @@ def test_report_has_every_section(tmp_path: Path) -> None:
     for text in ("1 episode(s)", "KV cache usage", "Preemptions per second",
                  "Running and waiting", "at the time it finished", "Requests by stalls",
                  "Requests by how often vLLM preempted them", "Sizing advice", "The arithmetic",
-                 "undersized"):  # fmt: skip
+                 "undersized",
+                 "8 in 5 requests; 6 while the server preempted, 2 without"):  # fmt: skip
         assert text in html, text
     assert "<script" not in html and "http-equiv" not in html
     assert html.count("<svg") == 6

@@ -29,6 +29,7 @@ class TestRecords:
         assert d["tpot"] == pytest.approx(2.4 / 5)
         assert sum(d["gaps"]) == pytest.approx(4.4 - 2.0)
         assert d["stalls"] == 1 and d["stall_time"] == pytest.approx(2.0)
+        assert d["stall_spans"] == [[pytest.approx(1.3), pytest.approx(3.3)]]  # from t0
 
     def test_stall_rule(self) -> None:
         assert StallRule(5, 0.25).stalls([0.01] * 10 + [0.2]) == []  # under the floor
@@ -66,3 +67,15 @@ class TestSummary:
         assert "w" not in s["stages"]
         table = render_table(s)
         assert "overall" in table and "2/3" in table
+        assert o["stalls_preempting"] is None  # never judged: no server timeline
+
+    def test_stalls_preempting_needs_every_stall_judged(self) -> None:
+        stalled = rec(0, 0.0, 0.0, [0.1, 0.2, 0.3, 0.4, 2.0]).to_dict()
+        calm = rec(1, 0.0, 0.0, [0.1, 0.2, 0.3, 0.4]).to_dict()
+        for r, n in ((stalled, 1), (calm, 0)):
+            r["stalls_preempting"] = n
+        assert summarize_records([stalled, calm])["overall"]["stalls_preempting"] == 1
+        stalled["stalls_preempting"] = None
+        summary = summarize_records([stalled, calm])
+        assert summary["overall"]["stalls_preempting"] is None
+        assert render_table(summary).splitlines()[0].split()[-2:] == ["preempting", "goodput"]
