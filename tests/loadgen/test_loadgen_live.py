@@ -102,5 +102,5 @@ def test_thrashing_run_shows_stalls_on_repeat_victims(vllm_server: LocalVLLM, tm
     assert sum(r["stalls"] > 0 for r in records) >= repeat_victims
     # and they are read beside the server's counter: nearly all came while it preempted
     overall = json.loads((tmp_path / "summary.json").read_text())["overall"]
-    print("stalls", stalls, "preempting", overall["stalls_preempting"], "preemptions", preemptions)
-    assert overall["stalls"] == stalls and overall["stalls_preempting"] >= 0.9 * stalls
+    assert overall["stalls"] == stalls
+    assert overall["stalls_preempting"] >= 0.9 * stalls, (overall, preemptions)
