@@ -47,7 +47,7 @@ def _row(workload: str, setting: str, o: dict[str, float], base: dict[str, float
     return (
         f"| {workload} | {setting} | {o['preemptions']:.0f} | "
         f"{o['output_token_throughput']:,.0f} ({ratio:.2f}x) | {o['e2e_p99']:.2f} s | "
-        f"{o['stalls']:.0f} |"
+        f"{o['stalls']:.0f} ({o['stalls_preempting']:.0f}) |"
     )
 
 
@@ -56,7 +56,7 @@ def main() -> None:
     ap.add_argument("--workload", choices=sorted(WORKLOADS), action="append")
     ns = ap.parse_args()
     model = build_tiny_model()
-    print("| workload | setting | preemptions | output tok/s | e2e p99 | stalls |")
+    print("| workload | setting | preemptions | output tok/s | e2e p99 | stalls (preempting) |")
     print("|---|---|---|---|---|---|")
     for workload in ns.workload or sorted(WORKLOADS):
         load = WORKLOADS[workload]

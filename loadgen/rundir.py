@@ -49,7 +49,8 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
 
 def run_outcome(run_dir: Path) -> dict[str, float]:
     """The figures a sizing change is judged by: server-side preemptions during the run,
-    completed output tokens per second, end-to-end p99 and client-seen stalls."""
+    completed output tokens per second, end-to-end p99 and client-seen stalls (those while the
+    server preempted: NaN when not judged)."""
     summary = json.loads((run_dir / "summary.json").read_text())
     overall = summary["overall"]
     return {
@@ -57,4 +58,7 @@ def run_outcome(run_dir: Path) -> dict[str, float]:
         "output_token_throughput": float(overall["output_token_throughput"]),
         "e2e_p99": float(overall["e2e"]["p99"]),
         "stalls": float(overall["stalls"]),
+        "stalls_preempting": float(
+            "nan" if overall.get("stalls_preempting") is None else overall["stalls_preempting"]
+        ),
     }
