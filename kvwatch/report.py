@@ -217,6 +217,7 @@ def render_report(run_dir: Path) -> str:
             ("time to first token", _pcts(o.get("ttft"))),
             ("inter-token latency", _pcts(o.get("itl"))),
             ("end-to-end", _pcts(o.get("e2e"))),
+            ("dispatch lag (sent minus scheduled)", _pcts(o.get("dispatch_lag"))),
             ("stalls", _stalls(o)),
         ]
     )

@@ -64,6 +64,8 @@ def format_value(v: float, unit: str = "") -> str:
     if unit == "percentunit":
         return f"{v * 100:.0f}%"
     if unit == "s":
+        if 0 < abs(v) < 0.01:  # a dispatch lag of a tenth of a millisecond is not "0 ms"
+            return f"{v * 1000:.2g} ms"
         return f"{v * 1000:.0f} ms" if 0 < abs(v) < 1 else f"{v:.3g} s"
     if abs(v) >= 1000:
         return f"{v / 1000:.3g}k"

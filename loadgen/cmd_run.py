@@ -254,7 +254,13 @@ def _send(
 
 def _run(ns: argparse.Namespace) -> int:
     from loadgen.rundir import write_run
-    from loadgen.summary import SloError, parse_slo, render_table, summarize_records
+    from loadgen.summary import (
+        SloError,
+        parse_slo,
+        render_table,
+        summarize_records,
+        timing_caveat,
+    )
 
     stages = build_stages(ns)
     if not ns.request_timeout > 0:
@@ -345,6 +351,9 @@ def _run(ns: argparse.Namespace) -> int:
     else:
         print(render_table(summary))
         print(f"run directory: {run_dir}")
+    caveat = timing_caveat(summary)
+    if caveat:
+        print(f"kvwatch: warning: {caveat}", file=sys.stderr)
     return EXIT_FOUND if summary["overall"].get("failed") else 0
 
 

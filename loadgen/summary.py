@@ -109,6 +109,23 @@ def summarize_records(records: list[dict[str, Any]], slo: dict[str, float] | Non
     return {"overall": _one(measured, slo), "stages": stages, "slo": slo}
 
 
+# Dispatch lag at which a run's own latencies deserve a caveat: TTFTs of tens of milliseconds
+# are then partly the client's. The sender keeps p99 under 2 ms on an idle client host.
+LAG_WARN_S = 0.010
+
+
+def timing_caveat(summary: dict[str, Any], limit_s: float = LAG_WARN_S) -> str | None:
+    """A warning when requests left notably later than scheduled, else None."""
+    p99 = ((summary.get("overall") or {}).get("dispatch_lag") or {}).get("p99")
+    if p99 is None or p99 <= limit_s:
+        return None
+    return (
+        f"dispatch lag p99 {p99 * 1000:.0f} ms: requests left later than scheduled (more "
+        "than one process can send, or a busy client host). Latencies `*_from_scheduled` "
+        "include the delay; use --workers N or a quieter host."
+    )
+
+
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1000:.0f}"
 

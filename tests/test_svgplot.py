@@ -37,4 +37,5 @@ def test_bars_and_lanes_are_valid_svg() -> None:
 def test_format_value() -> None:
     assert format_value(0.93, "percentunit") == "93%"
     assert format_value(0.25, "s") == "250 ms"
+    assert format_value(0.00012, "s") == "0.12 ms" and format_value(0.0016, "s") == "1.6 ms"
     assert format_value(1500) == "1.5k"

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from loadgen.records import RequestRecord, StallRule
-from loadgen.summary import SloError, parse_slo, render_table, summarize_records
+from loadgen.summary import SloError, parse_slo, render_table, summarize_records, timing_caveat
 
 
 def rec(i: int, due: float, sent: float, tokens: list[float], stage: str = "s",
@@ -79,3 +79,11 @@ class TestSummary:
         summary = summarize_records([stalled, calm])
         assert summary["overall"]["stalls_preempting"] is None
         assert render_table(summary).splitlines()[0].split()[-2:] == ["preempting", "goodput"]
+
+    def test_timing_caveat_only_when_requests_left_late(self) -> None:
+        on_time = summarize_records([rec(0, 0.0, 0.0005, [0.1, 0.2]).to_dict()])
+        assert timing_caveat(on_time) is None
+        late = summarize_records([rec(0, 0.0, 0.042, [0.1, 0.2]).to_dict()])
+        caveat = timing_caveat(late)
+        assert caveat is not None and caveat.startswith("dispatch lag p99 42 ms")
+        assert timing_caveat({"overall": {"requests": 0}}) is None  # nothing was sent
