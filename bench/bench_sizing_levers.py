@@ -19,27 +19,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from loadgen.local_server import LocalVLLM, ServerConfig
-from loadgen.rundir import run_outcome
 from loadgen.tiny_model import build_tiny_model
-from tests.test_advice_proven import LENGTHS, WORKLOAD
+from tests.test_advice_proven import LENGTHS, WORKLOAD, rerun
 
-# the spikes are exactly what the test runs, so the two cannot drift apart
+# the spikes are exactly what the test runs, and run the same way, so the two cannot drift apart
 WORKLOADS = {
     "spikes": WORKLOAD,
     "saturated": ["--concurrency", "32", "--requests", "32", *LENGTHS],
 }
-
-
-def _run(model: Path, work: Path, name: str, load: list[str], **cfg: object) -> dict[str, float]:
-    run_dir = work / name
-    with LocalVLLM(ServerConfig(model=model, nice=10, **cfg), log_path=work / f"{name}.log") as srv:  # type: ignore[arg-type]
-        subprocess.run(
-            [sys.executable, "-m", "kvwatch", "loadgen", "run", "--url", srv.base_url,
-             "--run-dir", str(run_dir), "--no-progress", *load],
-            check=True, capture_output=True,
-        )  # fmt: skip
-    return run_outcome(run_dir)
 
 
 def _row(workload: str, setting: str, o: dict[str, float], base: dict[str, float]) -> str:
@@ -62,16 +49,16 @@ def main() -> None:
         load = WORKLOADS[workload]
         with tempfile.TemporaryDirectory(prefix="kvwatch-levers-") as tmp:
             work = Path(tmp)
-            base = _run(model, work, "before", load)
+            base = rerun(model, work / "before", load)
             advise = [sys.executable, "-m", "kvwatch", "advise", "--run", str(work / "before")]
             p = subprocess.run([*advise, "--json"], capture_output=True, text=True)
             advice = json.loads(p.stdout)[0]["advice"]
             print(_row(workload, "before (40 blocks)", base, base), flush=True)
             kv = advice["kv_cache_memory_bytes"]
-            mem = _run(model, work, "memory", load, kv_cache_memory_bytes=kv)
+            mem = rerun(model, work / "memory", load, kv_cache_memory_bytes=kv)
             print(_row(workload, f"`--kv-cache-memory-bytes {kv}`", mem, base), flush=True)
             n = advice["max_num_seqs"]
-            seqs = _run(model, work, "seqs", load, extra_args=("--max-num-seqs", str(n)))
+            seqs = rerun(model, work / "seqs", load, extra_args=("--max-num-seqs", str(n)))
             print(_row(workload, f"`--max-num-seqs {n}`", seqs, base), flush=True)
 
 

@@ -327,11 +327,7 @@ class Http1Pool:
     async def warm(self, n: int) -> None:
         """Open connections until `n` are idle (a closed-loop stage about to keep n in flight),
         so no request waits for a connect; one that cannot be opened is left to the requests."""
-        want = n - len(self.idle) - self.opening
-        if want <= 0:
-            return
-        self.opening += want
-        await asyncio.gather(*(self._open_spare() for _ in range(want)))
+        await asyncio.gather(*self._openers(n))
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
@@ -351,7 +347,7 @@ class Http1Pool:
             self._send(conn, request, waiter, on_sent)
         else:
             self._spawn(self._connect_and_send(request, waiter, on_sent))
-        self._top_up()
+        self.reserve()
         return future
 
     async def aclose(self) -> None:
@@ -421,19 +417,21 @@ class Http1Pool:
                 return
         self._send(conn, request, sink, on_sent)
 
-    def reserve(self, n: int) -> None:
-        """Start opening connections until `n` are idle or opening, without waiting: a sender
-        about to wait for a bunch of requests due together gets them open meanwhile."""
-        self._top_up(n)
+    def reserve(self, n: int | None = None) -> None:
+        """Start opening connections until `n` (default: `spare`) are idle or opening, without
+        waiting: a sender about to wait for a bunch of requests due together gets them open
+        meanwhile."""
+        for opener in self._openers(self.spare if n is None else n):
+            self._spawn(opener)
 
-    def _top_up(self, target: int | None = None) -> None:
-        want = (self.spare if target is None else target) - len(self.idle) - self.opening
-        for _ in range(max(0, want)):
-            self.opening += 1
-            self._spawn(self._open_spare())
+    def _openers(self, n: int) -> list[Coroutine[Any, Any, None]]:
+        """One opener per connection missing for `n` idle, counted in `opening` at once."""
+        want = max(0, n - len(self.idle) - self.opening)
+        self.opening += want
+        return [self._open_spare() for _ in range(want)]
 
     async def _open_spare(self) -> None:
-        """Open one idle connection; the caller has counted it in `opening`."""
+        """Open one idle connection; `_openers` has counted it in `opening`."""
         try:
             conn = await self._open()
         except OSError:
@@ -462,4 +460,4 @@ class Http1Pool:
                 else:
                     c._close()
             self.idle = fresh
-            self._top_up()
+            self.reserve()

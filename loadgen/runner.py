@@ -175,14 +175,15 @@ def _bunched(offsets: Iterator[float], window: float) -> Iterator[tuple[float, i
                 return
             ahead.append(first)
         head = ahead[0]
-        # everything in `ahead` but its last is within the window of `head` (offsets only grow)
         while not done and ahead[-1] - head <= window:
             nxt = next(it, None)
             if nxt is None:
                 done = True
             else:
                 ahead.append(nxt)
-        yield ahead.popleft(), len(ahead) + 1 - (bool(ahead) and ahead[-1] - head > window)
+        # offsets only grow: all of `ahead` is within the window of `head` but maybe its last
+        within = len(ahead) - (ahead[-1] - head > window)
+        yield ahead.popleft(), within
 
 
 async def _until(due: float) -> None:

@@ -43,10 +43,14 @@ def before(vllm_server: LocalVLLM, tmp_path_factory: pytest.TempPathFactory) -> 
     return {"advice": item["advice"], **out}
 
 
-def _rerun(model: Path, tmp: Path, **cfg: object) -> dict[str, float]:
-    with LocalVLLM(ServerConfig(model=model, nice=10, **cfg), log_path=tmp / "vllm.log") as srv:  # type: ignore[arg-type]
-        loadgen_run(srv.base_url, tmp / "after", *WORKLOAD)
-    return run_outcome(tmp / "after")
+def rerun(
+    model: Path, run_dir: Path, workload: list[str] = WORKLOAD, **cfg: object
+) -> dict[str, float]:
+    """Run `workload` on a fresh vLLM started with `cfg`; the server's log lands beside."""
+    log = run_dir.with_name(run_dir.name + "-vllm.log")
+    with LocalVLLM(ServerConfig(model=model, nice=10, **cfg), log_path=log) as srv:  # type: ignore[arg-type]
+        loadgen_run(srv.base_url, run_dir, *workload)
+    return run_outcome(run_dir)
 
 
 def _check(lever: str, before: dict, after: dict[str, float]) -> None:
@@ -62,14 +66,11 @@ def _check(lever: str, before: dict, after: dict[str, float]) -> None:
 
 def test_more_kv_memory_as_advised(before: dict, tiny_model: Path, tmp_path: Path) -> None:
     kv = before["advice"]["kv_cache_memory_bytes"]
-    _check(
-        f"--kv-cache-memory-bytes {kv}",
-        before,
-        _rerun(tiny_model, tmp_path, kv_cache_memory_bytes=kv),
-    )
+    after = rerun(tiny_model, tmp_path / "after", kv_cache_memory_bytes=kv)
+    _check(f"--kv-cache-memory-bytes {kv}", before, after)
 
 
 def test_fewer_sequences_as_advised(before: dict, tiny_model: Path, tmp_path: Path) -> None:
     n = before["advice"]["max_num_seqs"]
-    after = _rerun(tiny_model, tmp_path, extra_args=("--max-num-seqs", str(n)))
+    after = rerun(tiny_model, tmp_path / "after", extra_args=("--max-num-seqs", str(n)))
     _check(f"--max-num-seqs {n}", before, after)
