@@ -35,7 +35,9 @@ def check_records(records: list[dict], exact_input: bool = True) -> None:
         assert r["output_tokens"] == r["expected_output_tokens"]  # ignore_eos: usage says so
         if exact_input:
             assert r["prompt_tokens"] == r["expected_input_tokens"]
-        assert r["chunks"] == r["output_tokens"]
+        # one chunk per token, except that vLLM merges a request's deltas when its API server
+        # falls behind the engine (RequestOutputCollector): a chunk then carries two tokens
+        assert 0 < r["chunks"] <= r["output_tokens"]
         assert 0 < r["ttft"] <= r["e2e"]
         assert r["dispatch_lag"] >= 0 and r["sent_at"] >= r["scheduled_at"]
         # the gaps cover the decode exactly: first token to last token
