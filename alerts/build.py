@@ -31,14 +31,40 @@ RULES_FILE = "kvwatch-rules.yaml"
 K8S_FILE = "kvwatch-prometheusrule.yaml"
 
 
+# Every alert about one vLLM server carries `vllm_instance`: that server's host:port as
+# Prometheus's `instance` names it when it scrapes vLLM. Alertmanager groups and inhibits by it,
+# so the sidecar's page and vLLM's own alerts for the same engine arrive as one. A vLLM rule has
+# the server's series, so it is their `instance`. The sidecar names the server by `--target`:
+# beside vLLM that is a loopback URL, so the host is the sidecar's own (its `instance`, which
+# shares the pod or host) and the port is the target's.
+_VLLM_INSTANCE = "{{ $labels.instance }}"
+_LOOPBACK = r"^https?://(localhost|127\.[0-9.]+|\[::1\])(:[0-9]+)?(/.*)?$"
+_TARGET_INSTANCE = (
+    f"{{{{ if match `{_LOOPBACK}` $labels.target }}}}"
+    "{{ reReplaceAll `:[0-9]+$` `` $labels.instance }}"
+    "{{ reReplaceAll `^https?://[^/]*?(:[0-9]+)?(/.*)?$` `$1` $labels.target }}"
+    "{{ else }}{{ reReplaceAll `^https?://([^/]+).*$` `$1` $labels.target }}{{ end }}"
+)
+
+
 def _alert(
-    name: str, expr: str, for_: str, severity: str, summary: str, description: str, th: Thresholds
+    name: str,
+    expr: str,
+    for_: str,
+    severity: str,
+    summary: str,
+    description: str,
+    th: Thresholds,
+    vllm_instance: str | None = None,
 ) -> dict[str, Any]:
+    labels = {"severity": severity}
+    if vllm_instance is not None:
+        labels["vllm_instance"] = vllm_instance
     return {
         "alert": name,
         "expr": expr,
         "for": for_,
-        "labels": {"severity": severity},
+        "labels": labels,
         "annotations": {
             "summary": summary,
             "description": description,
@@ -96,6 +122,7 @@ def rule_groups(
                 "KV cache usage is {{ $value | humanizePercentage }}, above "
                 f"{pct(th.pressure_kv)} for 10 minutes: little room for new prompts.",
                 th,
+                _VLLM_INSTANCE,
             ),
             _alert(
                 "VllmKvCacheSaturated",
@@ -114,6 +141,7 @@ def rule_groups(
                 f"{pct(th.saturated_kv)}, or requests preempted) while requests waited, "
                 "minute after minute for 5 minutes.",
                 th,
+                _VLLM_INSTANCE,
             ),
             _alert(
                 "VllmPreemptionRateHigh",
@@ -125,6 +153,7 @@ def rule_groups(
                 f"{th.thrashing_preemptions_per_s:g}/s for 5 minutes: requests are evicted "
                 "from the KV cache and recomputed.",
                 th,
+                _VLLM_INSTANCE,
             ),
             _alert(
                 "VllmRepeatedPreemptions",
@@ -135,6 +164,7 @@ def rule_groups(
                 "{{ $value | humanize }} requests finished in the last 5 minutes after being "
                 "preempted twice or more: the same work is being redone.",
                 th,
+                _VLLM_INSTANCE,
             ),
             _alert(
                 "VllmMetricsAbsent",
@@ -162,6 +192,7 @@ def rule_groups(
                 f"preemptions (over {th.thrashing_preemptions_per_s:g}/s) on a full cache "
                 "with work being redone. Size the cache: kvwatch advise.",
                 th,
+                _TARGET_INSTANCE,
             ),
             _alert(
                 "KvwatchTargetDown",
@@ -171,6 +202,7 @@ def rule_groups(
                 "kvwatch cannot scrape {{ $labels.target }}",
                 "The sidecar's scrapes of {{ $labels.target }} have failed for 2 minutes.",
                 th,
+                _TARGET_INSTANCE,
             ),
             _alert(
                 "KvwatchVllmMetricsMissing",
@@ -181,6 +213,7 @@ def rule_groups(
                 "The server answers /metrics without vllm engine series for 5 minutes "
                 "(started with --disable-log-stats?).",
                 th,
+                _TARGET_INSTANCE,
             ),
             _alert(
                 "KvwatchSidecarDown",

@@ -7,20 +7,35 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import yaml
+
 from tests.services import running_service
 
-__all__ = ["running_alertmanager"]
+__all__ = ["running_alertmanager", "shipped_config"]
+
+SHIPPED = Path(__file__).resolve().parent.parent / "deploy" / "alertmanager" / "alertmanager.yml"
+
+
+def shipped_config(webhook_url: str) -> str:
+    """deploy/alertmanager/alertmanager.yml as shipped (routes, grouping, inhibition), with
+    every receiver posting to `webhook_url` and every route's timers at 1 s."""
+    cfg = yaml.safe_load(SHIPPED.read_text())
+    for r in cfg["receivers"]:
+        for hook in r["webhook_configs"]:
+            hook["url"] = webhook_url
+    todo = [cfg["route"]]
+    while todo:
+        route = todo.pop()
+        route["group_wait"] = route["group_interval"] = "1s"
+        todo.extend(route.get("routes", []))
+    return yaml.safe_dump(cfg, sort_keys=False)
 
 
 @contextmanager
-def running_alertmanager(webhook_url: str) -> Iterator[str]:
+def running_alertmanager(config: str) -> Iterator[str]:
+    """`config` is a whole Alertmanager config (`shipped_config` gives the project's)."""
     tmp = Path(tempfile.mkdtemp(prefix="kvwatch-am-"))
-    (tmp / "am.yml").write_text(
-        "route:\n  receiver: hook\n  group_by: [alertname, instance, target]\n"
-        "  group_wait: 1s\n  group_interval: 1s\n  repeat_interval: 1h\n"
-        f"receivers:\n  - name: hook\n    webhook_configs:\n      - url: {webhook_url}\n"
-        "        send_resolved: true\n"
-    )
+    (tmp / "am.yml").write_text(config)
     with running_service(
         "alertmanager",
         tmp,

@@ -1,7 +1,9 @@
 """Real Prometheus and Alertmanager scrape the real vLLM fixture and a sidecar: a thrashing load
 makes the alerts fire and reach a webhook receiver, and resolve afterwards; the sidecar's own
 webhook fires for the same load without them. `for:` durations are scaled down (0.02: one
-minute becomes a second) so the test sees in seconds what production sees in minutes."""
+minute becomes a second) so the test sees in seconds what production sees in minutes.
+Alertmanager runs the shipped config (deploy/alertmanager), its timers at 1 s: the sidecar's
+page and vLLM's own for the same engine must arrive as one group."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 
 from loadgen.burst import run_burst
 from loadgen.local_server import LocalVLLM
-from tests.alertmanager import running_alertmanager
+from tests.alertmanager import running_alertmanager, shipped_config
 from tests.prometheus import prometheus_alerting
 from tests.receiver import receiver
 from tests.sidecar.running import running_sidecar
@@ -23,6 +25,16 @@ pytestmark = pytest.mark.integration
 
 def _am_events(got: list[dict]) -> list[tuple[str, str]]:
     return [(a["status"], a["labels"]["alertname"]) for g in got for a in g["body"]["alerts"]]
+
+
+def _group_keys(got: list[dict], name: str) -> set[tuple[str, str]]:
+    """(receiver, group key) of each notification that carried `name` firing."""
+    return {
+        (g["body"]["receiver"], g["body"]["groupKey"])
+        for g in got
+        for a in g["body"]["alerts"]
+        if a["labels"]["alertname"] == name and a["status"] == "firing"
+    }
 
 
 def _side_events(got: list[dict]) -> list[tuple[str, str]]:
@@ -63,25 +75,28 @@ def test_thrashing_alerts_fire_and_resolve_both_ways(vllm_server: LocalVLLM) -> 
         running_sidecar(
             ["--target", base, "--interval", "0.5", "--db", "", "--webhook", side_hook]
         ) as side,
-        running_alertmanager(am_hook) as am,
+        running_alertmanager(shipped_config(am_hook)) as am,
         prometheus_alerting(base, side, am) as prom,
     ):
         asyncio.run(run_burst(base, n=32, max_tokens=300, seed=41))
         burst_end = time.time()
         # fired through Prometheus and Alertmanager
-        vllm_rules = {"VllmPreemptionRateHigh", "VllmRepeatedPreemptions"}
+        vllm_warnings = {"VllmPreemptionRateHigh", "VllmRepeatedPreemptions"}
         must = {"KvwatchThrashing", "VllmKvCacheSaturated"}
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             fired = {n for s, n in _am_events(am_got) if s == "firing"}
-            if must <= fired and fired & vllm_rules:
+            if must <= fired and fired & vllm_warnings:
                 break
             time.sleep(0.5)
-        assert must <= fired and fired & vllm_rules, _timeline(
-            burst_end, am_got, side_got
-        ) + _scrapes(prom)
+        seen = _timeline(burst_end, am_got, side_got) + _scrapes(prom)
+        assert must <= fired and fired & vllm_warnings, seen
+        # one page: the sidecar's thrashing and vLLM's saturation share the on-call group
+        keys = _group_keys(am_got, "KvwatchThrashing")
+        assert len(keys) == 1 and keys == _group_keys(am_got, "VllmKvCacheSaturated"), seen
+        assert next(iter(keys))[0] == "inference-oncall", seen
         # and resolved once the load is gone, on both paths. The last word counts: a scrape of
-        # the sidecar that outlasts Prometheus's 1 s interval on this busy machine makes its
+        # the sidecar that outlasts Prometheus's 1 s interval on this busy machine can make its
         # series stale, which resolves the Prometheus alert for a moment while the sidecar
         # still judges thrashing.
         deadline = time.monotonic() + 120
@@ -93,7 +108,6 @@ def test_thrashing_alerts_fire_and_resolve_both_ways(vllm_server: LocalVLLM) -> 
             if both == ("resolved", "resolved"):
                 break
             time.sleep(1.0)
-        assert both == ("resolved", "resolved"), _timeline(burst_end, am_got, side_got) + _scrapes(
-            prom
-        )
+        seen = _timeline(burst_end, am_got, side_got) + _scrapes(prom)
+        assert both == ("resolved", "resolved"), seen
     assert ("firing", "KvwatchThrashing") in _side_events(side_got)

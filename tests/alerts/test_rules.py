@@ -40,6 +40,18 @@ class TestGenerated:
         assert "num_preemptions_total" in text
         assert "num_preemptions}" not in text and 'num_preemptions"' not in text
 
+    def test_alertmanager_groups_pages_by_labels_the_alerts_carry(self) -> None:
+        """The shipped Alertmanager config groups pages by `vllm_instance`: every alert it
+        routes as critical must carry it, or the sidecar's page and vLLM's split again."""
+        am_file = ALERTS.parent / "deploy" / "alertmanager" / "alertmanager.yml"
+        (critical,) = yaml.safe_load(am_file.read_text())["route"]["routes"]
+        assert critical["group_by"] == ["vllm_instance", "model_name", "engine"]
+        rules = [r for g in yaml.safe_load(render_rules())["groups"] for r in g["rules"]]
+        paging = [r for r in rules if "alert" in r and r["labels"]["severity"] == "critical"]
+        assert {r["alert"] for r in paging} == {"VllmKvCacheSaturated", "KvwatchThrashing"}
+        for rule in paging:
+            assert "vllm_instance" in rule["labels"], rule["alert"]
+
     def test_prometheus_rule_wraps_the_same_groups(self) -> None:
         k8s = yaml.safe_load(render_prometheus_rule())
         assert k8s["kind"] == "PrometheusRule"
