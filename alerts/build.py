@@ -32,11 +32,11 @@ K8S_FILE = "kvwatch-prometheusrule.yaml"
 
 
 # Every alert about one vLLM server carries `vllm_instance`: that server's host:port as
-# Prometheus's `instance` names it when it scrapes vLLM. Alertmanager groups and inhibits by it,
-# so the sidecar's page and vLLM's own alerts for the same engine arrive as one. A vLLM rule has
-# the server's series, so it is their `instance`. The sidecar names the server by `--target`:
-# beside vLLM that is a loopback URL, so the host is the sidecar's own (its `instance`, which
-# shares the pod or host) and the port is the target's.
+# Prometheus's `instance` names it when it scrapes vLLM. The shipped Alertmanager config groups
+# pages by it, so the sidecar's page and vLLM's own for the same engine arrive as one. A vLLM
+# rule has the server's series, so it is their `instance`. The sidecar names the server by
+# `--target`: beside vLLM that is a loopback URL, so the host is the sidecar's own (its
+# `instance`, which shares the pod or host) and the port is the target's.
 _VLLM_INSTANCE = "{{ $labels.instance }}"
 _LOOPBACK = r"^https?://(localhost|127\.[0-9.]+|\[::1\])(:[0-9]+)?(/.*)?$"
 _TARGET_INSTANCE = (

@@ -17,7 +17,7 @@ SHIPPED = Path(__file__).resolve().parent.parent / "deploy" / "alertmanager" / "
 
 
 def shipped_config(webhook_url: str) -> str:
-    """deploy/alertmanager/alertmanager.yml as shipped (routes, grouping, inhibition), with
+    """deploy/alertmanager/alertmanager.yml as shipped (its routes and grouping), with
     every receiver posting to `webhook_url` and every route's timers at 1 s."""
     cfg = yaml.safe_load(SHIPPED.read_text())
     for r in cfg["receivers"]:
