@@ -56,14 +56,17 @@ def _alert(
     description: str,
     th: Thresholds,
     vllm_instance: str | None = None,
+    *,
+    keep_firing_for: str | None = None,
 ) -> dict[str, Any]:
     labels = {"severity": severity}
     if vllm_instance is not None:
         labels["vllm_instance"] = vllm_instance
+    timing = {"for": for_} | ({"keep_firing_for": keep_firing_for} if keep_firing_for else {})
     return {
         "alert": name,
         "expr": expr,
-        "for": for_,
+        **timing,
         "labels": labels,
         "annotations": {
             "summary": summary,
@@ -193,6 +196,10 @@ def rule_groups(
                 "with work being redone. Size the cache: kvwatch advise.",
                 th,
                 _TARGET_INSTANCE,
+                # one failed scrape of the sidecar (a restart, a timeout on a starved host)
+                # makes its series stale: without this the page resolves, then fires again
+                # after `for:` (the live test saw it resolved for 5 s mid-thrash)
+                keep_firing_for="1m",
             ),
             _alert(
                 "KvwatchTargetDown",
@@ -229,7 +236,9 @@ def rule_groups(
     }
     for group in (vllm, side):
         for rule in group["rules"]:
-            rule["for"] = _scaled(rule["for"], for_scale)
+            for key in ("for", "keep_firing_for"):
+                if key in rule:
+                    rule[key] = _scaled(rule[key], for_scale)
     return [recording, vllm, side]
 
 
