@@ -36,14 +36,18 @@ K8S_FILE = "kvwatch-prometheusrule.yaml"
 # pages by it, so the sidecar's page and vLLM's own for the same engine arrive as one. A vLLM
 # rule has the server's series, so it is their `instance`. The sidecar names the server by
 # `--target`: beside vLLM that is a loopback URL, so the host is the sidecar's own (its
-# `instance`, which shares the pod or host) and the port is the target's.
+# `instance`, which shares the pod or host) and the port is the target's (or the scheme's).
 _VLLM_INSTANCE = "{{ $labels.instance }}"
 _LOOPBACK = r"^https?://(localhost|127\.[0-9.]+|\[::1\])(:[0-9]+)?(/.*)?$"
+_URL = r"^https?://([^/]*?)(:[0-9]+)?(/.*)?$"  # host, :port, path
 _TARGET_INSTANCE = (
+    f"{{{{ $host := reReplaceAll `{_URL}` `$1` $labels.target }}}}"
+    f"{{{{ $port := reReplaceAll `{_URL}` `$2` $labels.target }}}}"
+    "{{ if not $port }}{{ $port = `:80` }}"
+    "{{ if match `^https:` $labels.target }}{{ $port = `:443` }}{{ end }}{{ end }}"
     f"{{{{ if match `{_LOOPBACK}` $labels.target }}}}"
-    "{{ reReplaceAll `:[0-9]+$` `` $labels.instance }}"
-    "{{ reReplaceAll `^https?://[^/]*?(:[0-9]+)?(/.*)?$` `$1` $labels.target }}"
-    "{{ else }}{{ reReplaceAll `^https?://([^/]+).*$` `$1` $labels.target }}{{ end }}"
+    "{{ $host = reReplaceAll `:[0-9]+$` `` $labels.instance }}{{ end }}"
+    "{{ $host }}{{ $port }}"
 )
 
 
