@@ -104,36 +104,42 @@ def _run_loads(base: str, args: list[str], tmp_path: Path) -> None:
         # pair ends at 38 of the 39 usable blocks); nothing is preempted. On two busy cores the
         # second request of a pair can reach the engine a few tenths of a second late, so the
         # pair's peak is short: the test wants vLLM's own /metrics and the sidecar each to show
-        # a full cache (75% or more) during the fill.
-        t = time.monotonic()
-        with TimelineRecorder(base, period_s=0.25) as vllm_own:  # vLLM's own /metrics
-            records = loadgen_run(
-                base,
-                tmp_path / "fill",
-                "--concurrency",
-                "2",
-                "--requests",
-                "8",
-                "--input-len",
-                "480",
-                "--output-len",
-                "120",
+        # a full cache (75% or more) during the fill, and runs the fill again (three times at
+        # most) when either sampled past the peak. Every run must stay free of preemption and
+        # of thrashing.
+        misses = []
+        for attempt in range(3):
+            t = time.monotonic()
+            with TimelineRecorder(base, period_s=0.25) as vllm_own:  # vLLM's own /metrics
+                records = loadgen_run(
+                    base,
+                    tmp_path / f"fill{attempt}",
+                    "--concurrency",
+                    "2",
+                    "--requests",
+                    "8",
+                    "--input-len",
+                    "480",
+                    "--output-len",
+                    "120",
+                )
+            time.sleep(1.0)
+            fill = states.since(t)
+            kv = [round(r[2], 2) for r in fill]
+            vllm_kv = [round(r["kv_usage"] or 0.0, 2) for r in vllm_own.rows]
+            assert fill[-1][3] == fill[0][3], "the fill load preempted; the fixture changed?"
+            assert "thrashing" not in {r[1] for r in fill}
+            # both sample a peak that lasts a few tenths of a second: each must see a full
+            # cache, not necessarily the same sample
+            if max(vllm_kv, default=0.0) >= 0.75 and max(kv, default=0.0) >= 0.75:
+                break
+            misses.append(
+                f"sidecar saw {kv}; vLLM's own /metrics {vllm_kv}; sidecar scrapes "
+                f"(count, errors, last) {states.scrape}; poll errors {states.errors}; request "
+                f"durations {[round(r['e2e'], 2) for r in records]}"
             )
-        time.sleep(1.0)
-        fill = states.since(t)
-        kv = [round(r[2], 2) for r in fill]
-        vllm_kv = [round(r["kv_usage"] or 0.0, 2) for r in vllm_own.rows]
-        seen = (
-            f"sidecar saw {kv}; vLLM's own /metrics {vllm_kv}; sidecar scrapes "
-            f"(count, errors, last) {states.scrape}; poll errors {states.errors}; request "
-            f"durations {[round(r['e2e'], 2) for r in records]}"
-        )
-        # both sample a peak that lasts a few tenths of a second: each must see a full cache,
-        # not necessarily the same sample
-        assert max(vllm_kv, default=0.0) >= 0.75, f"the fill did not fill: {seen}"
-        assert max(kv) >= 0.75, f"the sidecar missed the fill: {seen}"
-        assert fill[-1][3] == fill[0][3], "the fill load preempted; the fixture changed?"
-        assert "thrashing" not in {r[1] for r in fill}
+        else:
+            raise AssertionError("no fill showed a full cache to both:\n" + "\n".join(misses))
 
         # thrash: 32 x 300 tokens
         t = time.monotonic()
