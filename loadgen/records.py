@@ -20,9 +20,6 @@ class StallRule:
     factor: float = 5.0
     min_s: float = 0.25
 
-    def stalls(self, gaps: list[float]) -> list[float]:
-        return [gaps[i] for i in self.where(gaps)]
-
     def where(self, gaps: list[float]) -> list[int]:
         """Indices of the gaps that are stalls."""
         if len(gaps) < 3:

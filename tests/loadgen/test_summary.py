@@ -32,9 +32,9 @@ class TestRecords:
         assert d["stall_spans"] == [[pytest.approx(1.3), pytest.approx(3.3)]]  # from t0
 
     def test_stall_rule(self) -> None:
-        assert StallRule(5, 0.25).stalls([0.01] * 10 + [0.2]) == []  # under the floor
-        assert StallRule(5, 0.25).stalls([0.1] * 10 + [0.6]) == [0.6]
-        assert StallRule().stalls([5.0, 5.0]) == []  # too few gaps to judge
+        assert StallRule(5, 0.25).where([0.01] * 10 + [0.2]) == []  # under the floor
+        assert StallRule(5, 0.25).where([0.1] * 10 + [0.6]) == [10]
+        assert StallRule().where([5.0, 5.0]) == []  # too few gaps to judge
 
 
 class TestSlo:
