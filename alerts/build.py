@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from sidecar.thresholds import DEFAULT_THRESHOLDS, Thresholds
-from sidecar.vocabulary import (
+from kvwatch.sidecar.thresholds import DEFAULT_THRESHOLDS, Thresholds
+from kvwatch.sidecar.vocabulary import (
     KV_USAGE,
     PREEMPTIONS,
     REQUEST_PREEMPTIONS,

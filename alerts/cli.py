@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kvwatch.cli import add_threshold_option, thresholds_from
+from kvwatch.command import add_threshold_option, thresholds_from
 
 __all__ = ["register"]
 
@@ -38,7 +38,7 @@ def register(sub: Any) -> None:
 
 
 def _alerts(ns: argparse.Namespace) -> int:
-    from alerts.build import render_prometheus_rule, render_rules, write_all
+    from kvwatch.alerts.build import render_prometheus_rule, render_rules, write_all
 
     th = thresholds_from(ns)
     if ns.runbook_base_url:

@@ -22,9 +22,8 @@ import time
 from pathlib import Path
 
 import httpx
-
-from loadgen.local_server import free_port
-from loadgen.tiny_model import build_tiny_model
+from kvwatch.loadgen.local_server import free_port
+from kvwatch.loadgen.tiny_model import build_tiny_model
 
 HERE = Path(__file__).resolve().parent
 

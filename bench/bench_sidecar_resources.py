@@ -19,10 +19,9 @@ import time
 from pathlib import Path
 
 import httpx
-
-from loadgen.burst import run_burst
-from loadgen.local_server import LocalVLLM, ServerConfig, free_port
-from loadgen.tiny_model import build_tiny_model
+from kvwatch.loadgen.burst import run_burst
+from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig, free_port
+from kvwatch.loadgen.tiny_model import build_tiny_model
 
 
 def _cpu_seconds(pid: int) -> float:

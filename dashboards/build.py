@@ -25,10 +25,9 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as pm
-
-from dashboards import queries as q
-from sidecar.thresholds import DEFAULT_THRESHOLDS, Thresholds
-from sidecar.vocabulary import E2E, GENERATION_TOKENS, ITL, PROMPT_TOKENS, TTFT
+from kvwatch.dashboards import queries as q
+from kvwatch.sidecar.thresholds import DEFAULT_THRESHOLDS, Thresholds
+from kvwatch.sidecar.vocabulary import E2E, GENERATION_TOKENS, ITL, PROMPT_TOKENS, TTFT
 
 __all__ = ["DASHBOARDS", "kv_pressure", "fleet", "build", "render", "write_all"]
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvwatch.cli import add_threshold_option, thresholds_from
+from kvwatch.command import add_threshold_option, thresholds_from
 
 __all__ = ["register"]
 
@@ -15,7 +15,7 @@ DEFAULT_DIR = Path(__file__).resolve().parent
 
 
 def register(sub: Any) -> None:
-    from dashboards.build import DASHBOARDS
+    from kvwatch.dashboards.build import DASHBOARDS
 
     d = sub.add_parser(
         "dashboards",
@@ -31,7 +31,7 @@ def register(sub: Any) -> None:
 
 
 def _dashboards(ns: argparse.Namespace) -> int:
-    from dashboards.build import render, write_all
+    from kvwatch.dashboards.build import render, write_all
 
     th = thresholds_from(ns)
     if ns.print_:

@@ -8,7 +8,7 @@ are filtered by model and engine only. Layout lives in dashboards/build.py.
 
 from __future__ import annotations
 
-from sidecar.vocabulary import (
+from kvwatch.sidecar.vocabulary import (
     KV_USAGE,
     PREEMPTIONS,
     REQUEST_PREEMPTIONS,

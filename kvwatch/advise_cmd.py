@@ -13,10 +13,10 @@ from typing import Any
 
 import httpx
 
-from kvwatch.cli import EXIT_FOUND, EXIT_UNREACHABLE, CliError
-from loadgen.rundir import read_records
-from sidecar.advice import Advice, Observed, advise
-from sidecar.kvmath import (
+from kvwatch.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
+from kvwatch.loadgen.rundir import read_records
+from kvwatch.sidecar.advice import Advice, Observed, advise
+from kvwatch.sidecar.kvmath import (
     Gpu,
     ModelShape,
     SizingError,
@@ -182,9 +182,9 @@ def observed_from_state(state: dict[str, Any], source: str) -> list[tuple[str, O
 
 
 async def _watch_metrics(url: str, seconds: float) -> dict[str, Any]:
-    from sidecar.scrape import metrics_url, scrape_once
-    from sidecar.state import SidecarState
-    from sidecar.thresholds import Thresholds
+    from kvwatch.sidecar.scrape import metrics_url, scrape_once
+    from kvwatch.sidecar.state import SidecarState
+    from kvwatch.sidecar.thresholds import Thresholds
 
     state = SidecarState([url], Thresholds(long_window_s=seconds + 5))
     async with httpx.AsyncClient() as client:
@@ -309,7 +309,7 @@ def _advise(ns: argparse.Namespace) -> int:
                 ) from None
             items = observed_from_state(state, f"sidecar {ns.sidecar}")
         elif ns.prometheus:
-            from sidecar.prom_source import observed_from_prometheus
+            from kvwatch.sidecar.prom_source import observed_from_prometheus
 
             items = observed_from_prometheus(ns.prometheus, ns.window, ns.step)
         else:

@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 
-from kvwatch.cli import EXIT_FOUND, EXIT_UNREACHABLE, CliError
-from loadgen.local_server import (
+from kvwatch.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
+from kvwatch.loadgen.local_server import (
     LocalVLLM,
     ServerConfig,
     ServerStartError,
@@ -184,7 +184,7 @@ class _LiveView:
 
 
 def _demo(ns: argparse.Namespace) -> int:
-    from loadgen.tiny_model import build_tiny_model
+    from kvwatch.loadgen.tiny_model import build_tiny_model
 
     run_dir = ns.run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -229,10 +229,10 @@ def _demo(ns: argparse.Namespace) -> int:
 
 def _write_extras(run_dir: Path, state: dict[str, Any], alerts: list[dict[str, Any]]) -> None:
     """The sidecar's last state, the alerts, the dashboards, the rules and the report."""
-    from alerts.build import write_all as write_rules
-    from dashboards.build import write_all as write_dashboards
+    from kvwatch.alerts.build import write_all as write_rules
+    from kvwatch.dashboards.build import write_all as write_dashboards
+    from kvwatch.loadgen.rundir import write_jsonl
     from kvwatch.report import render_report
-    from loadgen.rundir import write_jsonl
 
     (run_dir / "sidecar-state.json").write_text(json.dumps(state, indent=1))
     write_jsonl(run_dir / "alerts.jsonl", alerts)
@@ -245,9 +245,9 @@ def _print_summary(
     run_dir: Path, state: dict[str, Any], view: _LiveView, alerts: list[dict[str, Any]]
 ) -> None:
     from kvwatch.advise_cmd import observed_from_run
-    from loadgen.summary import render_table
-    from sidecar.advice import advise
-    from sidecar.kvmath import SizingError
+    from kvwatch.loadgen.summary import render_table
+    from kvwatch.sidecar.advice import advise
+    from kvwatch.sidecar.kvmath import SizingError
 
     full = json.loads((run_dir / "summary.json").read_text())
     summary = full["overall"]

@@ -16,10 +16,10 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from kvwatch.cli import EXIT_USAGE, CliError
+from kvwatch.command import EXIT_USAGE, CliError
+from kvwatch.loadgen.rundir import read_jsonl, read_records
+from kvwatch.sidecar.thresholds import DEFAULT_THRESHOLDS
 from kvwatch.svgplot import Line, Mark, Span, bar_chart, format_value, line_chart
-from loadgen.rundir import read_jsonl, read_records
-from sidecar.thresholds import DEFAULT_THRESHOLDS
 
 __all__ = ["register", "render_report", "counter_rate", "state_spans", "bucket_delta"]
 
@@ -157,8 +157,8 @@ def _pcts(d: dict[str, Any] | None, unit: str = "s") -> str:
 
 def _advice_html(run_dir: Path) -> tuple[str, str | None]:
     from kvwatch.advise_cmd import observed_from_run
-    from sidecar.advice import advise
-    from sidecar.kvmath import SizingError
+    from kvwatch.sidecar.advice import advise
+    from kvwatch.sidecar.kvmath import SizingError
 
     try:
         obs = observed_from_run(run_dir)

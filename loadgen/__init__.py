@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from loadgen.local_server import LocalVLLM, ServerConfig, ServerStartError
-from loadgen.tiny_model import DEFAULT_SPEC, TinyModelSpec, build_tiny_model
+from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig, ServerStartError
+from kvwatch.loadgen.tiny_model import DEFAULT_SPEC, TinyModelSpec, build_tiny_model
 
 __all__ = [
     "LocalVLLM", "ServerConfig", "ServerStartError", "DEFAULT_SPEC", "TinyModelSpec",

@@ -7,10 +7,9 @@ import random
 import time
 
 import httpx
-
-from loadgen.client import served_model, stream_completion
-from loadgen.http1 import Http1Pool
-from loadgen.records import RequestRecord
+from kvwatch.loadgen.client import served_model, stream_completion
+from kvwatch.loadgen.http1 import Http1Pool
+from kvwatch.loadgen.records import RequestRecord
 
 __all__ = ["burst_prompts", "run_burst"]
 

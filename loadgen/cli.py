@@ -9,8 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvwatch.cli import EXIT_UNREACHABLE, CliError
-from loadgen.cmd_run import register_run
+from kvwatch.loadgen.cmd_run import register_run
+
+from kvwatch.command import EXIT_UNREACHABLE, CliError
 
 __all__ = ["register"]
 
@@ -60,15 +61,15 @@ def register(sub: Any) -> None:
 
 
 def _build_model(ns: argparse.Namespace) -> int:
-    from loadgen.tiny_model import SPECS, build_tiny_model
+    from kvwatch.loadgen.tiny_model import SPECS, build_tiny_model
 
     print(build_tiny_model(SPECS[ns.size], cache_dir=ns.cache_dir, force=ns.force))
     return 0
 
 
 def _serve_local(ns: argparse.Namespace) -> int:
-    from loadgen.local_server import LocalVLLM, ServerConfig, ServerStartError
-    from loadgen.tiny_model import build_tiny_model
+    from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig, ServerStartError
+    from kvwatch.loadgen.tiny_model import build_tiny_model
 
     extra = [a for a in ns.vllm_args if a != "--"] if ns.vllm_args else []
     model = ns.model or build_tiny_model()

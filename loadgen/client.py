@@ -13,9 +13,8 @@ import time
 from typing import Any
 
 import httpx
-
-from loadgen.http1 import Http1Pool
-from loadgen.records import RequestRecord
+from kvwatch.loadgen.http1 import Http1Pool
+from kvwatch.loadgen.records import RequestRecord
 
 __all__ = ["completion_request", "start_completion", "stream_completion", "served_model"]
 

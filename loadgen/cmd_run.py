@@ -12,16 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from kvwatch.loadgen.arrivals import Concurrency, Constant, Gamma, Pattern, Poisson, Ramp
+from kvwatch.loadgen.client import served_model
+from kvwatch.loadgen.records import StallRule
+from kvwatch.loadgen.runner import Progress, RunOptions, run_loop, run_stages
+from kvwatch.loadgen.schedule import Stage, StageSpecError, parse_stage, sweep_stages
+from kvwatch.loadgen.server_metrics import TimelineRecorder, server_snapshot
+from kvwatch.loadgen.stall_causes import PreemptionCounter, mark_preempting_stalls
+from kvwatch.loadgen.workload import DatasetError, WorkloadSpec, tokenize_corpus
 
-from kvwatch.cli import EXIT_FOUND, EXIT_UNREACHABLE, CliError
-from loadgen.arrivals import Concurrency, Constant, Gamma, Pattern, Poisson, Ramp
-from loadgen.client import served_model
-from loadgen.records import StallRule
-from loadgen.runner import Progress, RunOptions, run_loop, run_stages
-from loadgen.schedule import Stage, StageSpecError, parse_stage, sweep_stages
-from loadgen.server_metrics import TimelineRecorder, server_snapshot
-from loadgen.stall_causes import PreemptionCounter, mark_preempting_stalls
-from loadgen.workload import DatasetError, WorkloadSpec, tokenize_corpus
+from kvwatch.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
 
 __all__ = ["register_run"]
 
@@ -228,7 +228,7 @@ def _send(
 ) -> tuple[float, list[dict[str, Any]], list[dict[str, Any]]]:
     """Runs the stages in this process or in worker processes; (start, records, events)."""
     if ns.workers > 1:
-        from loadgen.workers import run_in_workers
+        from kvwatch.loadgen.workers import run_in_workers
 
         print(f"starting {ns.workers} sender processes ...", file=sys.stderr)
         start_unix, records, events = run_in_workers(ns.workers, stages, opts, workload, stall)
@@ -253,8 +253,8 @@ def _send(
 
 
 def _run(ns: argparse.Namespace) -> int:
-    from loadgen.rundir import write_run
-    from loadgen.summary import (
+    from kvwatch.loadgen.rundir import write_run
+    from kvwatch.loadgen.summary import (
         SloError,
         parse_slo,
         render_table,

@@ -18,13 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-
-from loadgen.arrivals import Concurrency
-from loadgen.client import completion_request, start_completion
-from loadgen.http1 import Http1Pool
-from loadgen.records import RequestRecord
-from loadgen.schedule import Stage
-from loadgen.workload import WorkItem
+from kvwatch.loadgen.arrivals import Concurrency
+from kvwatch.loadgen.client import completion_request, start_completion
+from kvwatch.loadgen.http1 import Http1Pool
+from kvwatch.loadgen.records import RequestRecord
+from kvwatch.loadgen.schedule import Stage
+from kvwatch.loadgen.workload import WorkItem
 
 __all__ = ["RunOptions", "RunResult", "Progress", "Share", "run_stages", "run_loop"]
 

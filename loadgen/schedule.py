@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from loadgen.arrivals import Burst, Concurrency, Constant, Gamma, Pattern, Poisson, Ramp
+from kvwatch.loadgen.arrivals import Burst, Concurrency, Constant, Gamma, Pattern, Poisson, Ramp
 
 __all__ = ["Stage", "parse_stage", "sweep_stages", "StageSpecError"]
 

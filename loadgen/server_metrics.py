@@ -14,9 +14,8 @@ from dataclasses import asdict
 from typing import Any
 
 import httpx
-
-from sidecar.exposition import parse_exposition
-from sidecar.observe import EngineKey, EngineObservation, observe
+from kvwatch.sidecar.exposition import parse_exposition
+from kvwatch.sidecar.observe import EngineKey, EngineObservation, observe
 
 __all__ = ["server_snapshot", "summarize_engines", "TimelineRecorder", "PLAIN_TEXT"]
 

@@ -12,10 +12,10 @@ import multiprocessing as mp
 import time
 from typing import Any
 
-from loadgen.records import StallRule
-from loadgen.runner import RunOptions, Share, run_loop, run_stages
-from loadgen.schedule import Stage
-from loadgen.workload import WorkloadSpec
+from kvwatch.loadgen.records import StallRule
+from kvwatch.loadgen.runner import RunOptions, Share, run_loop, run_stages
+from kvwatch.loadgen.schedule import Stage
+from kvwatch.loadgen.workload import WorkloadSpec
 
 __all__ = ["run_in_workers"]
 

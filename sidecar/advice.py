@@ -14,7 +14,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sidecar.kvmath import Gpu, SizingError, blocks_for
+from kvwatch.sidecar.kvmath import Gpu, SizingError, blocks_for
 
 __all__ = ["Observed", "Advice", "advise", "RESERVED_BLOCKS"]
 

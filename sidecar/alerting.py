@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.thresholds import Thresholds
+from kvwatch.sidecar.thresholds import Thresholds
 
 __all__ = ["Alert", "active_alerts", "AlertTracker", "Notification"]
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from kvwatch.cli import EXIT_UNREACHABLE, CliError, add_threshold_option, thresholds_from
+from kvwatch.command import EXIT_UNREACHABLE, CliError, add_threshold_option, thresholds_from
 
 __all__ = ["register", "read_log_chunks"]
 
@@ -107,8 +107,8 @@ def _listen(value: str) -> tuple[str, int]:
 
 
 def _sidecar(ns: argparse.Namespace) -> int:
-    from sidecar.daemon import SidecarConfig, run_sidecar
-    from sidecar.webhooks import load_receivers
+    from kvwatch.sidecar.daemon import SidecarConfig, run_sidecar
+    from kvwatch.sidecar.webhooks import load_receivers
 
     command = tuple(a for a in ns.command if a != "--") if ns.command else ()
     host, port = _listen(ns.listen)
@@ -153,8 +153,8 @@ def read_log_chunks(fh: BinaryIO) -> Iterator[str]:
 
 
 def _logs(ns: argparse.Namespace) -> int:
-    from sidecar.logformats import event_to_dict, parse_text
-    from sidecar.logsummary import render_summary, summarize
+    from kvwatch.sidecar.logformats import event_to_dict, parse_text
+    from kvwatch.sidecar.logsummary import render_summary, summarize
 
     try:
         fh = sys.stdin.buffer if str(ns.file) == "-" else open(ns.file, "rb")  # noqa: SIM115

@@ -19,15 +19,14 @@ from pathlib import Path
 from typing import BinaryIO
 
 import httpx
-
-from sidecar.alerting import AlertTracker, active_alerts
-from sidecar.episodes import EpisodeStore
-from sidecar.follow import FileFollower, FollowStats, read_stream, run_and_read
-from sidecar.outbox import Outbox
-from sidecar.scrape import metrics_url, scrape_once
-from sidecar.state import SidecarState
-from sidecar.thresholds import Thresholds
-from sidecar.webhooks import Receiver, deliver_forever, enqueue
+from kvwatch.sidecar.alerting import AlertTracker, active_alerts
+from kvwatch.sidecar.episodes import EpisodeStore
+from kvwatch.sidecar.follow import FileFollower, FollowStats, read_stream, run_and_read
+from kvwatch.sidecar.outbox import Outbox
+from kvwatch.sidecar.scrape import metrics_url, scrape_once
+from kvwatch.sidecar.state import SidecarState
+from kvwatch.sidecar.thresholds import Thresholds
+from kvwatch.sidecar.webhooks import Receiver, deliver_forever, enqueue
 
 __all__ = ["SidecarConfig", "run_sidecar"]
 
@@ -196,7 +195,7 @@ async def _main(
 
 
 def run_sidecar(cfg: SidecarConfig, echo: BinaryIO | None = None) -> int:
-    from sidecar.exporter import serve
+    from kvwatch.sidecar.exporter import serve
 
     state = SidecarState(list(cfg.targets), cfg.thresholds, EpisodeStore(cfg.db_path))
     stale_after = max(10.0, 3 * (cfg.interval_s + cfg.timeout_s))

@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from sidecar.signals import EngineSignals
-from sidecar.thresholds import Thresholds
-from sidecar.timeline import Timeline
+from kvwatch.sidecar.signals import EngineSignals
+from kvwatch.sidecar.thresholds import Thresholds
+from kvwatch.sidecar.timeline import Timeline
 
 __all__ = ["Level", "Evidence", "judge", "Detector", "gather_evidence"]
 

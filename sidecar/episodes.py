@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from sidecar.signals import EngineSignals
+from kvwatch.sidecar.signals import EngineSignals
 
 __all__ = ["Episode", "EpisodeTracker", "EpisodeStore"]
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from sidecar.vocabulary import WIRE_LOOKUP, Family
+from kvwatch.sidecar.vocabulary import WIRE_LOOKUP, Family
 
 __all__ = ["Sample", "Exposition", "parse_exposition", "parse_lines"]
 

@@ -9,7 +9,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.logformats import Capacity, LogEvent, PreemptionWarning, StatsLine, event_to_dict
+from kvwatch.sidecar.logformats import (
+    Capacity,
+    LogEvent,
+    PreemptionWarning,
+    StatsLine,
+    event_to_dict,
+)
 
 __all__ = ["LogSummary", "summarize", "render_summary"]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sidecar.exposition import Exposition, Sample
-from sidecar.vocabulary import (
+from kvwatch.sidecar.exposition import Exposition, Sample
+from kvwatch.sidecar.vocabulary import (
     CACHE_CONFIG,
     GENERATION_TOKENS,
     KV_USAGE,

@@ -11,10 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-
-from sidecar.advice import Observed
-from sidecar.kvmath import SizingError
-from sidecar.vocabulary import (
+from kvwatch.sidecar.advice import Observed
+from kvwatch.sidecar.kvmath import SizingError
+from kvwatch.sidecar.vocabulary import (
     CACHE_CONFIG,
     PREEMPTIONS,
     REQUEST_GENERATION_TOKENS,

@@ -5,9 +5,8 @@ from __future__ import annotations
 import time
 
 import httpx
-
-from sidecar.exposition import parse_exposition
-from sidecar.state import ScrapeOutcome
+from kvwatch.sidecar.exposition import parse_exposition
+from kvwatch.sidecar.state import ScrapeOutcome
 
 __all__ = ["metrics_url", "scrape_once", "MAX_BODY_BYTES"]
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sidecar.observe import CacheConfig, bucket_quantile
-from sidecar.thresholds import Thresholds
-from sidecar.timeline import Timeline
+from kvwatch.sidecar.observe import CacheConfig, bucket_quantile
+from kvwatch.sidecar.thresholds import Thresholds
+from kvwatch.sidecar.timeline import Timeline
 
 __all__ = ["EngineSignals", "derive"]
 

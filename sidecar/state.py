@@ -12,11 +12,11 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from sidecar.detect import Detector, Level, gather_evidence, judge
-from sidecar.episodes import Episode, EpisodeStore, EpisodeTracker
-from sidecar.exposition import Exposition
-from sidecar.follow import FollowStats
-from sidecar.logformats import (
+from kvwatch.sidecar.detect import Detector, Level, gather_evidence, judge
+from kvwatch.sidecar.episodes import Episode, EpisodeStore, EpisodeTracker
+from kvwatch.sidecar.exposition import Exposition
+from kvwatch.sidecar.follow import FollowStats
+from kvwatch.sidecar.logformats import (
     Capacity,
     LogEvent,
     PreemptionWarning,
@@ -24,10 +24,10 @@ from sidecar.logformats import (
     event_to_dict,
     parse_line,
 )
-from sidecar.observe import CacheConfig, EngineKey, observe
-from sidecar.signals import derive
-from sidecar.thresholds import Thresholds
-from sidecar.timeline import Timeline
+from kvwatch.sidecar.observe import CacheConfig, EngineKey, observe
+from kvwatch.sidecar.signals import derive
+from kvwatch.sidecar.thresholds import Thresholds
+from kvwatch.sidecar.timeline import Timeline
 
 __all__ = ["TargetState", "LogState", "SidecarState", "ScrapeOutcome"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from sidecar.observe import EngineObservation
+from kvwatch.sidecar.observe import EngineObservation
 
 __all__ = ["COUNTERS", "Timeline"]
 

@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-from sidecar.alerting import Notification
-from sidecar.outbox import Outbox, backoff_s
+from kvwatch.sidecar.alerting import Notification
+from kvwatch.sidecar.outbox import Outbox, backoff_s
 
 __all__ = [
     "Receiver",

@@ -82,7 +82,7 @@ def prometheus_alerting(
 ) -> Iterator[str]:
     """Prometheus scraping vLLM and a sidecar with kvwatch's rules (their `for:` scaled) and
     sending to Alertmanager; yields once both targets have data."""
-    from alerts.build import render_rules
+    from kvwatch.alerts.build import render_rules
 
     targets = {
         "vllm": [vllm_base.removeprefix("http://")],

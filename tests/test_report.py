@@ -7,8 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kvwatch.loadgen.rundir import write_run
+
 from kvwatch.report import bucket_delta, counter_rate, render_report, state_spans
-from loadgen.rundir import write_run
 
 
 def test_counter_rate_survives_a_restart() -> None:

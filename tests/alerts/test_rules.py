@@ -7,9 +7,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from alerts.build import ALERT_NAMES, K8S_FILE, RULES_FILE, render_prometheus_rule, render_rules
-from sidecar.thresholds import Thresholds
+from kvwatch.alerts.build import (
+    ALERT_NAMES,
+    K8S_FILE,
+    RULES_FILE,
+    render_prometheus_rule,
+    render_rules,
+)
+from kvwatch.sidecar.thresholds import Thresholds
 
 ALERTS = Path(__file__).resolve().parents[2] / "alerts"
 

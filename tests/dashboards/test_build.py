@@ -10,11 +10,15 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from dashboards.build import DASHBOARDS, build, render
-from dashboards.live import annotation_queries, grafana_regex_escape, panel_queries, substitute
-from dashboards.schema_check import check_dashboards
-from sidecar.thresholds import Thresholds
+from kvwatch.dashboards.build import DASHBOARDS, build, render
+from kvwatch.dashboards.live import (
+    annotation_queries,
+    grafana_regex_escape,
+    panel_queries,
+    substitute,
+)
+from kvwatch.dashboards.schema_check import check_dashboards
+from kvwatch.sidecar.thresholds import Thresholds
 
 DIR = Path(__file__).resolve().parents[2] / "dashboards"
 
@@ -69,7 +73,7 @@ def test_threshold_lines_follow_the_thresholds() -> None:
     kv = next(p for p in doc["panels"] if p["title"] == "KV cache usage")
     steps = [s["value"] for s in kv["fieldConfig"]["defaults"]["thresholds"]["steps"]]
     assert steps == [None, 0.9, 0.95]
-    from dashboards.build import kv_pressure
+    from kvwatch.dashboards.build import kv_pressure
 
     moved = kv_pressure(Thresholds(pressure_kv=0.8)).build()
     assert "(80%)" in json.dumps(moved, default=lambda o: o.to_json())

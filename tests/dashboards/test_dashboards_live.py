@@ -11,11 +11,17 @@ from pathlib import Path
 
 import httpx
 import pytest
+from kvwatch.dashboards.build import DASHBOARDS, build
+from kvwatch.dashboards.live import (
+    annotation_queries,
+    fill_variables,
+    panel_queries,
+    run_query,
+    substitute,
+)
+from kvwatch.dashboards.preview import spans_from, write_preview
+from kvwatch.loadgen.local_server import LocalVLLM
 
-from dashboards.build import DASHBOARDS, build
-from dashboards.live import annotation_queries, fill_variables, panel_queries, run_query, substitute
-from dashboards.preview import spans_from, write_preview
-from loadgen.local_server import LocalVLLM
 from tests.loadgen.test_loadgen_live import run as loadgen_run
 from tests.prometheus import running_prometheus, wait_for_series
 from tests.sidecar.running import running_sidecar

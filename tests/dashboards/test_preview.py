@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dashboards.live import Series
-from dashboards.preview import _bucket_counts, legend, spans_from
+from kvwatch.dashboards.live import Series
+from kvwatch.dashboards.preview import _bucket_counts, legend, spans_from
 
 
 def test_legend_format() -> None:

@@ -7,7 +7,8 @@ import json
 import time
 from http.server import BaseHTTPRequestHandler
 
-from loadgen.runner import _post_event
+from kvwatch.loadgen.runner import _post_event
+
 from tests.http_server import serving
 
 

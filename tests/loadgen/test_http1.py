@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from loadgen.client import stream_completion
-from loadgen.http1 import Http1Pool, HttpProtocolError, ResponseParser, Target
-from loadgen.records import RequestRecord
+from kvwatch.loadgen.client import stream_completion
+from kvwatch.loadgen.http1 import Http1Pool, HttpProtocolError, ResponseParser, Target
+from kvwatch.loadgen.records import RequestRecord
 
 
 class _Sink:
@@ -288,7 +287,7 @@ def test_tls_target_verified(tmp_path: Path) -> None:
     ],
 )
 def test_odd_sse_data_is_a_record_error(data: bytes, why: str) -> None:
-    from loadgen.client import _StreamRecorder
+    from kvwatch.loadgen.client import _StreamRecorder
 
     rec = RequestRecord("r", 0.0)
     sink = _StreamRecorder(rec)

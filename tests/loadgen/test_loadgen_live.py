@@ -10,10 +10,9 @@ from pathlib import Path
 import httpx
 import pandas as pd
 import pytest
-
-from loadgen.local_server import LocalVLLM
-from sidecar.exposition import parse_exposition
-from sidecar.observe import observe
+from kvwatch.loadgen.local_server import LocalVLLM
+from kvwatch.sidecar.exposition import parse_exposition
+from kvwatch.sidecar.observe import observe
 
 pytestmark = pytest.mark.integration
 

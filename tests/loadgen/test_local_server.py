@@ -9,17 +9,16 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from loadgen.burst import run_burst
-from loadgen.local_server import (
+from kvwatch.loadgen.burst import run_burst
+from kvwatch.loadgen.local_server import (
     LocalVLLM,
     ServerConfig,
     ServerStartError,
     free_port,
     group_alive,
 )
-from sidecar.exposition import parse_exposition
-from sidecar.vocabulary import KV_USAGE, PREEMPTIONS
+from kvwatch.sidecar.exposition import parse_exposition
+from kvwatch.sidecar.vocabulary import KV_USAGE, PREEMPTIONS
 
 pytestmark = pytest.mark.integration
 

@@ -1,9 +1,8 @@
 from __future__ import annotations
 
 import pytest
-
-from loadgen.arrivals import Burst, Concurrency, Gamma, Poisson, Ramp
-from loadgen.schedule import Stage, StageSpecError, parse_stage, sweep_stages
+from kvwatch.loadgen.arrivals import Burst, Concurrency, Gamma, Poisson, Ramp
+from kvwatch.loadgen.schedule import Stage, StageSpecError, parse_stage, sweep_stages
 
 
 class TestParseStage:

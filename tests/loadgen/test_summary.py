@@ -1,9 +1,14 @@
 from __future__ import annotations
 
 import pytest
-
-from loadgen.records import RequestRecord, StallRule
-from loadgen.summary import SloError, parse_slo, render_table, summarize_records, timing_caveat
+from kvwatch.loadgen.records import RequestRecord, StallRule
+from kvwatch.loadgen.summary import (
+    SloError,
+    parse_slo,
+    render_table,
+    summarize_records,
+    timing_caveat,
+)
 
 
 def rec(i: int, due: float, sent: float, tokens: list[float], stage: str = "s",

@@ -6,8 +6,13 @@ import random
 from pathlib import Path
 
 import pytest
-
-from loadgen.workload import DatasetError, LengthDist, load_dataset, parse_length, synthetic_items
+from kvwatch.loadgen.workload import (
+    DatasetError,
+    LengthDist,
+    load_dataset,
+    parse_length,
+    synthetic_items,
+)
 
 
 class TestLengths:

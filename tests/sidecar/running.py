@@ -8,9 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
-
-from loadgen.local_server import free_port, stop_process, wait_until_ok
-from sidecar.exposition import Sample
+from kvwatch.loadgen.local_server import free_port, stop_process, wait_until_ok
+from kvwatch.sidecar.exposition import Sample
 
 __all__ = ["running_sidecar", "kvwatch_samples", "Sidecar"]
 

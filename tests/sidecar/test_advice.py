@@ -1,9 +1,8 @@
 from __future__ import annotations
 
 import pytest
-
-from sidecar.advice import Observed, advise
-from sidecar.kvmath import SizingError, lookup_gpu
+from kvwatch.sidecar.advice import Observed, advise
+from kvwatch.sidecar.kvmath import SizingError, lookup_gpu
 
 
 def obs(**kw: float) -> Observed:

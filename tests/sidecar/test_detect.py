@@ -2,11 +2,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sidecar.detect import Detector, Evidence, Level, judge
-from sidecar.episodes import EpisodeStore
-from sidecar.exposition import parse_exposition
-from sidecar.state import ScrapeOutcome, SidecarState
-from sidecar.thresholds import Thresholds, parse_overrides
+from kvwatch.sidecar.detect import Detector, Evidence, Level, judge
+from kvwatch.sidecar.episodes import EpisodeStore
+from kvwatch.sidecar.exposition import parse_exposition
+from kvwatch.sidecar.state import ScrapeOutcome, SidecarState
+from kvwatch.sidecar.thresholds import Thresholds, parse_overrides
 
 TH = Thresholds()
 

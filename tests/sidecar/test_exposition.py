@@ -4,10 +4,8 @@ from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client.parser import text_string_to_metric_families
-
-from sidecar.exposition import parse_exposition
-from sidecar.vocabulary import (
+from kvwatch.sidecar.exposition import parse_exposition
+from kvwatch.sidecar.vocabulary import (
     CACHE_CONFIG,
     ITL,
     KV_USAGE,
@@ -16,6 +14,7 @@ from sidecar.vocabulary import (
     WIRE_LOOKUP,
     by_name,
 )
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def _reference(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -6,7 +6,13 @@ import sys
 import threading
 from pathlib import Path
 
-from sidecar.follow import FileFollower, FollowStats, LineSplitter, read_stream, run_and_read
+from kvwatch.sidecar.follow import (
+    FileFollower,
+    FollowStats,
+    LineSplitter,
+    read_stream,
+    run_and_read,
+)
 
 
 class TestLineSplitter:

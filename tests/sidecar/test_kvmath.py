@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from sidecar.kvmath import (
+from kvwatch.sidecar.kvmath import (
     ModelShape,
     SizingError,
     blocks_for,

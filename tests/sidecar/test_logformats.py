@@ -7,8 +7,13 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from sidecar.logformats import Capacity, PreemptionWarning, StatsLine, parse_line, parse_text
+from kvwatch.sidecar.logformats import (
+    Capacity,
+    PreemptionWarning,
+    StatsLine,
+    parse_line,
+    parse_text,
+)
 
 V0_WARNING = (
     "WARNING 05-12 10:15:03 [scheduler.py:1754] Sequence group cmpl-8f3c2a9e4b1d4f7a-0 is "

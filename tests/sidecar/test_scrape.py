@@ -5,11 +5,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from kvwatch.sidecar.exporter import StateCollector
+from kvwatch.sidecar.scrape import metrics_url, scrape_once
+from kvwatch.sidecar.state import ScrapeOutcome, SidecarState
 from prometheus_client import CollectorRegistry, generate_latest
 
-from sidecar.exporter import StateCollector
-from sidecar.scrape import metrics_url, scrape_once
-from sidecar.state import ScrapeOutcome, SidecarState
 from tests.sidecar.fakes import raw_http_server
 
 
@@ -67,7 +67,7 @@ class TestStateAndExporter:
         return generate_latest(reg).decode()
 
     def test_down_target_is_down_not_zero(self, data_dir: Path) -> None:
-        from sidecar.exposition import parse_exposition
+        from kvwatch.sidecar.exposition import parse_exposition
 
         body = (data_dir / "vllm-0.32-metrics-busy.txt").read_text()
         state = SidecarState(["http://a"])
@@ -92,7 +92,7 @@ class TestStateAndExporter:
 
     @pytest.mark.parametrize("names", [["vllm:", "vllm_"]])
     def test_both_spellings_give_the_same_signals(self, data_dir: Path, names: list[str]) -> None:
-        from sidecar.exposition import parse_exposition
+        from kvwatch.sidecar.exposition import parse_exposition
 
         body = (data_dir / "vllm-0.32-metrics-busy.txt").read_text()
         sigs = []

