@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from kvwatch.sidecar.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from kvwatch.sidecar.vocabulary import (
     KV_USAGE,

@@ -1,4 +1,5 @@
-"""`kvwatch alerts`: write (or print) the Prometheus rules this project generates."""
+"""`kvwatch alerts`: write (or print) the Prometheus rules this project generates;
+`kvwatch runbook`: print the runbook the rules point to."""
 
 from __future__ import annotations
 
@@ -8,11 +9,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kvwatch.command import add_threshold_option, thresholds_from
+from kvwatch.sidecar.command import CliError, add_threshold_option, thresholds_from
 
 __all__ = ["register"]
-
-DEFAULT_DIR = Path(__file__).resolve().parent
 
 
 def register(sub: Any) -> None:
@@ -22,12 +21,23 @@ def register(sub: Any) -> None:
         description="Render kvwatch's recording and alerting rules from the thresholds the "
         "sidecar judges by. Writes kvwatch-rules.yaml and kvwatch-prometheusrule.yaml.",
     )
-    a.add_argument("--out", type=Path, default=DEFAULT_DIR, help="directory (default: alerts/)")
+    a.add_argument(
+        "--out",
+        type=Path,
+        default=Path("."),
+        help="directory to write into (default: the current one; `--out alerts` regenerates "
+        "the copies in a kvwatch checkout)",
+    )
     a.add_argument(
         "--print", dest="print_", choices=["rules", "k8s"], help="print one file instead of writing"
     )
     add_threshold_option(a, "override a threshold (as for kvwatch sidecar)")
-    a.add_argument("--runbook-base-url", help="where runbook_url links point")
+    a.add_argument(
+        "--runbook-base-url",
+        metavar="URL",
+        help="where runbook_url links point (the same as --threshold runbook_base_url=URL): "
+        "your own copy of alerts/runbook.md; each alert links to URL#alertname",
+    )
     a.add_argument(
         "--for-scale",
         type=float,
@@ -35,6 +45,17 @@ def register(sub: Any) -> None:
         help="multiply every `for:` (e.g. 0.01 in a lab to see alerts fire in seconds)",
     )
     a.set_defaults(func=_alerts)
+
+    r = sub.add_parser(
+        "runbook",
+        help="print the runbook for kvwatch's alerts, or one alert's section",
+        description="Print the runbook shipped with kvwatch (what each alert means, what to "
+        "check, what to change), or the section of one ALERT (its name, any case). Exit 2 for "
+        "an alert the runbook does not know.",
+    )
+    r.add_argument("alert", nargs="?", metavar="ALERT", help="e.g. KvwatchThrashing")
+    r.add_argument("--list", action="store_true", help="list the alerts it has sections for")
+    r.set_defaults(func=_runbook)
 
 
 def _alerts(ns: argparse.Namespace) -> int:
@@ -51,4 +72,23 @@ def _alerts(ns: argparse.Namespace) -> int:
         return 0
     for path in write_all(ns.out, th):
         print(path)
+    return 0
+
+
+def _runbook(ns: argparse.Namespace) -> int:
+    from kvwatch.alerts.runbook import read_runbook, section, sections
+
+    text = read_runbook()
+    if ns.list:
+        print("\n".join(sections(text)))
+        return 0
+    if ns.alert is None:
+        sys.stdout.write(text)
+        return 0
+    found = section(text, ns.alert)
+    if found is None:
+        raise CliError(
+            f"the runbook has no section for {ns.alert!r}; it has: {', '.join(sections(text))}"
+        )
+    sys.stdout.write(found)
     return 0

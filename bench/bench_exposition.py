@@ -11,8 +11,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kvwatch.sidecar.exposition import parse_exposition
 from prometheus_client.parser import text_string_to_metric_families
+
+from kvwatch.sidecar.exposition import parse_exposition
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "vllm-0.32-metrics-busy.txt"
 

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import httpx
+
 from kvwatch.loadgen.local_server import free_port
 from kvwatch.loadgen.tiny_model import build_tiny_model
 

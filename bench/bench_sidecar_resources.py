@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import httpx
+
 from kvwatch.loadgen.burst import run_burst
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig, free_port
 from kvwatch.loadgen.tiny_model import build_tiny_model

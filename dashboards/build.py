@@ -25,7 +25,9 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as pm
+
 from kvwatch.dashboards import queries as q
+from kvwatch.dashboards.files import DASHBOARD_FILES
 from kvwatch.sidecar.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from kvwatch.sidecar.vocabulary import E2E, GENERATION_TOKENS, ITL, PROMPT_TOKENS, TTFT
 
@@ -430,10 +432,9 @@ def fleet(th: Thresholds = DEFAULT_THRESHOLDS) -> dashboard.Dashboard:
     return _layout(_annotations(_variables(d, with_instance=False), every), (None, panels))
 
 
-DASHBOARDS: dict[str, Callable[[Thresholds], dashboard.Dashboard]] = {
-    "kvwatch-kv-pressure.json": kv_pressure,
-    "kvwatch-fleet.json": fleet,
-}
+DASHBOARDS: dict[str, Callable[[Thresholds], dashboard.Dashboard]] = dict(
+    zip(DASHBOARD_FILES, (kv_pressure, fleet), strict=True)
+)
 
 
 _INTERVAL_ONLY = ("auto", "auto_count", "auto_min")

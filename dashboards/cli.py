@@ -7,16 +7,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvwatch.command import add_threshold_option, thresholds_from
+from kvwatch.dashboards.files import DASHBOARD_FILES
+from kvwatch.sidecar.command import add_threshold_option, thresholds_from
 
 __all__ = ["register"]
 
-DEFAULT_DIR = Path(__file__).resolve().parent
-
 
 def register(sub: Any) -> None:
-    from kvwatch.dashboards.build import DASHBOARDS
-
     d = sub.add_parser(
         "dashboards",
         help="write the Grafana dashboards (KV pressure, fleet) as JSON",
@@ -24,8 +21,16 @@ def register(sub: Any) -> None:
         "thresholds the sidecar judges by. Import the JSON in Grafana or provision it "
         "(docs/dashboards.md).",
     )
-    d.add_argument("--out", type=Path, default=DEFAULT_DIR, help="directory (default: dashboards/)")
-    d.add_argument("--print", dest="print_", choices=sorted(DASHBOARDS), help="print one instead")
+    d.add_argument(
+        "--out",
+        type=Path,
+        default=Path("."),
+        help="directory to write into (default: the current one; `--out dashboards` "
+        "regenerates the copies in a kvwatch checkout)",
+    )
+    d.add_argument(
+        "--print", dest="print_", choices=DASHBOARD_FILES, help="print one instead of writing"
+    )
     add_threshold_option(d, "override a threshold the panels draw (as for kvwatch sidecar)")
     d.set_defaults(func=_dashboards)
 

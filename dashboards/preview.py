@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from kvwatch.dashboards.live import PanelQuery, Series
-
 from kvwatch.svgplot import Line, Span, bar_chart, line_chart, state_lanes
 
 __all__ = ["legend", "panel_svg", "spans_from", "write_preview"]

@@ -6,16 +6,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from kvwatch.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
-from kvwatch.loadgen.rundir import read_records
-from kvwatch.sidecar.advice import Advice, Observed, advise
+from kvwatch.sidecar.advice import Advice, Observed, advise, kv_bytes_per_token_from
+from kvwatch.sidecar.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
 from kvwatch.sidecar.kvmath import (
     Gpu,
     ModelShape,
@@ -28,120 +24,7 @@ from kvwatch.sidecar.kvmath import (
     victim_costs,
 )
 
-__all__ = ["register", "observed_from_run", "observed_from_state"]
-
-
-def register(sub: Any) -> None:
-    a = sub.add_parser(
-        "advise",
-        help="say how to size the KV cache: more memory or less concurrency, with the arithmetic",
-        description="Sizing advice for vLLM's KV cache. Reads a recorded run directory (--run), "
-        "a live sidecar (--sidecar), a vLLM server's /metrics watched for a while (--metrics), "
-        "a Prometheus server (--prometheus, every instance), "
-        "or answers a what-if from figures (--model, --gpu, --concurrency, --prompt-len, "
-        "--output-len). Exit 0 when the load fits, 1 when the cache is undersized.",
-    )
-    src = a.add_mutually_exclusive_group(required=True)
-    src.add_argument("--run", type=Path, metavar="DIR", help="a `kvwatch loadgen run` directory")
-    src.add_argument("--sidecar", metavar="URL", help="a running kvwatch sidecar")
-    src.add_argument("--metrics", metavar="URL", help="a vLLM server (its /metrics)")
-    src.add_argument(
-        "--prometheus",
-        metavar="URL",
-        help="a Prometheus server: advice for every vLLM instance it scrapes",
-    )
-    src.add_argument("--what-if", action="store_true", help="from figures alone")
-    a.add_argument("--watch", type=float, default=30.0, help="seconds to watch --metrics (30)")
-    a.add_argument("--window", default="1h", help="PromQL range for --prometheus (1h)")
-    a.add_argument(
-        "--step",
-        default="15s",
-        help="--prometheus: resolution for the peak demand (15s; your scrape interval)",
-    )
-    a.add_argument("--margin", type=float, default=0.10, help="share of blocks kept free (0.10)")
-    m = a.add_argument_group("model and hardware (what-if; or to fill in what a source lacks)")
-    m.add_argument("--model", help="preset name (e.g. llama-3.1-8b) or a config.json / model dir")
-    m.add_argument("--gpu", help="h100, h200, a100, l40s")
-    m.add_argument("--tp", type=int, default=1, help="tensor-parallel size (1)")
-    m.add_argument("--kv-dtype", default="bf16", help="bf16 or fp8 (bf16)")
-    m.add_argument("--block-size", type=int, default=16, help="KV block size (16 on CUDA)")
-    m.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    m.add_argument("--concurrency", type=float, help="requests running at once")
-    m.add_argument("--prompt-len", type=float, help="prompt tokens per request")
-    m.add_argument("--output-len", type=float, help="output tokens per request")
-    m.add_argument(
-        "--victim-tokens",
-        type=float,
-        help="length of a preempted request (default: prompt + output)",
-    )
-    m.add_argument("--step-ms", type=float, help="decode step time, for the regenerate cost")
-    a.add_argument("--json", action="store_true", help="print JSON")
-    a.set_defaults(func=_advise)
-
-
-def _peak_overlap(intervals: list[tuple[float, float]]) -> int:
-    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
-    peak = cur = 0
-    for _, d in events:
-        cur += d
-        peak = max(peak, cur)
-    return peak
-
-
-def observed_from_run(run_dir: Path) -> Observed:
-    try:
-        spec = json.loads((run_dir / "spec.json").read_text())
-        records = read_records(run_dir)
-    except OSError as e:
-        raise SizingError(
-            f"{run_dir} is not a run directory ({e.strerror}: {e.filename})"
-        ) from None
-    except ValueError as e:
-        raise SizingError(f"{run_dir}: unreadable run files ({e})") from None
-    cache = (spec.get("server_before") or {}).get("cache")
-    if not cache or not cache.get("num_blocks") or not cache.get("block_size"):
-        raise SizingError(
-            f"{run_dir}: the run recorded no server KV configuration "
-            "(vLLM /metrics with cache_config_info was not readable)"
-        )
-    lengths = sorted(
-        (r["prompt_tokens"] or r["expected_input_tokens"] or 0)
-        + (r["output_tokens"] or r["expected_output_tokens"] or 0)
-        for r in records
-    )
-    if not lengths:
-        raise SizingError(f"{run_dir}: no requests recorded")
-    spans = [
-        (r["sent_at"], r["finished_at"])
-        for r in records
-        if r["sent_at"] is not None and r["finished_at"] is not None
-    ]
-    p95 = lengths[min(len(lengths) - 1, math.ceil(0.95 * len(lengths)) - 1)]
-    mem = cache.get("kv_cache_memory_bytes")
-    blocks, bs = cache["num_blocks"], cache["block_size"]
-    server = json.loads((run_dir / "summary.json").read_text()).get("server") or {}
-    duration = max((e for _, e in spans), default=0) - min((s for s, _ in spans), default=0)
-    return Observed(
-        capacity_blocks=blocks,
-        block_size=bs,
-        kv_bytes_per_token=(mem / (blocks * bs)) if mem else _needs_model("run"),
-        peak_demand=_peak_overlap(spans),
-        seq_len_p95=p95,
-        seq_len_max=lengths[-1],
-        preemptions=server.get("preemptions") or 0.0,
-        duration_s=duration or None,
-        gpu_memory_utilization=cache.get("gpu_memory_utilization"),
-        kv_cache_memory_bytes=mem,
-        kv_dtype=cache.get("cache_dtype") or "auto",
-        source=f"run {run_dir}",
-    )
-
-
-def _needs_model(source: str) -> float:
-    raise SizingError(
-        f"the {source} does not say the KV bytes per token (no "
-        "kv_cache_memory_bytes in cache_config_info); give --model"
-    )
+__all__ = ["run_advise", "observed_from_state"]
 
 
 def observed_from_state(state: dict[str, Any], source: str) -> list[tuple[str, Observed]]:
@@ -154,7 +37,7 @@ def observed_from_state(state: dict[str, Any], source: str) -> list[tuple[str, O
             if not s.get("capacity_blocks") or not s.get("block_size"):
                 raise SizingError(f"{name}: capacity unknown (no cache_config_info)")
             mem = s.get("kv_cache_memory_bytes")
-            bpt = mem / (s["capacity_blocks"] * s["block_size"]) if mem else _needs_model(source)
+            bpt = kv_bytes_per_token_from(mem, s["capacity_blocks"], s["block_size"], source)
             p95 = (s.get("prompt_len_p95") or 0) + (s.get("output_len_p95") or 0)
             if not p95:
                 raise SizingError(f"{name}: no finished requests yet, so no request lengths")
@@ -182,6 +65,8 @@ def observed_from_state(state: dict[str, Any], source: str) -> list[tuple[str, O
 
 
 async def _watch_metrics(url: str, seconds: float) -> dict[str, Any]:
+    import httpx
+
     from kvwatch.sidecar.scrape import metrics_url, scrape_once
     from kvwatch.sidecar.state import SidecarState
     from kvwatch.sidecar.thresholds import Thresholds
@@ -291,7 +176,7 @@ def _render(name: str, obs: Observed, adv: Advice, extra: dict[str, Any] | None)
     return "\n".join(lines)
 
 
-def _advise(ns: argparse.Namespace) -> int:
+def run_advise(ns: argparse.Namespace) -> int:
     gpu = lookup_gpu(ns.gpu) if ns.gpu and not ns.what_if else None
     try:
         extra = None
@@ -299,8 +184,12 @@ def _advise(ns: argparse.Namespace) -> int:
             obs, extra, gpu = _what_if(ns)
             items = [(obs.source, obs)]
         elif ns.run:
+            from kvwatch.loadgen.rundir import observed_from_run
+
             items = [(str(ns.run), observed_from_run(ns.run))]
         elif ns.sidecar:
+            import httpx
+
             try:
                 state = httpx.get(ns.sidecar.rstrip("/") + "/api/state", timeout=10).json()
             except (httpx.HTTPError, ValueError) as e:

@@ -22,7 +22,6 @@ from typing import Any
 
 import httpx
 
-from kvwatch.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
 from kvwatch.loadgen.local_server import (
     LocalVLLM,
     ServerConfig,
@@ -31,35 +30,11 @@ from kvwatch.loadgen.local_server import (
     stop_process,
     wait_until_ok,
 )
+from kvwatch.sidecar.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
 
-__all__ = ["register", "ramp_stages", "AlertReceiver"]
+__all__ = ["run_demo", "ramp_stages", "AlertReceiver"]
 
 _SIDECAR_READY_S = 30.0
-
-
-def register(sub: Any) -> None:
-    d = sub.add_parser(
-        "demo",
-        help="start a local vLLM, ramp it into thrashing, and watch, alert and advise",
-        description="Build the tiny model, start vLLM (CPU) with a small KV cache, run the "
-        "sidecar beside it with a webhook to a local receiver, ramp the load from healthy "
-        "into thrashing with `kvwatch loadgen run`, show KV usage and preemptions live, "
-        "print the alerts and the sizing advice, and write a run directory with report.html, "
-        "the dashboards and the rules.",
-    )
-    d.add_argument("--target", metavar="URL", help="use this running vLLM instead of starting one")
-    d.add_argument(
-        "--kv-cache-bytes",
-        type=int,
-        default=10 * 1024 * 1024,
-        help="KV budget of the local server (default 10 MiB = 40 blocks)",
-    )
-    d.add_argument("--light", type=int, default=2, help="concurrent streams, healthy stage (2)")
-    d.add_argument("--heavy", type=int, default=32, help="concurrent streams, heavy stage (32)")
-    d.add_argument("--max-tokens", type=int, default=300, help="tokens per request (300)")
-    d.add_argument("--rounds", type=int, default=1, help="heavy stages to run (1); more = longer")
-    d.add_argument("--run-dir", type=Path, help="where to write the run (default runs/demo-TIME)")
-    d.set_defaults(func=_demo)
 
 
 def ramp_stages(light: int, heavy: int, rounds: int) -> list[str]:
@@ -183,7 +158,7 @@ class _LiveView:
         self._th.join()
 
 
-def _demo(ns: argparse.Namespace) -> int:
+def run_demo(ns: argparse.Namespace) -> int:
     from kvwatch.loadgen.tiny_model import build_tiny_model
 
     run_dir = ns.run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
@@ -244,7 +219,7 @@ def _write_extras(run_dir: Path, state: dict[str, Any], alerts: list[dict[str, A
 def _print_summary(
     run_dir: Path, state: dict[str, Any], view: _LiveView, alerts: list[dict[str, Any]]
 ) -> None:
-    from kvwatch.advise_cmd import observed_from_run
+    from kvwatch.loadgen.rundir import observed_from_run
     from kvwatch.loadgen.summary import render_table
     from kvwatch.sidecar.advice import advise
     from kvwatch.sidecar.kvmath import SizingError

@@ -16,12 +16,12 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from kvwatch.command import EXIT_USAGE, CliError
 from kvwatch.loadgen.rundir import read_jsonl, read_records
+from kvwatch.sidecar.command import EXIT_USAGE, CliError
 from kvwatch.sidecar.thresholds import DEFAULT_THRESHOLDS
 from kvwatch.svgplot import Line, Mark, Span, bar_chart, format_value, line_chart
 
-__all__ = ["register", "render_report", "counter_rate", "state_spans", "bucket_delta"]
+__all__ = ["run_report", "render_report", "counter_rate", "state_spans", "bucket_delta"]
 
 _CSS = """
 body{font-family:sans-serif;max-width:980px;margin:24px auto;padding:0 16px;color:#222}
@@ -37,23 +37,7 @@ svg.kvw-chart{width:100%;height:auto;margin:6px 0}.note{color:#666;font-size:13p
 """
 
 
-def register(sub: Any) -> None:
-    r = sub.add_parser(
-        "report",
-        help="write a self-contained HTML report of a run directory",
-        description="Render RUN_DIR/report.html (or --out): the workload, KV usage, preemptions "
-        "and queues over time with thrashing shaded and load stages marked, per-request "
-        "latency and stalls, preemptions per request, and the sizing advice with its "
-        "arithmetic. Opens offline; no scripts.",
-    )
-    r.add_argument(
-        "run_dir", type=Path, metavar="RUN_DIR", help="a `kvwatch loadgen run` or demo run"
-    )
-    r.add_argument("--out", type=Path, help="where to write (default RUN_DIR/report.html)")
-    r.set_defaults(func=_report)
-
-
-def _report(ns: argparse.Namespace) -> int:
+def run_report(ns: argparse.Namespace) -> int:
     out = ns.out or ns.run_dir / "report.html"
     out.write_text(render_report(ns.run_dir))
     print(out)
@@ -156,7 +140,7 @@ def _pcts(d: dict[str, Any] | None, unit: str = "s") -> str:
 
 
 def _advice_html(run_dir: Path) -> tuple[str, str | None]:
-    from kvwatch.advise_cmd import observed_from_run
+    from kvwatch.loadgen.rundir import observed_from_run
     from kvwatch.sidecar.advice import advise
     from kvwatch.sidecar.kvmath import SizingError
 

@@ -7,6 +7,7 @@ import random
 import time
 
 import httpx
+
 from kvwatch.loadgen.client import served_model, stream_completion
 from kvwatch.loadgen.http1 import Http1Pool
 from kvwatch.loadgen.records import RequestRecord

@@ -9,9 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvwatch.loadgen.cmd_run import register_run
-
-from kvwatch.command import EXIT_UNREACHABLE, CliError
+from kvwatch.sidecar.command import EXIT_UNREACHABLE, CliError, handler
 
 __all__ = ["register"]
 
@@ -106,3 +104,109 @@ def _serve_local(ns: argparse.Namespace) -> int:
         print("stopping vLLM ...", file=sys.stderr)
         server.stop()
     return 0
+
+
+_EPILOG = """stages (repeat --stage for a multi-stage schedule):
+  poisson:rate=4@30s   gamma:rate=4,burstiness=0.5@60s   constant:rate=2#100
+  ramp:start=1,end=10@60s   concurrency:n=16@45s#500      (@SECONDS and/or #COUNT)
+  burst:size=8,every=12@72s (8 at once every 12 s)
+examples:
+  kvwatch loadgen run --url http://127.0.0.1:8000 --rate 4 --duration 60
+  kvwatch loadgen run --url URL --concurrency 32 --requests 200 --input-len uniform:100,300
+  kvwatch loadgen run --url URL --sweep rate=1,2,4,8 --duration 30 --slo ttft=500ms,tpot=50ms
+  kvwatch loadgen run --url URL --stage poisson:rate=1@20s --stage poisson:rate=8@40s"""
+
+
+def register_run(lsub: Any) -> None:
+    r = lsub.add_parser(
+        "run",
+        help="drive a vLLM/OpenAI server with a load and record every request",
+        description="Send streaming completions to an OpenAI-compatible server following "
+        "arrival stages, record per request the scheduled and sent time, TTFT, every "
+        "inter-token gap and stalls, and write a run directory (spec, requests.jsonl/.parquet, "
+        "events, summary). Exit 0 if every request completed, 1 if any failed, 3 if the server "
+        "cannot be reached.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    r.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    r.add_argument("--model", help="model name (default: the first /v1/models lists)")
+    r.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
+    r.add_argument(
+        "--api-key-env",
+        default="OPENAI_API_KEY",
+        metavar="VAR",
+        help="environment variable holding an API key, if any (OPENAI_API_KEY)",
+    )
+    g = r.add_argument_group("load")
+    g.add_argument("--stage", action="append", default=[], metavar="SPEC", help="a stage")
+    g.add_argument("--rate", type=float, help="requests per second (one stage)")
+    g.add_argument("--arrival", choices=["poisson", "constant", "gamma"], default="poisson")
+    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (1 = Poisson)")
+    g.add_argument("--concurrency", type=int, help="requests in flight (closed loop)")
+    g.add_argument("--ramp", metavar="START,END", help="linear ramp of the rate")
+    g.add_argument(
+        "--sweep",
+        metavar="rate=A,B,...|concurrency=A,B,...",
+        help="one stage per value, each --duration/--requests long",
+    )
+    g.add_argument("--duration", type=float, help="seconds per stage")
+    g.add_argument("--requests", type=int, help="requests per stage")
+    g.add_argument(
+        "--warmup",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="run the first stage's pattern this long first, left out of the summary",
+    )
+    g.add_argument("--max-inflight", type=int, help="cap on open requests (extra ones wait)")
+    g.add_argument(
+        "--request-timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="a response silent this long is recorded as a ReadTimeout error (600)",
+    )
+    g.add_argument(
+        "--sidecar",
+        metavar="URL",
+        help="a kvwatch sidecar to tell stage starts and ends (for marks and annotations)",
+    )
+    g.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="sender processes (1); more for loads one core cannot send on time",
+    )
+    w = r.add_argument_group("workload")
+    w.add_argument("--input-len", default="128", metavar="DIST", help="prompt tokens (128)")
+    w.add_argument(
+        "--output-len",
+        default=None,
+        metavar="DIST",
+        help="output tokens (128; datasets: the recorded reply's length)",
+    )
+    w.add_argument("--dataset", type=Path, help="ShareGPT JSON/JSONL or JSONL with prompt")
+    w.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="common prefix length for every prompt",
+    )
+    w.add_argument("--prefix-groups", type=int, default=1, help="distinct shared prefixes")
+    w.add_argument("--no-ignore-eos", action="store_true", help="let the model stop early")
+    w.add_argument("--seed", type=int, default=0)
+    o = r.add_argument_group("output")
+    o.add_argument("--run-dir", type=Path, help="default runs/loadgen-TIME")
+    o.add_argument("--slo", default="", help="e.g. ttft=500ms,tpot=50ms for goodput")
+    o.add_argument(
+        "--stall-factor",
+        type=float,
+        default=5.0,
+        help="a gap above FACTOR x the request's median gap is a stall (5)",
+    )
+    o.add_argument("--stall-min", type=float, default=0.25, help="and above this many s (0.25)")
+    o.add_argument("--json", action="store_true", help="print the summary as JSON")
+    o.add_argument("--no-progress", action="store_true", help="no live progress line")
+    r.set_defaults(func=handler("kvwatch.loadgen.cmd_run:run_command"))

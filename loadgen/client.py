@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import httpx
+
 from kvwatch.loadgen.http1 import Http1Pool
 from kvwatch.loadgen.records import RequestRecord
 

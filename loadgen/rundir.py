@@ -12,13 +12,17 @@ summary.json       per stage and overall
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
+from kvwatch.sidecar.advice import Observed, kv_bytes_per_token_from
+from kvwatch.sidecar.kvmath import SizingError
 
-__all__ = ["write_run", "read_records", "read_jsonl", "write_jsonl", "run_outcome"]
+__all__ = [
+    "write_run", "read_records", "read_jsonl", "write_jsonl", "run_outcome", "observed_from_run",
+]  # fmt: skip
 
 
 def write_run(run_dir: Path, spec: dict[str, Any], records: list[dict[str, Any]],
@@ -28,6 +32,8 @@ def write_run(run_dir: Path, spec: dict[str, Any], records: list[dict[str, Any]]
     (run_dir / "spec.json").write_text(json.dumps(spec, indent=2, default=str) + "\n")
     for name, rows in (("requests", records), ("events", events), ("timeline", timeline)):
         write_jsonl(run_dir / f"{name}.jsonl", rows)
+    import pandas as pd  # the loadgen extra; reading a run never needs it
+
     pd.DataFrame.from_records(records).to_parquet(run_dir / "requests.parquet", index=False)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
@@ -62,3 +68,62 @@ def run_outcome(run_dir: Path) -> dict[str, float]:
             "nan" if overall.get("stalls_preempting") is None else overall["stalls_preempting"]
         ),
     }
+
+
+def _peak_overlap(intervals: list[tuple[float, float]]) -> int:
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    peak = cur = 0
+    for _, d in events:
+        cur += d
+        peak = max(peak, cur)
+    return peak
+
+
+def observed_from_run(run_dir: Path) -> Observed:
+    """What a recorded run says about the load, as `kvwatch advise` reads it."""
+    try:
+        spec = json.loads((run_dir / "spec.json").read_text())
+        records = read_records(run_dir)
+    except OSError as e:
+        raise SizingError(
+            f"{run_dir} is not a run directory ({e.strerror}: {e.filename})"
+        ) from None
+    except ValueError as e:
+        raise SizingError(f"{run_dir}: unreadable run files ({e})") from None
+    cache = (spec.get("server_before") or {}).get("cache")
+    if not cache or not cache.get("num_blocks") or not cache.get("block_size"):
+        raise SizingError(
+            f"{run_dir}: the run recorded no server KV configuration "
+            "(vLLM /metrics with cache_config_info was not readable)"
+        )
+    lengths = sorted(
+        (r["prompt_tokens"] or r["expected_input_tokens"] or 0)
+        + (r["output_tokens"] or r["expected_output_tokens"] or 0)
+        for r in records
+    )
+    if not lengths:
+        raise SizingError(f"{run_dir}: no requests recorded")
+    spans = [
+        (r["sent_at"], r["finished_at"])
+        for r in records
+        if r["sent_at"] is not None and r["finished_at"] is not None
+    ]
+    p95 = lengths[min(len(lengths) - 1, math.ceil(0.95 * len(lengths)) - 1)]
+    mem = cache.get("kv_cache_memory_bytes")
+    blocks, bs = cache["num_blocks"], cache["block_size"]
+    server = json.loads((run_dir / "summary.json").read_text()).get("server") or {}
+    duration = max((e for _, e in spans), default=0) - min((s for s, _ in spans), default=0)
+    return Observed(
+        capacity_blocks=blocks,
+        block_size=bs,
+        kv_bytes_per_token=kv_bytes_per_token_from(mem, blocks, bs, "run"),
+        peak_demand=_peak_overlap(spans),
+        seq_len_p95=p95,
+        seq_len_max=lengths[-1],
+        preemptions=server.get("preemptions") or 0.0,
+        duration_s=duration or None,
+        gpu_memory_utilization=cache.get("gpu_memory_utilization"),
+        kv_cache_memory_bytes=mem,
+        kv_dtype=cache.get("cache_dtype") or "auto",
+        source=f"run {run_dir}",
+    )

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
 from kvwatch.loadgen.arrivals import Concurrency
 from kvwatch.loadgen.client import completion_request, start_completion
 from kvwatch.loadgen.http1 import Http1Pool

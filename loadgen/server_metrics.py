@@ -14,6 +14,7 @@ from dataclasses import asdict
 from typing import Any
 
 import httpx
+
 from kvwatch.sidecar.exposition import parse_exposition
 from kvwatch.sidecar.observe import EngineKey, EngineObservation, observe
 

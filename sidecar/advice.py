@@ -16,10 +16,23 @@ from typing import Any
 
 from kvwatch.sidecar.kvmath import Gpu, SizingError, blocks_for
 
-__all__ = ["Observed", "Advice", "advise", "RESERVED_BLOCKS"]
+__all__ = ["Observed", "Advice", "advise", "RESERVED_BLOCKS", "kv_bytes_per_token_from"]
 
 RESERVED_BLOCKS = 1  # vLLM keeps one block back (the null block)
 MAX_GPU_MEMORY_UTILIZATION = 0.95  # above this vLLM leaves too little for activations
+
+
+def kv_bytes_per_token_from(
+    kv_cache_memory_bytes: float | None, blocks: int, block_size: int, source: str
+) -> float:
+    """KV bytes per token from what vLLM reports (cache_config_info); a source without the
+    memory figure needs the model's shape instead."""
+    if kv_cache_memory_bytes:
+        return kv_cache_memory_bytes / (blocks * block_size)
+    raise SizingError(
+        f"the {source} does not say the KV bytes per token (no "
+        "kv_cache_memory_bytes in cache_config_info); give --model"
+    )
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from kvwatch.command import EXIT_UNREACHABLE, CliError, add_threshold_option, thresholds_from
+from kvwatch.sidecar.command import (
+    EXIT_UNREACHABLE,
+    CliError,
+    add_threshold_option,
+    thresholds_from,
+)
 
 __all__ = ["register", "read_log_chunks"]
 

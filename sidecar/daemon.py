@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import httpx
+
 from kvwatch.sidecar.alerting import AlertTracker, active_alerts
 from kvwatch.sidecar.episodes import EpisodeStore
 from kvwatch.sidecar.follow import FileFollower, FollowStats, read_stream, run_and_read

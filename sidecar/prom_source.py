@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+
 from kvwatch.sidecar.advice import Observed
 from kvwatch.sidecar.kvmath import SizingError
 from kvwatch.sidecar.vocabulary import (

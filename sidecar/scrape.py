@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import httpx
+
 from kvwatch.sidecar.exposition import parse_exposition
 from kvwatch.sidecar.state import ScrapeOutcome
 

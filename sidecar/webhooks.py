@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from kvwatch.sidecar.alerting import Notification
 from kvwatch.sidecar.outbox import Outbox, backoff_s
 

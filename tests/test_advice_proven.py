@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig
 from kvwatch.loadgen.rundir import run_outcome
-
 from tests.loadgen.test_loadgen_live import run as loadgen_run
 
 pytestmark = pytest.mark.integration

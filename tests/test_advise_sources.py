@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
+
 from kvwatch.loadgen.burst import run_burst
 from kvwatch.loadgen.local_server import LocalVLLM
-
 from tests.prometheus import running_prometheus, wait_for_series
 from tests.sidecar.running import running_sidecar
 

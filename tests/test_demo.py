@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from kvwatch.loadgen.local_server import LocalVLLM
 
+from kvwatch.loadgen.local_server import LocalVLLM
 from tests.browser import open_page
 
 pytestmark = pytest.mark.integration

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 import yaml
-from kvwatch.sidecar.webhooks import load_receivers
 
 from kvwatch.cli import build_parser
+from kvwatch.sidecar.webhooks import load_receivers
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from kvwatch.loadgen.rundir import write_run
-
 from kvwatch.report import bucket_delta, counter_rate, render_report, state_spans
 
 

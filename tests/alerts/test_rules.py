@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from kvwatch.alerts.build import (
     ALERT_NAMES,
     K8S_FILE,

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from kvwatch.dashboards.build import DASHBOARDS, build, render
 from kvwatch.dashboards.live import (
     annotation_queries,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from kvwatch.dashboards.build import DASHBOARDS, build
 from kvwatch.dashboards.live import (
     annotation_queries,
@@ -21,7 +22,6 @@ from kvwatch.dashboards.live import (
 )
 from kvwatch.dashboards.preview import spans_from, write_preview
 from kvwatch.loadgen.local_server import LocalVLLM
-
 from tests.loadgen.test_loadgen_live import run as loadgen_run
 from tests.prometheus import running_prometheus, wait_for_series
 from tests.sidecar.running import running_sidecar

@@ -4,6 +4,7 @@ import random
 import statistics
 
 import pytest
+
 from kvwatch.loadgen.arrivals import Burst, Concurrency, Constant, Gamma, Poisson, Ramp
 
 

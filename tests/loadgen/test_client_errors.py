@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from kvwatch.loadgen.client import stream_completion
 from kvwatch.loadgen.http1 import Http1Pool
 from kvwatch.loadgen.records import RequestRecord
-
 from tests.loadgen.fake_openai import fake_openai
 from tests.sidecar.fakes import raw_http_server
 

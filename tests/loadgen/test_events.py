@@ -8,7 +8,6 @@ import time
 from http.server import BaseHTTPRequestHandler
 
 from kvwatch.loadgen.runner import _post_event
-
 from tests.http_server import serving
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from kvwatch.loadgen.client import stream_completion
 from kvwatch.loadgen.http1 import Http1Pool, HttpProtocolError, ResponseParser, Target
 from kvwatch.loadgen.records import RequestRecord

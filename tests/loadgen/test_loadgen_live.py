@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pandas as pd
 import pytest
+
 from kvwatch.loadgen.local_server import LocalVLLM
 from kvwatch.sidecar.exposition import parse_exposition
 from kvwatch.sidecar.observe import observe

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from kvwatch.loadgen.burst import run_burst
 from kvwatch.loadgen.local_server import (
     LocalVLLM,

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kvwatch.loadgen.arrivals import Burst, Concurrency, Gamma, Poisson, Ramp
 from kvwatch.loadgen.schedule import Stage, StageSpecError, parse_stage, sweep_stages
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kvwatch.loadgen.records import RequestRecord, StallRule
 from kvwatch.loadgen.summary import (
     SloError,

@@ -6,6 +6,7 @@ import random
 from pathlib import Path
 
 import pytest
+
 from kvwatch.loadgen.workload import (
     DatasetError,
     LengthDist,

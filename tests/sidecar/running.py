@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
+
 from kvwatch.loadgen.local_server import free_port, stop_process, wait_until_ok
 from kvwatch.sidecar.exposition import Sample
 

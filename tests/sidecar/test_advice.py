@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kvwatch.sidecar.advice import Observed, advise
 from kvwatch.sidecar.kvmath import SizingError, lookup_gpu
 

@@ -4,6 +4,8 @@ from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
 from kvwatch.sidecar.exposition import parse_exposition
 from kvwatch.sidecar.vocabulary import (
     CACHE_CONFIG,
@@ -14,7 +16,6 @@ from kvwatch.sidecar.vocabulary import (
     WIRE_LOOKUP,
     by_name,
 )
-from prometheus_client.parser import text_string_to_metric_families
 
 
 def _reference(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from kvwatch.sidecar.kvmath import (
     ModelShape,
     SizingError,

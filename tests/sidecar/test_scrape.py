@@ -5,11 +5,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
 from kvwatch.sidecar.exporter import StateCollector
 from kvwatch.sidecar.scrape import metrics_url, scrape_once
 from kvwatch.sidecar.state import ScrapeOutcome, SidecarState
-from prometheus_client import CollectorRegistry, generate_latest
-
 from tests.sidecar.fakes import raw_http_server
 
 

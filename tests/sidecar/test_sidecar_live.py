@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
+
 from kvwatch.loadgen.burst import run_burst
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig, free_port
-
 from tests.sidecar.running import kvwatch_samples, running_sidecar
 
 pytestmark = pytest.mark.integration

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kvwatch.sidecar.observe import CacheConfig, EngineObservation
 from kvwatch.sidecar.signals import derive
 from kvwatch.sidecar.thresholds import Thresholds

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from kvwatch.loadgen.local_server import free_port
 from kvwatch.sidecar.alerting import Alert, AlertTracker, Notification
 from kvwatch.sidecar.outbox import Outbox, backoff_s
 from kvwatch.sidecar.webhooks import Receiver, load_receivers, render, sign
-
 from tests.receiver import receiver
 from tests.sidecar.fakes import raw_http_server
 from tests.sidecar.running import running_sidecar

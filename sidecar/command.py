@@ -10,7 +10,8 @@ or target could not be reached or started, 130 interrupted.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import importlib
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ __all__ = [
     "add_threshold_option",
     "thresholds_from",
     "missing_extra",
+    "handler",
 ]
 
 EXIT_OK = 0
@@ -68,6 +70,17 @@ def missing_extra(error: ModuleNotFoundError, command: str) -> CliError | None:
         else f"pip install 'kvwatch[{extra}]'"
     )
     return CliError(f"`kvwatch {command}` needs {top}, from the {extra} extra: {how}")
+
+
+def handler(target: str) -> Callable[[argparse.Namespace], int]:
+    """The handler "module:function", imported only when its command runs: a command module
+    registers its parsers without loading the work behind them."""
+    module, _, name = target.partition(":")
+
+    def run(ns: argparse.Namespace) -> int:
+        return int(getattr(importlib.import_module(module), name)(ns) or 0)
+
+    return run
 
 
 def add_threshold_option(parser: argparse.ArgumentParser, help: str) -> None:

@@ -1,0 +1,109 @@
+"""The top package's commands: `kvwatch demo`, `kvwatch advise` and `kvwatch report`.
+
+Parsers only: each handler is imported when its command runs (`handler`), so listing the
+commands loads none of the work behind them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kvwatch.sidecar.command import handler
+
+__all__ = ["register"]
+
+
+def register(sub: Any) -> None:
+    _register_demo(sub)
+    _register_advise(sub)
+    _register_report(sub)
+
+
+def _register_demo(sub: Any) -> None:
+    d = sub.add_parser(
+        "demo",
+        help="start a local vLLM, ramp it into thrashing, and watch, alert and advise",
+        description="Build the tiny model, start vLLM (CPU) with a small KV cache, run the "
+        "sidecar beside it with a webhook to a local receiver, ramp the load from healthy "
+        "into thrashing with `kvwatch loadgen run`, show KV usage and preemptions live, "
+        "print the alerts and the sizing advice, and write a run directory with report.html, "
+        "the dashboards and the rules.",
+    )
+    d.add_argument("--target", metavar="URL", help="use this running vLLM instead of starting one")
+    d.add_argument(
+        "--kv-cache-bytes",
+        type=int,
+        default=10 * 1024 * 1024,
+        help="KV budget of the local server (default 10 MiB = 40 blocks)",
+    )
+    d.add_argument("--light", type=int, default=2, help="concurrent streams, healthy stage (2)")
+    d.add_argument("--heavy", type=int, default=32, help="concurrent streams, heavy stage (32)")
+    d.add_argument("--max-tokens", type=int, default=300, help="tokens per request (300)")
+    d.add_argument("--rounds", type=int, default=1, help="heavy stages to run (1); more = longer")
+    d.add_argument("--run-dir", type=Path, help="where to write the run (default runs/demo-TIME)")
+    d.set_defaults(func=handler("kvwatch.demo:run_demo"))
+
+
+def _register_advise(sub: Any) -> None:
+    a = sub.add_parser(
+        "advise",
+        help="say how to size the KV cache: more memory or less concurrency, with the arithmetic",
+        description="Sizing advice for vLLM's KV cache. Reads a recorded run directory (--run), "
+        "a live sidecar (--sidecar), a vLLM server's /metrics watched for a while (--metrics), "
+        "a Prometheus server (--prometheus, every instance), "
+        "or answers a what-if from figures (--model, --gpu, --concurrency, --prompt-len, "
+        "--output-len). Exit 0 when the load fits, 1 when the cache is undersized.",
+    )
+    src = a.add_mutually_exclusive_group(required=True)
+    src.add_argument("--run", type=Path, metavar="DIR", help="a `kvwatch loadgen run` directory")
+    src.add_argument("--sidecar", metavar="URL", help="a running kvwatch sidecar")
+    src.add_argument("--metrics", metavar="URL", help="a vLLM server (its /metrics)")
+    src.add_argument(
+        "--prometheus",
+        metavar="URL",
+        help="a Prometheus server: advice for every vLLM instance it scrapes",
+    )
+    src.add_argument("--what-if", action="store_true", help="from figures alone")
+    a.add_argument("--watch", type=float, default=30.0, help="seconds to watch --metrics (30)")
+    a.add_argument("--window", default="1h", help="PromQL range for --prometheus (1h)")
+    a.add_argument(
+        "--step",
+        default="15s",
+        help="--prometheus: resolution for the peak demand (15s; your scrape interval)",
+    )
+    a.add_argument("--margin", type=float, default=0.10, help="share of blocks kept free (0.10)")
+    m = a.add_argument_group("model and hardware (what-if; or to fill in what a source lacks)")
+    m.add_argument("--model", help="preset name (e.g. llama-3.1-8b) or a config.json / model dir")
+    m.add_argument("--gpu", help="h100, h200, a100, l40s")
+    m.add_argument("--tp", type=int, default=1, help="tensor-parallel size (1)")
+    m.add_argument("--kv-dtype", default="bf16", help="bf16 or fp8 (bf16)")
+    m.add_argument("--block-size", type=int, default=16, help="KV block size (16 on CUDA)")
+    m.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    m.add_argument("--concurrency", type=float, help="requests running at once")
+    m.add_argument("--prompt-len", type=float, help="prompt tokens per request")
+    m.add_argument("--output-len", type=float, help="output tokens per request")
+    m.add_argument(
+        "--victim-tokens",
+        type=float,
+        help="length of a preempted request (default: prompt + output)",
+    )
+    m.add_argument("--step-ms", type=float, help="decode step time, for the regenerate cost")
+    a.add_argument("--json", action="store_true", help="print JSON")
+    a.set_defaults(func=handler("kvwatch.advise_cmd:run_advise"))
+
+
+def _register_report(sub: Any) -> None:
+    r = sub.add_parser(
+        "report",
+        help="write a self-contained HTML report of a run directory",
+        description="Render RUN_DIR/report.html (or --out): the workload, KV usage, preemptions "
+        "and queues over time with thrashing shaded and load stages marked, per-request "
+        "latency and stalls, preemptions per request, and the sizing advice with its "
+        "arithmetic. Opens offline; no scripts.",
+    )
+    r.add_argument(
+        "run_dir", type=Path, metavar="RUN_DIR", help="a `kvwatch loadgen run` or demo run"
+    )
+    r.add_argument("--out", type=Path, help="where to write (default RUN_DIR/report.html)")
+    r.set_defaults(func=handler("kvwatch.report:run_report"))
