@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, Self, TypeVar
 
 from grafana_foundation_sdk.builders import (
     bargauge,
@@ -43,7 +43,14 @@ def _query(expr: str, legend: str, ref: str, instant: bool = False) -> prometheu
     return t.instant() if instant else t.range()
 
 
-def _targets(panel: Any, *queries: tuple[str, str]) -> Any:
+class _HasTargets(Protocol):
+    def with_target(self, target: prometheus.Dataquery) -> Self: ...
+
+
+_P = TypeVar("_P", bound=_HasTargets)
+
+
+def _targets(panel: _P, *queries: tuple[str, str]) -> _P:
     for i, (expr, legend) in enumerate(queries):
         panel = panel.with_target(_query(expr, legend, chr(ord("A") + i)))
     return panel
@@ -94,7 +101,7 @@ def _series(
     return _targets(p, *queries)
 
 
-def _state_mappings() -> list[dm.ValueMap]:
+def _state_mappings() -> list[dm.ValueMap | dm.RangeMap | dm.RegexMap | dm.SpecialValueMap]:
     return [
         dm.ValueMap(
             options={

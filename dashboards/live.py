@@ -116,7 +116,7 @@ def run_query(
     if instant:
         r = client.get(f"{prom}/api/v1/query", params={"query": expr, "time": end})
     else:
-        params = {"query": expr, "start": start, "end": end, "step": step}
+        params: dict[str, str | float] = {"query": expr, "start": start, "end": end, "step": step}
         r = client.get(f"{prom}/api/v1/query_range", params=params)
     body = r.json()
     if body.get("status") != "success":

@@ -16,6 +16,7 @@ rate or concurrency value. An optional warm-up stage comes first and is left out
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvwatch.loadgen.arrivals import Burst, Concurrency, Constant, Gamma, Pattern, Poisson, Ramp
@@ -25,7 +26,7 @@ __all__ = ["Stage", "parse_stage", "sweep_stages", "StageSpecError"]
 _SPEC = re.compile(
     r"^(?P<kind>[a-z]+)(?::(?P<params>[^@#]*))?(?:@(?P<dur>[\d.]+)s?)?(?:#(?P<n>\d+))?$"
 )
-_PARAMS = {
+_PARAMS: dict[str, tuple[Callable[..., Pattern], dict[str, type[float] | type[int]]]] = {
     "constant": (Constant, {"rate": float}),
     "poisson": (Poisson, {"rate": float}),
     "gamma": (Gamma, {"rate": float, "burstiness": float}),
@@ -71,7 +72,7 @@ def _pattern(kind: str, params: str, spec: str) -> Pattern:
             what = "a whole number" if types[key] is int else "a number"
             raise StageSpecError(f"{spec!r}: {key}={raw!r} is not {what}") from None
     try:
-        return cls(**values)  # type: ignore[arg-type]
+        return cls(**values)
     except TypeError:
         raise StageSpecError(f"{spec!r}: {kind} needs {', '.join(types)}") from None
     except ValueError as e:

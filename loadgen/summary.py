@@ -42,7 +42,8 @@ def parse_slo(spec: str) -> dict[str, float]:
 def _q(series: pd.Series) -> dict[str, float | None]:
     s = series.dropna()
     if s.empty:
-        return {f"p{int(q * 100)}": None for q in _QUANTILES} | {"mean": None, "max": None}
+        empty: dict[str, float | None] = {f"p{int(q * 100)}": None for q in _QUANTILES}
+        return empty | {"mean": None, "max": None}
     out: dict[str, float | None] = {f"p{int(q * 100)}": float(s.quantile(q)) for q in _QUANTILES}
     out["mean"] = float(s.mean())
     out["max"] = float(s.max())

@@ -208,7 +208,7 @@ def run_sidecar(cfg: SidecarConfig, echo: BinaryIO | None = None) -> int:
         lambda: [e.to_dict() for e in state.episodes()],
         state.record_load_event,
     )
-    host, port = server.server_address[:2]
+    host, port = str(server.server_address[0]), int(server.server_address[1])
     print(
         f"kvwatch sidecar: serving http://{host}:{port}/metrics, /healthz, /api/state; "
         f"watching {', '.join(cfg.targets)}",

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 __all__ = ["LineSplitter", "FollowStats", "FileFollower", "read_stream", "run_and_read"]
 
@@ -144,7 +144,7 @@ class FileFollower:
 
 
 def read_stream(
-    stream: BinaryIO,
+    stream: IO[bytes],
     sink: LineSink,
     stats: FollowStats,
     echo: BinaryIO | None = None,

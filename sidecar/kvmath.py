@@ -12,7 +12,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "ModelShape",
@@ -87,7 +87,10 @@ GPUS = {
 LINKS = {"pcie4": 32e9, "pcie5": 64e9}  # bytes/s each way, x16
 
 
-def _lookup(table: dict[str, Any], name: str, what: str) -> Any:
+_T = TypeVar("_T")
+
+
+def _lookup(table: dict[str, _T], name: str, what: str) -> _T:
     key = name.lower().replace("_", "-").replace(" ", "-")
     if key not in table:
         raise SizingError(f"unknown {what} {name!r}; known: {', '.join(sorted(table))}")

@@ -34,7 +34,8 @@ def backoff_s(
 ) -> float:
     """Exponential backoff with full jitter on the upper half: [d/2, d], d = base x 2^attempts."""
     d = min(cap, base * 2 ** max(0, attempts - 1))
-    return d / 2 + (rng or random).random() * d / 2
+    draw = rng.random() if rng is not None else random.random()
+    return d / 2 + draw * d / 2
 
 
 class Outbox:
