@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from kvwatch.sidecar import catalogue as cat
 from kvwatch.sidecar.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from kvwatch.sidecar.vocabulary import (
     KV_USAGE,
@@ -51,31 +52,41 @@ _TARGET_INSTANCE = (
 )
 
 
+# Each label and value an alert text may name, as the rule's template writes it.
+_TEMPLATE_VALUES = {
+    "where": "{{ $labels.instance }} ({{ $labels.model_name }}, engine {{ $labels.engine }})",
+    "target": "{{ $labels.target }}",
+    "model_name": "{{ $labels.model_name }}",
+    "engine": "{{ $labels.engine }}",
+    "instance": "{{ $labels.instance }}",
+    "value": "{{ $value | humanize }}",
+    "value_pct": "{{ $value | humanizePercentage }}",
+}
+
+
 def _alert(
-    name: str,
-    expr: str,
-    for_: str,
-    severity: str,
-    summary: str,
-    description: str,
-    th: Thresholds,
-    vllm_instance: str | None = None,
-    *,
-    keep_firing_for: str | None = None,
+    name: str, expr: str, th: Thresholds, vllm_instance: str | None, for_scale: float
 ) -> dict[str, Any]:
-    labels = {"severity": severity}
+    """The catalogue's alert `name` as a Prometheus rule with this expression."""
+    spec = cat.alert(name)
+    labels: dict[str, str] = {"severity": spec.severity}
     if vllm_instance is not None:
         labels["vllm_instance"] = vllm_instance
-    timing = {"for": for_} | ({"keep_firing_for": keep_firing_for} if keep_firing_for else {})
-    return {
+    down_for = cat.human_duration(spec.for_seconds(th))
+    summary, description = spec.texts(th, **_TEMPLATE_VALUES, down_for=down_for)
+    rule: dict[str, Any] = {
         "alert": name,
         "expr": expr,
-        **timing,
+        "for": _scaled(spec.for_duration(th), for_scale),
+    }
+    if spec.keep_firing_for:
+        rule["keep_firing_for"] = _scaled(spec.keep_firing_for, for_scale)
+    return rule | {
         "labels": labels,
         "annotations": {
             "summary": summary,
             "description": description,
-            "runbook_url": f"{th.runbook_base_url}#{name.lower()}",
+            "runbook_url": spec.runbook_url(th),
         },
     }
 
@@ -84,8 +95,7 @@ def _scaled(for_: str, scale: float) -> str:
     """`10m` scaled, in whole seconds (labs and tests use a small scale to see alerts fire)."""
     if scale == 1.0:
         return for_
-    unit = {"s": 1, "m": 60, "h": 3600}[for_[-1]]
-    return f"{max(1, round(float(for_[:-1]) * unit * scale))}s"
+    return f"{max(1, round(cat.duration_seconds(for_) * scale))}s"
 
 
 def rule_groups(
@@ -102,147 +112,51 @@ def rule_groups(
     )
     le1 = promql_selector(REQUEST_PREEMPTIONS, 'le=~"1|1.0"', suffix="bucket")
     once = f"sum by ({_BY}) (increase({le1}[5m]))"
-    where = "{{ $labels.instance }} ({{ $labels.model_name }}, engine {{ $labels.engine }})"
     recording = {
         "name": "kvwatch-vllm.rules",
         "rules": [
-            {"record": "kvwatch:vllm_kv_cache_usage:max", "expr": kv},
-            {"record": "kvwatch:vllm_requests_running:sum", "expr": running},
-            {"record": "kvwatch:vllm_requests_waiting:sum", "expr": waiting},
-            {"record": "kvwatch:vllm_preemptions:rate1m", "expr": preempt},
-            {
-                "record": "kvwatch:vllm_repeat_preempted_requests:increase5m",
-                "expr": f"{finished} - {once}",
-            },
+            {"record": cat.REC_KV_USAGE.name, "expr": kv},
+            {"record": cat.REC_RUNNING.name, "expr": running},
+            {"record": cat.REC_WAITING.name, "expr": waiting},
+            {"record": cat.REC_PREEMPTION_RATE.name, "expr": preempt},
+            {"record": cat.REC_REPEAT_PREEMPTED.name, "expr": f"{finished} - {once}"},
         ],
     }
-    pct = lambda x: f"{x * 100:g}%"  # noqa: E731
+    st = {
+        "pressure": f"{cat.REC_KV_USAGE.name} > {th.pressure_kv:g}",
+        # as the sidecar judges it: the cache ran out (sampled full, or vLLM preempted,
+        # which it does only when a running request cannot get a block) while requests
+        # waited. A spike fills the cache between scrapes, and the preemption counter
+        # rises when the victim runs again, after the queue has drained: so waiting
+        # counts over the same minute as the preemptions.
+        "saturated": f"({cat.REC_KV_USAGE.name} >= {th.saturated_kv:g} or on({_BY}) "
+        f"{cat.REC_PREEMPTION_RATE.name} > 0) and on({_BY}) {waited} >= {th.saturated_waiting:g}",
+        "preempting": f"{cat.REC_PREEMPTION_RATE.name} > {th.thrashing_preemptions_per_s:g}",
+    }
+    a = _alert
+    s = for_scale
     vllm = {
         "name": "kvwatch-vllm.alerts",
         "rules": [
-            _alert(
-                "VllmKvCachePressure",
-                f"kvwatch:vllm_kv_cache_usage:max > {th.pressure_kv:g}",
-                "10m",
-                "warning",
-                f"vLLM KV cache above {pct(th.pressure_kv)} on {where}",
-                "KV cache usage is {{ $value | humanizePercentage }}, above "
-                f"{pct(th.pressure_kv)} for 10 minutes: little room for new prompts.",
-                th,
-                _VLLM_INSTANCE,
-            ),
-            _alert(
-                "VllmKvCacheSaturated",
-                # as the sidecar judges it: the cache ran out (sampled full, or vLLM preempted,
-                # which it does only when a running request cannot get a block) while requests
-                # waited. A spike fills the cache between scrapes, and the preemption counter
-                # rises when the victim runs again, after the queue has drained: so waiting
-                # counts over the same minute as the preemptions.
-                f"(kvwatch:vllm_kv_cache_usage:max >= {th.saturated_kv:g} or on({_BY}) "
-                f"kvwatch:vllm_preemptions:rate1m > 0) and on({_BY}) "
-                f"{waited} >= {th.saturated_waiting:g}",
-                "5m",
-                "critical",
-                f"vLLM KV cache full with requests waiting on {where}",
-                "The KV cache ran out (usage at or above "
-                f"{pct(th.saturated_kv)}, or requests preempted) while requests waited, "
-                "minute after minute for 5 minutes.",
-                th,
-                _VLLM_INSTANCE,
-            ),
-            _alert(
-                "VllmPreemptionRateHigh",
-                f"kvwatch:vllm_preemptions:rate1m > {th.thrashing_preemptions_per_s:g}",
-                "5m",
-                "warning",
-                f"vLLM preempting requests on {where}",
-                "{{ $value | humanize }} preemptions per second, above "
-                f"{th.thrashing_preemptions_per_s:g}/s for 5 minutes: requests are evicted "
-                "from the KV cache and recomputed.",
-                th,
-                _VLLM_INSTANCE,
-            ),
-            _alert(
-                "VllmRepeatedPreemptions",
-                "kvwatch:vllm_repeat_preempted_requests:increase5m > 0",
-                "5m",
-                "warning",
-                f"vLLM requests preempted again and again on {where}",
-                "{{ $value | humanize }} requests finished in the last 5 minutes after being "
-                "preempted twice or more: the same work is being redone.",
-                th,
-                _VLLM_INSTANCE,
-            ),
-            _alert(
-                "VllmMetricsAbsent",
-                f"absent({promql_selector(KV_USAGE)})",
-                "10m",
-                "warning",
-                "No vLLM KV cache metrics at all",
-                "No series of vllm:kv_cache_usage_perc (or its older and vllm_ spellings) for "
-                "10 minutes: vLLM is down, not scraped, or runs with --disable-log-stats.",
-                th,
-            ),
+            a("VllmKvCachePressure", st["pressure"], th, _VLLM_INSTANCE, s),
+            a("VllmKvCacheSaturated", st["saturated"], th, _VLLM_INSTANCE, s),
+            a("VllmPreemptionRateHigh", st["preempting"], th, _VLLM_INSTANCE, s),
+            a("VllmRepeatedPreemptions", f"{cat.REC_REPEAT_PREEMPTED.name} > 0", th,
+              _VLLM_INSTANCE, s),
+            a("VllmMetricsAbsent", f"absent({promql_selector(KV_USAGE)})", th, None, s),
         ],
-    }
+    }  # fmt: skip
     side = {
         "name": "kvwatch-sidecar.alerts",
         "rules": [
-            _alert(
-                "KvwatchThrashing",
-                'kvwatch_state{state="thrashing"} == 1',
-                "1m",
-                "critical",
-                "vLLM thrashing on {{ $labels.target }} ({{ $labels.model_name }}, engine "
-                "{{ $labels.engine }})",
-                "The kvwatch sidecar judges this engine thrashing: a sustained stream of "
-                f"preemptions (over {th.thrashing_preemptions_per_s:g}/s) on a full cache "
-                "with work being redone. Size the cache: kvwatch advise.",
-                th,
-                _TARGET_INSTANCE,
-                # one failed scrape of the sidecar (a restart, a timeout on a starved host)
-                # makes its series stale: without this the page resolves, then fires again
-                # after `for:` (the live test saw it resolved for 5 s mid-thrash)
-                keep_firing_for="1m",
-            ),
-            _alert(
-                "KvwatchTargetDown",
-                "kvwatch_target_up == 0",
-                "2m",
-                "warning",
-                "kvwatch cannot scrape {{ $labels.target }}",
-                "The sidecar's scrapes of {{ $labels.target }} have failed for 2 minutes.",
-                th,
-                _TARGET_INSTANCE,
-            ),
-            _alert(
-                "KvwatchVllmMetricsMissing",
-                "kvwatch_vllm_metrics_present == 0",
-                "5m",
-                "warning",
-                "{{ $labels.target }} exports no vLLM engine metrics",
-                "The server answers /metrics without vllm engine series for 5 minutes "
-                "(started with --disable-log-stats?).",
-                th,
-                _TARGET_INSTANCE,
-            ),
-            _alert(
-                "KvwatchSidecarDown",
-                f'up{{job="{sidecar_job}"}} == 0',
-                "5m",
-                "warning",
-                "kvwatch sidecar {{ $labels.instance }} is down",
-                "Prometheus cannot scrape the kvwatch sidecar for 5 minutes: thrashing would "
-                "go unnoticed.",
-                th,
-            ),
+            a("KvwatchThrashing", cat.STATE.select('state="thrashing"') + " == 1", th,
+              _TARGET_INSTANCE, s),
+            a("KvwatchTargetDown", f"{cat.TARGET_UP.select()} == 0", th, _TARGET_INSTANCE, s),
+            a("KvwatchVllmMetricsMissing", f"{cat.VLLM_METRICS_PRESENT.select()} == 0", th,
+              _TARGET_INSTANCE, s),
+            a("KvwatchSidecarDown", f'up{{job="{sidecar_job}"}} == 0', th, None, s),
         ],
-    }
-    for group in (vllm, side):
-        for rule in group["rules"]:
-            for key in ("for", "keep_firing_for"):
-                if key in rule:
-                    rule[key] = _scaled(rule[key], for_scale)
+    }  # fmt: skip
     return [recording, vllm, side]
 
 

@@ -28,13 +28,13 @@ from grafana_foundation_sdk.models import prometheus as pm
 
 from kvwatch.dashboards import queries as q
 from kvwatch.dashboards.files import DASHBOARD_FILES
+from kvwatch.sidecar import catalogue as cat
 from kvwatch.sidecar.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from kvwatch.sidecar.vocabulary import E2E, GENERATION_TOKENS, ITL, PROMPT_TOKENS, TTFT
 
 __all__ = ["DASHBOARDS", "kv_pressure", "fleet", "build", "render", "write_all"]
 
 _DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
-_STATES = ("ok", "pressure", "saturated", "thrashing")
 _STATE_COLORS = ("green", "yellow", "orange", "red")
 
 
@@ -106,7 +106,7 @@ def _state_mappings() -> list[dm.ValueMap | dm.RangeMap | dm.RegexMap | dm.Speci
         dm.ValueMap(
             options={
                 str(i): dm.ValueMappingResult(text=name, color=color, index=i)
-                for i, (name, color) in enumerate(zip(_STATES, _STATE_COLORS, strict=True))
+                for i, (name, color) in enumerate(zip(cat.STATES, _STATE_COLORS, strict=True))
             }
         )
     ]
@@ -178,7 +178,7 @@ def _variables(d: dashboard.Dashboard, with_instance: bool = True) -> dashboard.
 
 
 def _annotations(d: dashboard.Dashboard, matchers: str = q.SIDECAR_FILTER) -> dashboard.Dashboard:
-    thrash = q.state_level(matchers) + f" >= {len(_STATES) - 1}"
+    thrash = q.state_level(matchers) + f" >= {len(cat.STATES) - 1}"
     return d.annotation(
         dashboard.AnnotationQuery()
         .name("Thrashing (kvwatch)")
@@ -192,7 +192,7 @@ def _annotations(d: dashboard.Dashboard, matchers: str = q.SIDECAR_FILTER) -> da
         .datasource(_DS)
         .enable(True)
         .icon_color("blue")
-        .expr("max by (stage) (kvwatch_load_stage)")
+        .expr(f"max by (stage) ({cat.LOAD_STAGE.series})")
     )
 
 
@@ -237,9 +237,9 @@ def kv_pressure(th: Thresholds = DEFAULT_THRESHOLDS) -> dashboard.Dashboard:
         .height(8)
         .color_mode(cm.BigValueColorMode.NONE)
         .graph_mode(cm.BigValueGraphMode.NONE),
-        (f"max by (model_name, engine) ({q.sidecar('kvwatch_kv_cache_capacity_blocks')})",
+        (f"max by (model_name, engine) ({q.sidecar(cat.KV_CACHE_CAPACITY_BLOCKS)})",
          "blocks {{model_name}} e{{engine}}"),
-        (f"max by (model_name, engine) ({q.sidecar('kvwatch_kv_cache_capacity_tokens')})",
+        (f"max by (model_name, engine) ({q.sidecar(cat.KV_CACHE_CAPACITY_TOKENS)})",
          "tokens {{model_name}} e{{engine}}"),
     )  # fmt: skip
     demand = _series(
@@ -248,15 +248,15 @@ def kv_pressure(th: Thresholds = DEFAULT_THRESHOLDS) -> dashboard.Dashboard:
         "for running / block_size blocks per step. When the free blocks meet that line, the "
         "next steps preempt.",
         "short",
-        (q.sidecar("kvwatch_block_demand_per_step"), "demand {{model_name}} e{{engine}}"),
-        (q.sidecar("kvwatch_kv_cache_free_blocks"), "free {{model_name}} e{{engine}}"),
+        (q.sidecar(cat.BLOCK_DEMAND_PER_STEP), "demand {{model_name}} e{{engine}}"),
+        (q.sidecar(cat.KV_CACHE_FREE_BLOCKS), "free {{model_name}} e{{engine}}"),
     )
     exhaustion = _series(
         "Time until the free blocks run out",
         "Free KV tokens divided by the current generation rate: how long the running batch "
         "can grow before vLLM must preempt. Empty when nothing generates.",
         "s",
-        (q.sidecar("kvwatch_seconds_to_kv_exhaustion"), "{{model_name}} e{{engine}}"),
+        (q.sidecar(cat.SECONDS_TO_KV_EXHAUSTION), "{{model_name}} e{{engine}}"),
     )
     preempt = _series(
         "Preemptions per second",
@@ -301,7 +301,7 @@ def kv_pressure(th: Thresholds = DEFAULT_THRESHOLDS) -> dashboard.Dashboard:
         .graph_mode(cm.BigValueGraphMode.NONE),
         (
             "sum by (model_name, engine) (increase("
-            f"{q.sidecar('kvwatch_thrashing_episodes_total')}[$__range]))",
+            f"{q.sidecar(cat.THRASHING_EPISODES)}[$__range]))",
             "{{model_name}} e{{engine}}",
         ),
     )
@@ -311,8 +311,8 @@ def kv_pressure(th: Thresholds = DEFAULT_THRESHOLDS) -> dashboard.Dashboard:
         "(each preemption throws away the victim's context), and requests preempted more "
         "than once in the long window.",
         "short",
-        (q.sidecar("kvwatch_episode_recomputed_tokens"), "tokens {{model_name}} e{{engine}}"),
-        (q.sidecar("kvwatch_repeat_preempted_requests"), "repeat victims {{model_name}}"),
+        (q.sidecar(cat.EPISODE_RECOMPUTED_TOKENS), "tokens {{model_name}} e{{engine}}"),
+        (q.sidecar(cat.REPEAT_PREEMPTED_REQUESTS), "repeat victims {{model_name}}"),
     )
     queue = _series(
         "Running and waiting requests",
@@ -392,7 +392,7 @@ def fleet(th: Thresholds = DEFAULT_THRESHOLDS) -> dashboard.Dashboard:
             "Engines by kvwatch state",
             "How many engines the sidecars judge ok, under pressure, saturated or thrashing.",
             "short",
-            f"sum by (state) (kvwatch_state{{{every}}})",
+            f"sum by (state) ({cat.STATE.select(every)})",
             "{{state}}",
         ),
         _bars(
@@ -417,7 +417,7 @@ def fleet(th: Thresholds = DEFAULT_THRESHOLDS) -> dashboard.Dashboard:
         _state_timeline(
             "kvwatch state per engine",
             "Each engine's state over time: ok, pressure, saturated, thrashing.",
-            f"max by (target, model_name, engine) (kvwatch_state_level{{{every}}})",
+            f"max by (target, model_name, engine) ({cat.STATE_LEVEL.select(every)})",
             "{{target}} {{model_name}} e{{engine}}",
         ),
         _series(

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from kvwatch.dashboards.live import PanelQuery, Series
+from kvwatch.sidecar.catalogue import STATES
 from kvwatch.svgplot import Line, Span, bar_chart, line_chart, state_lanes
 
 __all__ = ["legend", "panel_svg", "spans_from", "write_preview"]
 
-_STATES = ("ok", "pressure", "saturated", "thrashing")
 _STATE_COLORS = ("#73bf69", "#fade2a", "#ff9830", "#f2495c")
 
 
@@ -60,7 +60,7 @@ def panel_svg(
             for pq, series in results
             for s in series
         ]
-        return state_lanes(title, lanes, _STATES, _STATE_COLORS, x_range=window)
+        return state_lanes(title, lanes, STATES, _STATE_COLORS, x_range=window)
     if panel_type in ("bargauge", "stat"):
         bars = [
             (legend(pq.legend, s.labels), s.points[-1][1])

@@ -8,6 +8,7 @@ are filtered by model and engine only. Layout lives in dashboards/build.py.
 
 from __future__ import annotations
 
+from kvwatch.sidecar.catalogue import STATE_LEVEL, Metric
 from kvwatch.sidecar.vocabulary import (
     KV_USAGE,
     PREEMPTIONS,
@@ -35,8 +36,8 @@ def vllm(family: Family, suffix: str = "", matchers: str = VLLM_FILTER) -> str:
     return promql_selector(family, matchers, suffix)
 
 
-def sidecar(name: str, matchers: str = SIDECAR_FILTER) -> str:
-    return f"{name}{{{matchers}}}"
+def sidecar(metric: Metric, matchers: str = SIDECAR_FILTER) -> str:
+    return metric.select(matchers)
 
 
 def kv_usage(matchers: str = VLLM_FILTER) -> str:
@@ -76,7 +77,7 @@ def preemptions_per_request() -> str:
 
 
 def state_level(matchers: str = SIDECAR_FILTER) -> str:
-    return f"max by (model_name, engine) ({sidecar('kvwatch_state_level', matchers)})"
+    return f"max by (model_name, engine) ({sidecar(STATE_LEVEL, matchers)})"
 
 
 def label_values(label: str, matchers: str = "") -> str:

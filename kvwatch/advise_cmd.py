@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,48 +24,50 @@ from kvwatch.sidecar.kvmath import (
     model_from_config,
     victim_costs,
 )
+from kvwatch.sidecar.views import EngineView, engines_from_json
 
-__all__ = ["run_advise", "observed_from_state"]
+__all__ = ["run_advise", "observed_from_engines"]
 
 
-def observed_from_state(state: dict[str, Any], source: str) -> list[tuple[str, Observed]]:
-    """One Observed per engine in a sidecar state (the JSON of /api/state)."""
+def observed_from_engines(
+    engines: Sequence[tuple[str, EngineView]], source: str
+) -> list[tuple[str, Observed]]:
+    """One Observed per engine a sidecar sees (its own state, or another's /api/state)."""
     out = []
-    for t in state.get("targets", []):
-        for e in t.get("engines", []):
-            s = e["signals"]
-            name = f"{t['target']} {e['model_name']} engine {e['engine']}"
-            if not s.get("capacity_blocks") or not s.get("block_size"):
-                raise SizingError(f"{name}: capacity unknown (no cache_config_info)")
-            mem = s.get("kv_cache_memory_bytes")
-            bpt = kv_bytes_per_token_from(mem, s["capacity_blocks"], s["block_size"], source)
-            p95 = (s.get("prompt_len_p95") or 0) + (s.get("output_len_p95") or 0)
-            if not p95:
-                raise SizingError(f"{name}: no finished requests yet, so no request lengths")
-            out.append(
-                (
-                    name,
-                    Observed(
-                        capacity_blocks=s["capacity_blocks"],
-                        block_size=s["block_size"],
-                        kv_bytes_per_token=bpt,
-                        peak_demand=s.get("peak_demand_long") or 0,
-                        seq_len_p95=p95,
-                        seq_len_max=p95,
-                        preemptions=s.get("preemptions_observed") or 0,
-                        gpu_memory_utilization=s.get("gpu_memory_utilization"),
-                        kv_cache_memory_bytes=mem,
-                        kv_dtype=s.get("cache_dtype") or "auto",
-                        source=source,
-                    ),
-                )
+    for target, e in engines:
+        s = e.signals
+        name = f"{target} {e.model_name} engine {e.engine}"
+        if not s.capacity_blocks or not s.block_size:
+            raise SizingError(f"{name}: capacity unknown (no cache_config_info)")
+        mem = s.kv_cache_memory_bytes
+        bpt = kv_bytes_per_token_from(mem, s.capacity_blocks, s.block_size, source)
+        p95 = (s.prompt_len_p95 or 0) + (s.output_len_p95 or 0)
+        if not p95:
+            raise SizingError(f"{name}: no finished requests yet, so no request lengths")
+        out.append(
+            (
+                name,
+                Observed(
+                    capacity_blocks=s.capacity_blocks,
+                    block_size=s.block_size,
+                    kv_bytes_per_token=bpt,
+                    peak_demand=s.peak_demand_long or 0,
+                    seq_len_p95=p95,
+                    seq_len_max=p95,
+                    preemptions=s.preemptions_observed or 0,
+                    gpu_memory_utilization=s.gpu_memory_utilization,
+                    kv_cache_memory_bytes=mem,
+                    kv_dtype=s.cache_dtype or "auto",
+                    source=source,
+                ),
             )
+        )
     if not out:
         raise SizingError(f"{source}: no vLLM engine seen")
     return out
 
 
-async def _watch_metrics(url: str, seconds: float) -> dict[str, Any]:
+async def _watch_metrics(url: str, seconds: float) -> list[tuple[str, EngineView]]:
     import httpx
 
     from kvwatch.sidecar.scrape import metrics_url, scrape_once
@@ -80,7 +83,7 @@ async def _watch_metrics(url: str, seconds: float) -> dict[str, Any]:
             if out.exposition is None:
                 raise CliError(f"cannot scrape {url}: {out.error}", EXIT_UNREACHABLE)
             if time.monotonic() >= end:
-                return state.snapshot()
+                return [(t.target, e) for t in state.view().targets for e in t.engines]
             await asyncio.sleep(1.0)
 
 
@@ -190,20 +193,23 @@ def run_advise(ns: argparse.Namespace) -> int:
         elif ns.sidecar:
             import httpx
 
+            url = ns.sidecar.rstrip("/") + "/api/state"
             try:
-                state = httpx.get(ns.sidecar.rstrip("/") + "/api/state", timeout=10).json()
+                doc = httpx.get(url, timeout=10).json()
             except (httpx.HTTPError, ValueError) as e:
-                raise CliError(
-                    f"cannot read {ns.sidecar}/api/state: {e}", EXIT_UNREACHABLE
-                ) from None
-            items = observed_from_state(state, f"sidecar {ns.sidecar}")
+                raise CliError(f"cannot read {url}: {e}", EXIT_UNREACHABLE) from None
+            try:
+                engines = engines_from_json(doc)
+            except ValueError as e:
+                raise CliError(f"{url}: {e}") from None
+            items = observed_from_engines(engines, f"sidecar {ns.sidecar}")
         elif ns.prometheus:
             from kvwatch.sidecar.prom_source import observed_from_prometheus
 
             items = observed_from_prometheus(ns.prometheus, ns.window, ns.step)
         else:
-            state = asyncio.run(_watch_metrics(ns.metrics, ns.watch))
-            items = observed_from_state(state, f"metrics {ns.metrics}")
+            engines = asyncio.run(_watch_metrics(ns.metrics, ns.watch))
+            items = observed_from_engines(engines, f"metrics {ns.metrics}")
         results = [(name, obs, advise(obs, ns.margin, gpu)) for name, obs in items]
     except SizingError as e:
         raise CliError(str(e)) from None

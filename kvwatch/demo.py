@@ -31,6 +31,7 @@ from kvwatch.loadgen.local_server import (
     wait_until_ok,
 )
 from kvwatch.sidecar.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
+from kvwatch.sidecar.views import EngineView, engines_from_json
 
 __all__ = ["run_demo", "ramp_stages", "AlertReceiver"]
 
@@ -103,13 +104,9 @@ def _start_sidecar(
     raise CliError("the sidecar did not start; see " + str(run_dir / "sidecar.log"))
 
 
-def _engine(state: dict[str, Any]) -> dict[str, Any] | None:
-    """The first engine the sidecar sees now: its signals plus its state."""
-    for t in state["targets"]:
-        for e in t["engines"]:
-            if e["present"]:
-                return dict(e["signals"], state=e["state"])
-    return None
+def _engine(state: dict[str, Any]) -> EngineView | None:
+    """The first engine the sidecar sees now."""
+    return next((e for _, e in engines_from_json(state) if e.present), None)
 
 
 class _LiveView:
@@ -119,7 +116,7 @@ class _LiveView:
         self.sidecar = sidecar
         self.peak_kv = 0.0
         self.peak_rate = 0.0
-        self.last: dict[str, Any] | None = None
+        self.last: EngineView | None = None
         self._stop = threading.Event()
         self._th = threading.Thread(target=self._run, daemon=True)
 
@@ -132,20 +129,21 @@ class _LiveView:
             while not self._stop.wait(1.0):
                 try:
                     state = client.get(self.sidecar + "/api/state").json()
+                    eng = _engine(state)
                 except (httpx.HTTPError, ValueError):
                     continue
-                sig = _engine(state)
-                if sig is None or sig["kv_usage"] is None:
+                sig = None if eng is None else eng.signals
+                if eng is None or sig is None or sig.kv_usage is None:
                     continue
                 stage = next(iter(state.get("load", {}).get("stages", {})), "-")
-                self.last = sig
-                rate = sig["preemptions_per_s_short"] or 0.0
-                self.peak_kv = max(self.peak_kv, sig["kv_usage"])
+                self.last = eng
+                rate = sig.preemptions_per_s_short or 0.0
+                self.peak_kv = max(self.peak_kv, sig.kv_usage)
                 self.peak_rate = max(self.peak_rate, rate)
                 print(
-                    f"{stage:<22} {sig['state']:<10} {sig['kv_usage']:>7.0%} {rate:>9.1f} "
-                    f"{sig['running'] or 0:>7.0f} {sig['waiting'] or 0:>7.0f} "
-                    f"{sig['generation_tokens_per_s'] or 0:>9.0f}",
+                    f"{stage:<22} {eng.state:<10} {sig.kv_usage:>7.0%} {rate:>9.1f} "
+                    f"{sig.running or 0:>7.0f} {sig.waiting or 0:>7.0f} "
+                    f"{sig.generation_tokens_per_s or 0:>9.0f}",
                     flush=True,
                 )
 
@@ -226,7 +224,8 @@ def _print_summary(
 
     full = json.loads((run_dir / "summary.json").read_text())
     summary = full["overall"]
-    sig = _engine(state) or view.last or {}
+    eng = _engine(state) or view.last
+    sig = None if eng is None else eng.signals
     nan = float("nan")
     ttft = summary.get("ttft") or {}
     print()
@@ -238,11 +237,11 @@ def _print_summary(
         f"{summary.get('stalls', 0)} stalls"
     )
     print(
-        f"KV cache: {sig.get('capacity_blocks')} blocks of {sig.get('block_size')} tokens; "
+        f"KV cache: {sig and sig.capacity_blocks} blocks of {sig and sig.block_size} tokens; "
         f"peak usage {view.peak_kv:.0%}"
     )
     print(
-        f"preemptions seen by the sidecar: {sig.get('preemptions_observed', 0):.0f} "
+        f"preemptions seen by the sidecar: {sig.preemptions_observed if sig else 0:.0f} "
         f"(peak {view.peak_rate:.1f}/s); alerts delivered to the webhook: {len(alerts)}"
     )
     try:

@@ -18,10 +18,14 @@ from typing import Any
 
 from kvwatch.loadgen.rundir import read_jsonl, read_records
 from kvwatch.sidecar.command import EXIT_USAGE, CliError
+from kvwatch.sidecar.detect import Level
 from kvwatch.sidecar.thresholds import DEFAULT_THRESHOLDS
+from kvwatch.sidecar.timeline import counter_increase
 from kvwatch.svgplot import Line, Mark, Span, bar_chart, format_value, line_chart
 
 __all__ = ["run_report", "render_report", "counter_rate", "state_spans", "bucket_delta"]
+
+_THRASHING = Level.THRASHING.label  # the state names the timeline rows carry
 
 _CSS = """
 body{font-family:sans-serif;max-width:980px;margin:24px auto;padding:0 16px;color:#222}
@@ -56,13 +60,12 @@ def counter_rate(rows: list[dict[str, Any]], key: str) -> list[tuple[float, floa
         dt = b["t"] - a["t"]
         if va is None or vb is None or dt <= 0:
             continue
-        inc = vb - va if vb >= va else vb
-        out.append((b["t"], inc / dt))
+        out.append((b["t"], counter_increase(va, vb) / dt))
     return out
 
 
 def state_spans(
-    rows: list[dict[str, Any]], state: str = "thrashing", color: str = "#d62728"
+    rows: list[dict[str, Any]], state: str = _THRASHING, color: str = "#d62728"
 ) -> list[Span]:
     """Stretches of the timeline where the sidecar said `state`."""
     out: list[Span] = []
@@ -167,14 +170,14 @@ def render_report(run_dir: Path) -> str:
     t0 = spec.get("start_unix") or (d["timeline"][0]["t"] if d["timeline"] else 0.0)
     tl = [dict(r, t=r["t"] - t0) for r in d["timeline"]]
     marks = [Mark(e["t"], e["stage"]) for e in d["events"] if e.get("event") == "stage_start"]
-    spans = state_spans(tl, "saturated", "#ff7f0e") + state_spans(tl)
+    spans = state_spans(tl, Level.SATURATED.label, "#ff7f0e") + state_spans(tl)
     ends = [r["t"] for r in tl] + [r["finished_at"] for r in records if r.get("finished_at")]
     window = (0.0, max(ends, default=1.0))
     advice, verdict = _advice_html(run_dir)
     th = DEFAULT_THRESHOLDS
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(spec.get("start_unix") or 0))
 
-    episodes = [sp for sp in spans if sp.label == "thrashing"]
+    episodes = [sp for sp in spans if sp.label == _THRASHING]
     thrashed = bool(episodes) or bool(server.get("repeat_preempted"))
     head = [
         f"<h1>kvwatch run report: {escape(run_dir.name)}</h1>",

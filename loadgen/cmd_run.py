@@ -22,6 +22,7 @@ from kvwatch.loadgen.server_metrics import TimelineRecorder, server_snapshot
 from kvwatch.loadgen.stall_causes import PreemptionCounter, mark_preempting_stalls
 from kvwatch.loadgen.workload import DatasetError, WorkloadSpec, tokenize_corpus
 from kvwatch.sidecar.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
+from kvwatch.sidecar.timeline import COUNTERS, counter_increase
 
 __all__ = ["run_command", "build_stages"]
 
@@ -252,14 +253,10 @@ def run_command(ns: argparse.Namespace) -> int:
 
 
 def _server_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """What the server counted during the run (a restart in between would make this wrong)."""
+    """What the server counted during the run. Only two samples: across a restart it is what
+    the server counted since the restart, a lower bound (the timeline's one reset rule)."""
     out: dict[str, Any] = {}
-    for k in (
-        "preemptions_total",
-        "finished_requests_total",
-        "repeat_preempted_total",
-        "generation_tokens_total",
-    ):
+    for k in COUNTERS:
         a, b = before.get(k), after.get(k)
-        out[k.removesuffix("_total")] = None if a is None or b is None or b < a else b - a
+        out[k.removesuffix("_total")] = None if a is None or b is None else counter_increase(a, b)
     return out

@@ -8,27 +8,23 @@ records. With a sidecar, the timeline also carries the sidecar's judgement (ok .
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
 import httpx
 
-from kvwatch.sidecar.exposition import parse_exposition
 from kvwatch.sidecar.observe import EngineKey, EngineObservation, observe
+from kvwatch.sidecar.scrape import scrape_once
+from kvwatch.sidecar.timeline import COUNTERS
+from kvwatch.sidecar.views import engines_from_json
 
-__all__ = ["server_snapshot", "summarize_engines", "TimelineRecorder", "PLAIN_TEXT"]
+__all__ = ["server_snapshot", "summarize_engines", "TimelineRecorder"]
 
-# vLLM's prometheus-client writes `vllm_` names when asked for OpenMetrics; ask for text.
-PLAIN_TEXT = {"Accept": "text/plain; version=0.0.4"}
-_COUNTERS = (
-    "preemptions_total",
-    "finished_requests_total",
-    "repeat_preempted_total",
-    "generation_tokens_total",
-    "prompt_tokens_total",
-)
+_TIMEOUT_S = 10.0
 
 
 def _sum(values: list[float | None]) -> float | None:
@@ -40,7 +36,7 @@ def summarize_engines(engines: dict[EngineKey, EngineObservation]) -> dict[str, 
     """One server-wide row: counters and queues summed over engines, KV usage the highest."""
     obs = list(engines.values())
     out: dict[str, Any] = {"engines": len(obs)}
-    for name in _COUNTERS:
+    for name in COUNTERS:
         out[name] = _sum([getattr(o, name) for o in obs])
     out["running"] = _sum([o.running for o in obs])
     out["waiting"] = _sum([o.waiting for o in obs])
@@ -56,21 +52,25 @@ def summarize_engines(engines: dict[EngineKey, EngineObservation]) -> dict[str, 
     return out
 
 
-async def server_snapshot(client: httpx.AsyncClient, base_url: str) -> dict[str, Any] | None:
+async def server_snapshot(
+    client: httpx.AsyncClient, base_url: str, headers: Mapping[str, str] | None = None
+) -> dict[str, Any] | None:
     """None when the server has no readable vLLM /metrics."""
-    try:
-        r = await client.get(base_url.rstrip("/") + "/metrics", headers=PLAIN_TEXT)
-    except httpx.HTTPError:
-        return None
-    if r.status_code != 200:
-        return None
-    engines = observe(parse_exposition(r.text))
+    engines = await _engines(client, base_url, headers)
     return summarize_engines(engines) if engines else None
 
 
+async def _engines(
+    client: httpx.AsyncClient, base_url: str, headers: Mapping[str, str] | None
+) -> dict[EngineKey, EngineObservation]:
+    out = await scrape_once(client, base_url.rstrip("/") + "/metrics", _TIMEOUT_S, headers)
+    return {} if out.exposition is None else observe(out.exposition)
+
+
 class TimelineRecorder:
-    """Samples the server's /metrics (and a sidecar's state) once a period in its own thread,
-    so the event loop that sends requests never waits on it. Rows carry unix time `t`."""
+    """Samples the server's /metrics (and a sidecar's state) once a period in its own thread
+    with its own event loop, so the loop that sends requests never waits on it. Rows carry
+    unix time `t`."""
 
     def __init__(
         self,
@@ -88,29 +88,28 @@ class TimelineRecorder:
         self._stop = threading.Event()
         self._th = threading.Thread(target=self._run, name="kvwatch-timeline", daemon=True)
 
-    def sample(self, client: httpx.Client) -> dict[str, Any] | None:
+    async def sample(self, client: httpx.AsyncClient) -> dict[str, Any] | None:
         row: dict[str, Any] = {"t": time.time()}
-        try:
-            r = client.get(self.base_url + "/metrics", headers={**self.headers, **PLAIN_TEXT})
-            engines = observe(parse_exposition(r.text)) if r.status_code == 200 else {}
-        except httpx.HTTPError:
-            engines = {}
+        engines = await _engines(client, self.base_url, self.headers)
         if not engines:
             self.errors += 1
             return None
         s = summarize_engines(engines)
-        row.update({k: s[k] for k in ("kv_usage", "running", "waiting", *_COUNTERS)})
+        row.update({k: s[k] for k in ("kv_usage", "running", "waiting", *COUNTERS)})
         if self.sidecar_url:
-            row["state"] = _sidecar_state(client, self.sidecar_url)
+            row["state"] = await _sidecar_state(client, self.sidecar_url)
         return row
 
     def _run(self) -> None:
-        with httpx.Client(timeout=max(1.0, self.period_s)) as client:
+        asyncio.run(self._loop())
+
+    async def _loop(self) -> None:
+        async with httpx.AsyncClient(timeout=max(1.0, self.period_s)) as client:
             while True:
-                row = self.sample(client)
+                row = await self.sample(client)
                 if row is not None:
                     self.rows.append(row)
-                if self._stop.wait(self.period_s):
+                if await asyncio.to_thread(self._stop.wait, self.period_s):
                     return
 
     def __enter__(self) -> TimelineRecorder:
@@ -122,17 +121,12 @@ class TimelineRecorder:
         self._th.join()
 
 
-def _sidecar_state(client: httpx.Client, sidecar_url: str) -> str | None:
+async def _sidecar_state(client: httpx.AsyncClient, sidecar_url: str) -> str | None:
     """The worst state the sidecar gives any engine of this server."""
-    order = ("ok", "pressure", "saturated", "thrashing")
     try:
-        snap = client.get(sidecar_url + "/api/state").json()
+        r = await client.get(sidecar_url + "/api/state")
+        engines = engines_from_json(r.json())
     except (httpx.HTTPError, ValueError):
         return None
-    states = [
-        e["state"]
-        for t in snap.get("targets", [])
-        for e in t.get("engines", [])
-        if e.get("present") and e.get("state") in order
-    ]
-    return max(states, key=order.index) if states else None
+    levels = [e.level for _, e in engines if e.present]
+    return max(levels).label if levels else None

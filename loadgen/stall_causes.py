@@ -18,6 +18,8 @@ import bisect
 from collections.abc import Sequence
 from typing import Any
 
+from kvwatch.sidecar.timeline import counter_increase
+
 __all__ = ["PreemptionCounter", "mark_preempting_stalls"]
 
 
@@ -52,7 +54,7 @@ class PreemptionCounter:
         if i < 0 or j >= len(self.times):
             return None
         v = self.values[i : j + 1]
-        return any(b > a or (b < a and b > 0) for a, b in zip(v, v[1:], strict=False))
+        return any(counter_increase(a, b) > 0 for a, b in zip(v, v[1:], strict=False))
 
 
 def mark_preempting_stalls(

@@ -1,9 +1,9 @@
 """The sidecar's own alerts: which are active now, and what changed since the last look.
 
-Alert names match the Prometheus rules (alerts/runbook.md) where they mean the same thing. An
-alert is keyed by a fingerprint of its labels; the tracker turns the active set into firing,
-repeat and resolved notifications, and keeps what is firing in SQLite so a restarted sidecar
-neither re-announces nor forgets an alert.
+Names, severities, windows and texts come from sidecar/catalogue.py, which the Prometheus rules
+and the runbook share. An alert is keyed by a fingerprint of its labels; the tracker turns the
+active set into firing, repeat and resolved notifications, and keeps what is firing in SQLite so
+a restarted sidecar neither re-announces nor forgets an alert.
 """
 
 from __future__ import annotations
@@ -13,18 +13,12 @@ import json
 import sqlite3
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
+from kvwatch.sidecar import catalogue as cat
 from kvwatch.sidecar.thresholds import Thresholds
+from kvwatch.sidecar.views import EngineView, FiringAlert, StateView
 
 __all__ = ["Alert", "active_alerts", "AlertTracker", "Notification"]
-
-_LEVEL_ALERTS = {
-    "pressure": ("KvwatchKvCachePressure", "warning", "KV cache usage is high"),
-    "saturated": ("KvwatchKvCacheSaturated", "critical", "KV cache full with requests waiting"),
-    "thrashing": ("KvwatchThrashing", "critical", "preemption thrashing"),
-}
-
 
 @dataclass(frozen=True)
 class Alert:
@@ -47,81 +41,79 @@ class Notification:
     repeat: bool = False
 
 
-def _episode_text(e: dict[str, Any]) -> str:
-    ep = e.get("episode")
-    if not ep:
+def _episode_text(e: EngineView) -> str:
+    ep = e.episode
+    if ep is None:
         return ""
     return (
-        f" Episode so far: {ep['preemptions']:.0f} preemptions, "
-        f"{ep['repeat_preempted']:.0f} repeat victims, peak KV {ep['peak_kv']:.0%}, "
-        f"~{ep['tokens_recomputed']:,.0f} tokens recomputed."
+        f" Episode so far: {ep.preemptions:.0f} preemptions, "
+        f"{ep.repeat_preempted:.0f} repeat victims, peak KV {ep.peak_kv:.0%}, "
+        f"~{ep.tokens_recomputed:,.0f} tokens recomputed."
     )
 
 
-def _advice_text(e: dict[str, Any]) -> str:
-    s = e["signals"]
-    if not (s.get("capacity_blocks") and s.get("block_size") and s.get("peak_demand_long")):
+def _advice_text(e: EngineView) -> str:
+    s = e.signals
+    if not (s.capacity_blocks and s.block_size and s.peak_demand_long):
         return ""
     return (
-        f" Peak demand {s['peak_demand_long']:.0f} requests on {s['capacity_blocks']} blocks "
-        f"of {s['block_size']} tokens: run `kvwatch advise --sidecar` for the settings."
+        f" Peak demand {s.peak_demand_long:.0f} requests on {s.capacity_blocks} blocks "
+        f"of {s.block_size} tokens: run `kvwatch advise --sidecar` for the settings."
     )
 
 
-def active_alerts(snapshot: dict[str, Any], th: Thresholds, now_unix: float) -> list[Alert]:
-    """Alerts that hold in this state snapshot (the one /api/state serves)."""
+def _raise(
+    spec: cat.Alert, th: Thresholds, labels: dict[str, str], detail: str = "", **values: str
+) -> Alert:
+    """The catalogue's alert with these labels; `detail` is what only the sidecar saw."""
+    summary, description = spec.texts(th, **labels, **values)
+    return Alert(
+        spec.name,
+        {**labels, "severity": spec.severity},
+        {
+            "summary": summary,
+            "description": f"{description} {detail}".strip(),
+            "runbook_url": spec.runbook_url(th),
+        },
+    )
+
+
+_TARGET_DOWN = cat.alert("KvwatchTargetDown")
+_METRICS_MISSING = cat.alert("KvwatchVllmMetricsMissing")
+
+
+def active_alerts(view: StateView, th: Thresholds, now_unix: float) -> list[Alert]:
+    """Alerts that hold in this state view. An engine's alert holds while it is in that state
+    (the detector's hold is its `for`); a target's holds once its condition has lasted the
+    alert's `for`, the same window the Prometheus rule waits."""
     out = []
-    for t in snapshot["targets"]:
-        target = t["target"]
-        last_ok = t.get("last_success_unix")
-        down_for = (
-            None if t["up"] is not False else now_unix - (last_ok or snapshot["started_unix"])
-        )
-        if down_for is not None and down_for >= th.target_down_after_s:
-            out.append(
-                Alert(
-                    "KvwatchTargetDown",
-                    {"target": target, "severity": "warning"},
-                    {
-                        "summary": f"kvwatch cannot scrape {target}",
-                        "description": f"Scrapes failed for {down_for:.0f} s: {t['last_error']}",
-                    },
+    for t in view.targets:
+        target = {"target": t.target}
+        if t.up is False:
+            down_for = now_unix - (t.last_success_unix or view.started_unix)
+            if down_for >= _TARGET_DOWN.for_seconds(th):
+                out.append(
+                    _raise(
+                        _TARGET_DOWN, th, target, f"Last error: {t.last_error}",
+                        down_for=cat.human_duration(down_for),
+                    )
+                )  # fmt: skip
+        since = t.metrics_missing_since_unix
+        if t.up and t.vllm_metrics_present is False and since is not None:
+            missing_for = now_unix - since
+            if missing_for >= _METRICS_MISSING.for_seconds(th):
+                out.append(
+                    _raise(
+                        _METRICS_MISSING, th, target, down_for=cat.human_duration(missing_for)
+                    )
                 )
-            )
-        if t["up"] and t.get("vllm_metrics_present") is False:
-            out.append(
-                Alert(
-                    "KvwatchVllmMetricsMissing",
-                    {"target": target, "severity": "warning"},
-                    {
-                        "summary": f"{target} exports no vLLM engine metrics",
-                        "description": "The server answers /metrics without vllm engine series "
-                        "(started with --disable-log-stats?).",
-                    },
-                )
-            )
-        for e in t["engines"]:
-            if not e["present"] or e["state"] not in _LEVEL_ALERTS:
+        for e in t.engines:
+            spec = cat.alert_for_level(e.level)
+            if not e.present or spec is None:
                 continue
-            name, severity, what = _LEVEL_ALERTS[e["state"]]
-            labels = {
-                "target": target,
-                "model_name": e["model_name"],
-                "engine": e["engine"],
-                "severity": severity,
-            }
-            reasons = "; ".join(e["state_reasons"])
-            out.append(
-                Alert(
-                    name,
-                    labels,
-                    {
-                        "summary": f"vLLM {what} on {target} "
-                        f"({e['model_name']}, engine {e['engine']})",
-                        "description": f"{reasons}.{_episode_text(e)}{_advice_text(e)}",
-                    },
-                )
-            )
+            labels = {**target, "model_name": e.model_name, "engine": e.engine}
+            detail = f"Now: {'; '.join(e.reasons)}.{_episode_text(e)}{_advice_text(e)}"
+            out.append(_raise(spec, th, labels, detail))
     return out
 
 
@@ -178,3 +170,10 @@ class AlertTracker:
                 out.append(Notification("resolved", f.alert, f.starts_at, ends_at=now))
                 self.db.execute("DELETE FROM firing WHERE fingerprint = ?", (fp,))
         return out
+
+    def firing_now(self) -> tuple[FiringAlert, ...]:
+        with self._lock:
+            return tuple(
+                FiringAlert(f.alert.name, f.alert.labels, f.alert.annotations, f.starts_at)
+                for f in self.firing.values()
+            )

@@ -27,6 +27,7 @@ from kvwatch.sidecar.outbox import Outbox
 from kvwatch.sidecar.scrape import metrics_url, scrape_once
 from kvwatch.sidecar.state import SidecarState
 from kvwatch.sidecar.thresholds import Thresholds
+from kvwatch.sidecar.views import AlertingView
 from kvwatch.sidecar.webhooks import Receiver, deliver_forever, enqueue
 
 __all__ = ["SidecarConfig", "run_sidecar"]
@@ -145,14 +146,11 @@ async def _alert_loop(
                 await asyncio.wait_for(scraped.wait(), cfg.interval_s)
             scraped.clear()
             now = time.time()
-            notes = tracker.update(active_alerts(state.snapshot(), cfg.thresholds, now), now)
+            notes = tracker.update(active_alerts(state.view(), cfg.thresholds, now), now)
             if cfg.receivers and notes:
                 enqueue(outbox, list(cfg.receivers), notes, external_url)
                 queued.set()
-            firing = [
-                dict(f.alert.__dict__, starts_at=f.starts_at) for f in tracker.firing.values()
-            ]
-            state.set_alerting({"firing": firing, "webhooks": outbox.stats()})
+            state.set_alerting(AlertingView(tracker.firing_now(), outbox.stats()))
     finally:
         sender.cancel()
 
@@ -203,9 +201,9 @@ def run_sidecar(cfg: SidecarConfig, echo: BinaryIO | None = None) -> int:
     server = serve(
         cfg.listen_host,
         cfg.listen_port,
-        state.snapshot,
+        state.view,
         stale_after,
-        lambda: [e.to_dict() for e in state.episodes()],
+        state.episodes,
         state.record_load_event,
     )
     host, port = str(server.server_address[0]), int(server.server_address[1])

@@ -57,18 +57,8 @@ class Evidence:
 
 
 def gather_evidence(tl: Timeline, sig: EngineSignals, now: float, th: Thresholds) -> Evidence:
-    gen_peak = None
-    pts = list(tl.points)
-    rates = []
     # generation rate per scrape interval over the long window, for its recent peak
-    for (t0, a), (t1, b) in zip(pts, pts[1:], strict=False):
-        if t1 < now - th.long_window_s or t1 <= t0:
-            continue
-        x, y = a.generation_tokens_total, b.generation_tokens_total
-        if x is not None and y is not None:
-            rates.append((y - x if y >= x else y) / (t1 - t0))
-    if rates:
-        gen_peak = max(rates)
+    rates = tl.interval_rates("generation_tokens_total", th.long_window_s, now)
     return Evidence(
         kv_usage=sig.kv_usage,
         peak_kv_short=tl.peak("kv_usage", th.short_window_s, now),
@@ -80,7 +70,7 @@ def gather_evidence(tl: Timeline, sig: EngineSignals, now: float, th: Thresholds
         preemption_rate_short=sig.preemptions_per_s_short,
         repeat_preempted_long=sig.repeat_preempted_long,
         generation_rate=sig.generation_tokens_per_s,
-        peak_generation_rate_long=gen_peak,
+        peak_generation_rate_long=max(rates, default=None),
     )
 
 

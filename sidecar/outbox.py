@@ -17,7 +17,16 @@ import threading
 import time
 from dataclasses import dataclass
 
-__all__ = ["Outbox", "Pending", "backoff_s"]
+__all__ = ["Outbox", "Pending", "DeliveryStats", "backoff_s"]
+
+
+@dataclass(frozen=True)
+class DeliveryStats:
+    """One receiver's notifications: waiting to be sent, delivered, dropped from a full box."""
+
+    pending: int
+    delivered: int
+    dropped: int
 
 
 @dataclass(frozen=True)
@@ -33,7 +42,7 @@ def backoff_s(
     attempts: int, base: float = 1.0, cap: float = 300.0, rng: random.Random | None = None
 ) -> float:
     """Exponential backoff with full jitter on the upper half: [d/2, d], d = base x 2^attempts."""
-    d = min(cap, base * 2 ** max(0, attempts - 1))
+    d = min(cap, base * 2.0 ** max(0, attempts - 1))
     draw = rng.random() if rng is not None else random.random()
     return d / 2 + draw * d / 2
 
@@ -96,13 +105,12 @@ class Outbox:
                 (retry_at, error[:500], msg_id),
             )
 
-    def stats(self) -> dict[str, dict[str, int]]:
+    def stats(self) -> dict[str, DeliveryStats]:
         with self._lock:
             rows = self.db.execute(
                 "SELECT receiver, SUM(delivered IS NULL), SUM(delivered IS NOT NULL) FROM outbox "
                 "GROUP BY receiver"
             ).fetchall()
         return {
-            r: {"pending": int(p or 0), "delivered": int(d or 0), "dropped": self.dropped.get(r, 0)}
-            for r, p, d in rows
+            r: DeliveryStats(int(p or 0), int(d or 0), self.dropped.get(r, 0)) for r, p, d in rows
         }

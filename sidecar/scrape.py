@@ -1,20 +1,35 @@
-"""Scrape one vLLM `/metrics` endpoint with httpx, turning every failure into a counted reason."""
+"""Scrape one vLLM `/metrics` endpoint with httpx, turning every failure into a counted reason.
+
+The one way kvwatch fetches `/metrics`: the sidecar's loops, `kvwatch advise --metrics`, and the
+load generator's snapshots and timeline all call `scrape_once`.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import httpx
 
-from kvwatch.sidecar.exposition import parse_exposition
-from kvwatch.sidecar.state import ScrapeOutcome
+from kvwatch.sidecar.exposition import Exposition, parse_exposition
 
-__all__ = ["metrics_url", "scrape_once", "MAX_BODY_BYTES"]
+__all__ = ["metrics_url", "scrape_once", "ScrapeOutcome", "MAX_BODY_BYTES", "ACCEPT"]
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 # Ask for the classic text format: with OpenMetrics, prometheus-client 0.23-0.26 writes `vllm_`
 # sample names (client_python #1177). We read both spellings anyway.
-_ACCEPT = "text/plain; version=0.0.4"
+ACCEPT = "text/plain; version=0.0.4"
+
+
+@dataclass(frozen=True)
+class ScrapeOutcome:
+    """One scrape: an exposition, or why it failed (timeout, connect, http_5xx...)."""
+
+    duration_s: float
+    exposition: Exposition | None = None
+    error_reason: str | None = None
+    error: str | None = None
 
 
 def metrics_url(target: str) -> str:
@@ -25,14 +40,21 @@ def metrics_url(target: str) -> str:
     return target
 
 
-async def scrape_once(client: httpx.AsyncClient, url: str, timeout_s: float) -> ScrapeOutcome:
+async def scrape_once(
+    client: httpx.AsyncClient,
+    url: str,
+    timeout_s: float,
+    headers: Mapping[str, str] | None = None,
+) -> ScrapeOutcome:
+    """`headers` add to the request's (an Authorization header, say)."""
     t0 = time.monotonic()
 
     def fail(reason: str, msg: str) -> ScrapeOutcome:
         return ScrapeOutcome(time.monotonic() - t0, error_reason=reason, error=msg)
 
     try:
-        async with client.stream("GET", url, headers={"Accept": _ACCEPT}, timeout=timeout_s) as r:
+        sent = {**(headers or {}), "Accept": ACCEPT}
+        async with client.stream("GET", url, headers=sent, timeout=timeout_s) as r:
             if r.status_code != 200:
                 return fail(f"http_{r.status_code // 100}xx", f"{url}: HTTP {r.status_code}")
             body = bytearray()

@@ -49,9 +49,12 @@ class Thresholds:
     # Rate windows in seconds. Short reacts within seconds; long smooths and holds the evidence.
     short_window_s: float = 10.0
     long_window_s: float = 60.0
-    # The sidecar's webhook alerts: a target must stay down this long before it alerts (a vLLM
-    # restart takes 20-60 s; raise this to stay quiet through planned restarts).
-    target_down_after_s: float = 30.0
+    # A target must stay down this long before KvwatchTargetDown fires, in the sidecar's own
+    # webhooks and in the Prometheus rule alike (a vLLM restart takes 20-60 s, a big model's
+    # load minutes; raise this to stay quiet through planned restarts).
+    target_down_after_s: float = 120.0
+    # The same for KvwatchVllmMetricsMissing: /metrics answers without vLLM's engine series.
+    metrics_missing_after_s: float = 300.0
     # How often a still-firing alert is sent again, in seconds.
     repeat_interval_s: float = 3600.0
     # Where alert annotations point for the runbook (one section per alert).

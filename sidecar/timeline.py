@@ -1,7 +1,8 @@
 """Bounded history of one engine's observations, with counter arithmetic that survives restarts.
 
 Counter increases follow Prometheus' rule: a drop means the counter was reset (vLLM restarted), so
-the increase across the drop is the new value itself, never a negative or a huge fake jump.
+the increase across the drop is the new value itself, never a negative or a huge fake jump. This
+module holds that rule and the counter list; everything else asks the timeline.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 
 from kvwatch.sidecar.observe import EngineObservation
 
-__all__ = ["COUNTERS", "Timeline"]
+__all__ = ["COUNTERS", "Timeline", "counter_increase"]
 
 COUNTERS = (
     "preemptions_total",
@@ -35,7 +36,9 @@ class Timeline:
     def __post_init__(self) -> None:
         self.points = deque(maxlen=self.max_points)
 
-    def add(self, t: float, obs: EngineObservation) -> None:
+    def add(self, t: float, obs: EngineObservation) -> dict[str, float]:
+        """Append a point; returns each counter's reset-corrected increase since the last one."""
+        step = dict.fromkeys(COUNTERS, 0.0)
         if self.points:
             prev = self.points[-1][1]
             reset = False
@@ -45,9 +48,11 @@ class Timeline:
                     continue
                 if b < a:
                     reset = True
-                self.observed[name] += _delta(a, b)
+                step[name] = counter_increase(a, b)
+                self.observed[name] += step[name]
             self.resets += reset
         self.points.append((t, obs))
+        return step
 
     @property
     def latest(self) -> tuple[float, EngineObservation] | None:
@@ -83,7 +88,7 @@ class Timeline:
         pts = [(t, v) for t, v in pts if v is not None]
         if len(pts) < 2:
             return None
-        return sum(_delta(a[1], b[1]) for a, b in zip(pts, pts[1:], strict=False))
+        return sum(counter_increase(a[1], b[1]) for a, b in zip(pts, pts[1:], strict=False))
 
     def rate(self, counter: str, window_s: float, now: float) -> float | None:
         """Per-second rate over the window, from the points it holds."""
@@ -94,5 +99,20 @@ class Timeline:
         return inc / (pts[-1] - pts[0])
 
 
-def _delta(a: float, b: float) -> float:
+    def interval_rates(self, counter: str, window_s: float, now: float) -> list[float]:
+        """The counter's per-second rate between each pair of successive points that ends
+        inside the window (for a recent peak rate)."""
+        out = []
+        pts = list(self.points)
+        for (t0, a), (t1, b) in zip(pts, pts[1:], strict=False):
+            if t1 < now - window_s or t1 <= t0:
+                continue
+            x, y = getattr(a, counter), getattr(b, counter)
+            if x is not None and y is not None:
+                out.append(counter_increase(x, y) / (t1 - t0))
+        return out
+
+
+def counter_increase(a: float, b: float) -> float:
+    """From a to b: a drop is a reset, after which the counter counted b from zero."""
     return b - a if b >= a else b

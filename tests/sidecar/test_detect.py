@@ -5,7 +5,8 @@ from pathlib import Path
 from kvwatch.sidecar.detect import Detector, Evidence, Level, judge
 from kvwatch.sidecar.episodes import EpisodeStore
 from kvwatch.sidecar.exposition import parse_exposition
-from kvwatch.sidecar.state import ScrapeOutcome, SidecarState
+from kvwatch.sidecar.scrape import ScrapeOutcome
+from kvwatch.sidecar.state import SidecarState
 from kvwatch.sidecar.thresholds import Thresholds, parse_overrides
 
 TH = Thresholds()
@@ -132,10 +133,10 @@ class TestStateEpisodes:
             pre, gen, t = pre + d_pre, gen + d_gen, t + 1
             exp = parse_exposition(_body(pre, gen, kv, run, wait))
             st.record_scrape("http://a", t, ScrapeOutcome(0.01, exp))
-        snap = st.snapshot(t)
-        (eng,) = snap["targets"][0]["engines"]
-        assert eng["state"] == "ok" and eng["episodes"] == 1
-        assert "thrashing" in [x["to"] for x in snap["transitions"]]
+        view = st.view(t)
+        (eng,) = view.targets[0].engines
+        assert eng.state == "ok" and eng.episodes == 1
+        assert "thrashing" in [x.to_state for x in view.transitions]
         (ep,) = st.episodes()
         assert ep.end_unix is not None and ep.closed_by == "recovered"
         assert ep.preemptions >= 10 and ep.peak_kv == 1.0 and ep.tokens_recomputed > 0
@@ -144,4 +145,4 @@ class TestStateEpisodes:
         st2.record_scrape(
             "http://a", 1.0, ScrapeOutcome(0.01, parse_exposition(_body(0, 0, 0, 0, 0)))
         )
-        assert st2.snapshot(1.0)["targets"][0]["engines"][0]["episodes"] == 1
+        assert st2.view(1.0).targets[0].engines[0].episodes == 1

@@ -8,8 +8,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from kvwatch.sidecar.exporter import StateCollector
-from kvwatch.sidecar.scrape import metrics_url, scrape_once
-from kvwatch.sidecar.state import ScrapeOutcome, SidecarState
+from kvwatch.sidecar.scrape import ScrapeOutcome, metrics_url, scrape_once
+from kvwatch.sidecar.state import SidecarState
 from tests.sidecar.fakes import raw_http_server
 
 
@@ -63,7 +63,7 @@ class TestScrapeFailures:
 class TestStateAndExporter:
     def _export(self, state: SidecarState, now: float) -> str:
         reg = CollectorRegistry(auto_describe=False)
-        reg.register(StateCollector(lambda: state.snapshot(now)))
+        reg.register(StateCollector(lambda: state.view(now)))
         return generate_latest(reg).decode()
 
     def test_down_target_is_down_not_zero(self, data_dir: Path) -> None:
@@ -85,10 +85,11 @@ class TestStateAndExporter:
     def test_log_lines_feed_the_first_target(self, data_dir: Path) -> None:
         state = SidecarState(["http://a", "http://b"])
         state.record_log_lines((data_dir / "vllm-0.32-cpu-server.log").read_text().splitlines())
-        snap = state.snapshot(0.0)
-        log = snap["targets"][0]["log"]
-        assert log["capacity"]["kv_tokens"] == 1280 and log["events"]["stats"] > 10
-        assert snap["targets"][1]["log"]["events"] == {}
+        view = state.view(0.0)
+        log = view.targets[0].log
+        assert log.capacity is not None and log.capacity.kv_tokens == 1280
+        assert log.events["stats"] > 10
+        assert view.targets[1].log.events == {}
 
     @pytest.mark.parametrize("names", [["vllm:", "vllm_"]])
     def test_both_spellings_give_the_same_signals(self, data_dir: Path, names: list[str]) -> None:
@@ -100,5 +101,5 @@ class TestStateAndExporter:
             state = SidecarState(["http://a"])
             text = body.replace("vllm:", prefix)
             state.record_scrape("http://a", 1.0, ScrapeOutcome(0.01, parse_exposition(text)))
-            sigs.append(state.snapshot(1.0)["targets"][0]["engines"])
-        assert sigs[0] == sigs[1] and sigs[0][0]["signals"]["capacity_blocks"] == 40
+            sigs.append(state.view(1.0).targets[0].engines)
+        assert sigs[0] == sigs[1] and sigs[0][0].signals.capacity_blocks == 40

@@ -100,7 +100,7 @@ class TestOutbox:
             ob.put("r", f"m{i}".encode())
         head = ob.head("r")
         assert head is not None and head.body == b"m2"  # m0, m1 dropped
-        assert ob.stats()["r"]["dropped"] == 2
+        assert ob.stats()["r"].dropped == 2
         ob.failed(head.id, "down", time.time() + 60)
         assert ob.head("r").attempts == 1  # type: ignore[union-attr]
         ob.delivered(head.id)

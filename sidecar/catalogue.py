@@ -1,0 +1,414 @@
+"""Everything kvwatch emits, beside sidecar/vocabulary.py (everything it reads).
+
+- every `kvwatch_*` metric the sidecar exports: name, type, labels, help;
+- the state names, from the detector's `Level`;
+- the series the Prometheus rules record (`kvwatch:*`);
+- every alert: name, severity, `for`, `keep_firing_for`, runbook section, summary and
+  description, and which path raises it (the Prometheus rules, the sidecar's own webhooks, or
+  both).
+
+The exporter, the sidecar's webhooks, the rules, the dashboards, the report and the runbook take
+names and texts from here (the monitoring-mixin idea: one config feeds alerts, dashboards and
+runbook links), and a test fails when one of them names something this catalogue lacks.
+
+Alert texts are `str.format` templates. They may name the alert's labels (`{target}`,
+`{model_name}`, `{engine}`, `{where}`), its value (`{value}`, `{value_pct}`), the thresholds
+(`{th.thrashing_preemptions_per_s:g}`) and thresholds as percentages (`{pct[pressure_kv]}`).
+The rules fill the labels and value with Prometheus template expressions, the sidecar with what
+it saw, so the two paths say the same thing in the same words.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from enum import StrEnum
+from typing import Literal
+
+from kvwatch.sidecar.detect import Level
+from kvwatch.sidecar.thresholds import Thresholds
+
+__all__ = [
+    "MetricType", "Metric", "METRICS", "ENGINE_GAUGES", "TARGET_LABELS", "ENGINE_LABELS",
+    "STATES", "Recording", "RECORDINGS", "Route", "Alert", "ALERTS", "alert", "alert_for_level",
+    "metric", "percentages", "human_duration", "duration_seconds", "prometheus_duration",
+    "TARGET_UP", "VLLM_METRICS_PRESENT", "SCRAPES", "SCRAPE_ERRORS", "EXPOSITION_PARSE_ERRORS",
+    "SCRAPE_DURATION", "PREEMPTIONS_OBSERVED", "COUNTER_RESETS", "LOG_PREEMPTION_WARNINGS",
+    "STATE", "STATE_LEVEL", "THRASHING_EPISODES", "EPISODE_PREEMPTIONS",
+    "EPISODE_RECOMPUTED_TOKENS", "KV_CACHE_USAGE", "KV_CACHE_CAPACITY_BLOCKS",
+    "KV_CACHE_CAPACITY_TOKENS", "KV_CACHE_BLOCK_SIZE", "KV_CACHE_FREE_BLOCKS",
+    "KV_CACHE_FREE_TOKENS", "REQUESTS_RUNNING", "REQUESTS_WAITING", "REQUESTS_WAITING_CAPACITY",
+    "BLOCK_DEMAND_PER_STEP", "SECONDS_TO_KV_EXHAUSTION", "GENERATION_TOKENS_PER_SECOND",
+    "PROMPT_TOKENS_PER_SECOND", "PREEMPTIONS_PER_SECOND_SHORT", "PREEMPTIONS_PER_SECOND_LONG",
+    "REPEAT_PREEMPTED_REQUESTS", "ALERTS_FIRING", "WEBHOOK_PENDING", "WEBHOOK_DELIVERED",
+    "WEBHOOK_DROPPED", "LOAD_STAGE", "LOG_LINES", "LOG_OVERSIZED_LINES", "LOG_ROTATIONS",
+    "REC_KV_USAGE", "REC_RUNNING", "REC_WAITING", "REC_PREEMPTION_RATE", "REC_REPEAT_PREEMPTED",
+]  # fmt: skip
+
+
+class MetricType(StrEnum):
+    GAUGE = "gauge"
+    COUNTER = "counter"
+
+
+TARGET_LABELS: tuple[str, ...] = ("target",)
+ENGINE_LABELS: tuple[str, ...] = ("target", "model_name", "engine")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One `kvwatch_*` family. A counter's name is without `_total`, as prometheus-client
+    takes it; `series` is the name its samples carry, which PromQL queries."""
+
+    name: str
+    type: MetricType
+    labels: tuple[str, ...]
+    help: str
+
+    @property
+    def series(self) -> str:
+        return f"{self.name}_total" if self.type is MetricType.COUNTER else self.name
+
+    def select(self, matchers: str = "") -> str:
+        """A PromQL selector for its samples."""
+        return f"{self.series}{{{matchers}}}" if matchers else self.series
+
+
+def _g(name: str, labels: tuple[str, ...], help: str) -> Metric:
+    return Metric(name, MetricType.GAUGE, labels, help)
+
+
+def _c(name: str, labels: tuple[str, ...], help: str) -> Metric:
+    return Metric(name, MetricType.COUNTER, labels, help)
+
+
+T, E = TARGET_LABELS, ENGINE_LABELS
+TARGET_UP = _g("kvwatch_target_up", T, "1 if the last scrape worked")
+VLLM_METRICS_PRESENT = _g(
+    "kvwatch_vllm_metrics_present", T,
+    "1 if the target exports vLLM engine metrics (0: e.g. --disable-log-stats)",
+)  # fmt: skip
+SCRAPES = _c("kvwatch_scrapes", T, "scrapes attempted")
+SCRAPE_ERRORS = _c("kvwatch_scrape_errors", (*T, "reason"), "failed scrapes by reason")
+EXPOSITION_PARSE_ERRORS = _c("kvwatch_exposition_parse_errors", T, "unreadable sample lines")
+SCRAPE_DURATION = _g("kvwatch_scrape_duration_seconds", T, "last scrape duration")
+LOG_PREEMPTION_WARNINGS = _c("kvwatch_log_preemption_warnings", T, "V0 preemption warnings read")
+PREEMPTIONS_OBSERVED = _c(
+    "kvwatch_preemptions_observed", E,
+    "preemptions seen since the sidecar started, corrected for vLLM restarts",
+)  # fmt: skip
+COUNTER_RESETS = _c("kvwatch_counter_resets", E, "vLLM counter resets seen (restarts)")
+STATE = _g(
+    "kvwatch_state", (*E, "state"),
+    "1 for the engine's current state (ok, pressure, saturated, thrashing), else 0",
+)  # fmt: skip
+STATE_LEVEL = _g("kvwatch_state_level", E, "0 ok, 1 pressure, 2 saturated, 3 thrashing")
+THRASHING_EPISODES = _c(
+    "kvwatch_thrashing_episodes", E, "thrashing episodes begun (kept across sidecar restarts)"
+)
+EPISODE_PREEMPTIONS = _g(
+    "kvwatch_episode_preemptions", E, "preemptions in the current thrashing episode"
+)
+EPISODE_RECOMPUTED_TOKENS = _g(
+    "kvwatch_episode_recomputed_tokens", E,
+    "estimated tokens recomputed in the current thrashing episode",
+)  # fmt: skip
+# Engine gauges, one per signal (sidecar/signals.py); windows are in the help and the docs.
+KV_CACHE_USAGE = _g("kvwatch_kv_cache_usage_ratio", E, "KV cache blocks in use, 0..1")
+KV_CACHE_CAPACITY_BLOCKS = _g("kvwatch_kv_cache_capacity_blocks", E, "KV cache size in blocks")
+KV_CACHE_CAPACITY_TOKENS = _g("kvwatch_kv_cache_capacity_tokens", E, "KV cache size in tokens")
+KV_CACHE_BLOCK_SIZE = _g("kvwatch_kv_cache_block_size_tokens", E, "tokens per KV block")
+KV_CACHE_FREE_BLOCKS = _g("kvwatch_kv_cache_free_blocks", E, "KV headroom in blocks")
+KV_CACHE_FREE_TOKENS = _g("kvwatch_kv_cache_free_tokens", E, "KV headroom in tokens")
+REQUESTS_RUNNING = _g("kvwatch_requests_running", E, "requests in the running batch")
+REQUESTS_WAITING = _g("kvwatch_requests_waiting", E, "requests waiting")
+REQUESTS_WAITING_CAPACITY = _g(
+    "kvwatch_requests_waiting_capacity", E,
+    "requests waiting for KV capacity (preempted ones included)",
+)  # fmt: skip
+BLOCK_DEMAND_PER_STEP = _g(
+    "kvwatch_block_demand_per_step", E,
+    "new KV blocks the running batch asks for per decode step (running / block_size)",
+)  # fmt: skip
+SECONDS_TO_KV_EXHAUSTION = _g(
+    "kvwatch_seconds_to_kv_exhaustion", E,
+    "free KV tokens / generation tokens per second (short window)",
+)  # fmt: skip
+GENERATION_TOKENS_PER_SECOND = _g(
+    "kvwatch_generation_tokens_per_second", E, "generation throughput over the short window"
+)
+PROMPT_TOKENS_PER_SECOND = _g(
+    "kvwatch_prompt_tokens_per_second", E, "prompt throughput over the short window"
+)
+PREEMPTIONS_PER_SECOND_SHORT = _g(
+    "kvwatch_preemptions_per_second_short", E, "preemptions per second over the short window"
+)
+PREEMPTIONS_PER_SECOND_LONG = _g(
+    "kvwatch_preemptions_per_second_long", E, "preemptions per second over the long window"
+)
+REPEAT_PREEMPTED_REQUESTS = _g(
+    "kvwatch_repeat_preempted_requests", E,
+    "finished requests preempted 2+ times in the long window",
+)  # fmt: skip
+ALERTS_FIRING = _g("kvwatch_alerts_firing", ("alertname",), "the sidecar's own alerts now firing")
+WEBHOOK_PENDING = _g("kvwatch_webhook_pending", ("receiver",), "notifications not yet delivered")
+WEBHOOK_DELIVERED = _c("kvwatch_webhook_delivered", ("receiver",), "notifications delivered")
+WEBHOOK_DROPPED = _c(
+    "kvwatch_webhook_dropped", ("receiver",), "notifications dropped from a full outbox"
+)
+LOAD_STAGE = _g(
+    "kvwatch_load_stage", ("stage",), "1 while a load generator stage runs (for annotations)"
+)
+LOG_LINES = _c("kvwatch_log_lines", ("source",), "log lines read")
+LOG_OVERSIZED_LINES = _c(
+    "kvwatch_log_oversized_lines", ("source",), "log lines dropped as too long"
+)
+LOG_ROTATIONS = _c(
+    "kvwatch_log_rotations", ("source",), "log rotations and truncations followed"
+)
+del T, E
+
+# (gauge, the EngineSignals field it exports), in exposition order.
+ENGINE_GAUGES: tuple[tuple[Metric, str], ...] = (
+    (KV_CACHE_USAGE, "kv_usage"),
+    (KV_CACHE_CAPACITY_BLOCKS, "capacity_blocks"),
+    (KV_CACHE_CAPACITY_TOKENS, "capacity_tokens"),
+    (KV_CACHE_BLOCK_SIZE, "block_size"),
+    (KV_CACHE_FREE_BLOCKS, "free_blocks"),
+    (KV_CACHE_FREE_TOKENS, "free_tokens"),
+    (REQUESTS_RUNNING, "running"),
+    (REQUESTS_WAITING, "waiting"),
+    (REQUESTS_WAITING_CAPACITY, "waiting_capacity"),
+    (BLOCK_DEMAND_PER_STEP, "block_demand_per_step"),
+    (SECONDS_TO_KV_EXHAUSTION, "seconds_to_exhaustion"),
+    (GENERATION_TOKENS_PER_SECOND, "generation_tokens_per_s"),
+    (PROMPT_TOKENS_PER_SECOND, "prompt_tokens_per_s"),
+    (PREEMPTIONS_PER_SECOND_SHORT, "preemptions_per_s_short"),
+    (PREEMPTIONS_PER_SECOND_LONG, "preemptions_per_s_long"),
+    (REPEAT_PREEMPTED_REQUESTS, "repeat_preempted_long"),
+)
+
+METRICS: tuple[Metric, ...] = (
+    TARGET_UP, VLLM_METRICS_PRESENT, SCRAPES, SCRAPE_ERRORS, EXPOSITION_PARSE_ERRORS,
+    SCRAPE_DURATION, PREEMPTIONS_OBSERVED, COUNTER_RESETS, LOG_PREEMPTION_WARNINGS, STATE,
+    STATE_LEVEL, THRASHING_EPISODES, EPISODE_PREEMPTIONS, EPISODE_RECOMPUTED_TOKENS,
+    *(m for m, _ in ENGINE_GAUGES),
+    ALERTS_FIRING, WEBHOOK_PENDING, WEBHOOK_DELIVERED, WEBHOOK_DROPPED, LOAD_STAGE, LOG_LINES,
+    LOG_OVERSIZED_LINES, LOG_ROTATIONS,
+)  # fmt: skip
+
+_BY_NAME = {m.name: m for m in METRICS} | {m.series: m for m in METRICS}
+
+
+def metric(name: str) -> Metric:
+    """The family a name (or a counter's `_total` series) belongs to; KeyError if none."""
+    return _BY_NAME[name]
+
+
+# The engine states, worst last; `kvwatch_state{state=...}` and the JSON API use these names.
+STATES: tuple[str, ...] = tuple(level.label for level in Level)
+
+
+@dataclass(frozen=True)
+class Recording:
+    """A series the Prometheus rules record from vLLM's own metrics."""
+
+    name: str
+    help: str
+
+
+REC_KV_USAGE = Recording("kvwatch:vllm_kv_cache_usage:max", "highest KV usage per engine")
+REC_RUNNING = Recording("kvwatch:vllm_requests_running:sum", "running requests per engine")
+REC_WAITING = Recording("kvwatch:vllm_requests_waiting:sum", "waiting requests per engine")
+REC_PREEMPTION_RATE = Recording(
+    "kvwatch:vllm_preemptions:rate1m", "preemptions per second over 1m per engine"
+)
+REC_REPEAT_PREEMPTED = Recording(
+    "kvwatch:vllm_repeat_preempted_requests:increase5m",
+    "finished requests preempted 2+ times in the last 5m per engine",
+)
+RECORDINGS: tuple[Recording, ...] = (
+    REC_KV_USAGE, REC_RUNNING, REC_WAITING, REC_PREEMPTION_RATE, REC_REPEAT_PREEMPTED,
+)  # fmt: skip
+
+
+class Route(StrEnum):
+    """Who raises an alert: a Prometheus rule, the sidecar's own webhooks, or both."""
+
+    RULES = "rules"
+    WEBHOOK = "webhook"
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alert's identity. `for_` is a Prometheus duration; `for_threshold` names the
+    Thresholds field (seconds) that sets it instead, so the sidecar and the rule wait alike."""
+
+    name: str
+    severity: Literal["critical", "warning"]
+    summary: str
+    description: str
+    routes: frozenset[Route]
+    for_: str | None = None
+    for_threshold: str | None = None
+    keep_firing_for: str | None = None
+    level: Level | None = None  # the engine state the sidecar raises it for
+
+    @property
+    def runbook_section(self) -> str:
+        """The runbook's `## ...` heading for it; its anchor is the name in lower case."""
+        return self.name
+
+    def runbook_url(self, th: Thresholds) -> str:
+        return f"{th.runbook_base_url}#{self.name.lower()}"
+
+    def for_seconds(self, th: Thresholds) -> float:
+        if self.for_threshold is not None:
+            return float(getattr(th, self.for_threshold))
+        return duration_seconds(self.for_ or "0s")
+
+    def for_duration(self, th: Thresholds) -> str:
+        """`for:` as a Prometheus duration."""
+        if self.for_threshold is None:
+            return self.for_ or "0s"
+        return prometheus_duration(self.for_seconds(th))
+
+    def texts(self, th: Thresholds, **values: str) -> tuple[str, str]:
+        """(summary, description) with the labels and value given; thresholds are filled in."""
+        ctx = {"th": th, "pct": percentages(th), **values}
+        return self.summary.format(**ctx), self.description.format(**ctx)
+
+
+def percentages(th: Thresholds) -> dict[str, str]:
+    """Each fraction threshold as a percentage (`0.9` -> `90%`), for alert texts."""
+    out = {}
+    for f in fields(th):
+        v = getattr(th, f.name)
+        if isinstance(v, float) and 0 <= v <= 1:
+            out[f.name] = f"{v * 100:g}%"
+    return out
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def duration_seconds(text: str) -> float:
+    """A Prometheus duration (`90s`, `2m`, `1h`) in seconds."""
+    return float(text[:-1]) * _UNITS[text[-1]]
+
+
+def human_duration(seconds: float) -> str:
+    """`120` -> `2 minutes`, `30` -> `30 s`: for alert texts."""
+    for unit, word in ((3600, "hour"), (60, "minute")):
+        if seconds >= unit and seconds % unit == 0:
+            n = seconds / unit
+            return f"{n:g} {word}{'s' if n != 1 else ''}"
+    return f"{seconds:.0f} s"
+
+
+def prometheus_duration(seconds: float) -> str:
+    """Seconds as the shortest Prometheus duration (`120` -> `2m`)."""
+    for unit in ("h", "m"):
+        if seconds >= _UNITS[unit] and seconds % _UNITS[unit] == 0:
+            return f"{seconds / _UNITS[unit]:g}{unit}"
+    return f"{seconds:g}s"
+
+
+RULES, WEBHOOK, BOTH = (
+    frozenset({Route.RULES}), frozenset({Route.WEBHOOK}), frozenset({Route.RULES, Route.WEBHOOK}),
+)  # fmt: skip
+
+ALERTS: tuple[Alert, ...] = (
+    Alert(
+        "VllmKvCachePressure", "warning",
+        "vLLM KV cache above {pct[pressure_kv]} on {where}",
+        "KV cache usage is {value_pct}, above {pct[pressure_kv]} for 10 minutes: little room "
+        "for new prompts.",
+        RULES, for_="10m",
+    ),
+    Alert(
+        "VllmKvCacheSaturated", "critical",
+        "vLLM KV cache full with requests waiting on {where}",
+        "The KV cache ran out (usage at or above {pct[saturated_kv]}, or requests preempted) "
+        "while requests waited, minute after minute for 5 minutes.",
+        RULES, for_="5m",
+    ),
+    Alert(
+        "VllmPreemptionRateHigh", "warning",
+        "vLLM preempting requests on {where}",
+        "{value} preemptions per second, above {th.thrashing_preemptions_per_s:g}/s for 5 "
+        "minutes: requests are evicted from the KV cache and recomputed.",
+        RULES, for_="5m",
+    ),
+    Alert(
+        "VllmRepeatedPreemptions", "warning",
+        "vLLM requests preempted again and again on {where}",
+        "{value} requests finished in the last 5 minutes after being preempted twice or more: "
+        "the same work is being redone.",
+        RULES, for_="5m",
+    ),
+    Alert(
+        "VllmMetricsAbsent", "warning",
+        "No vLLM KV cache metrics at all",
+        "No series of vllm:kv_cache_usage_perc (or its older and vllm_ spellings) for 10 "
+        "minutes: vLLM is down, not scraped, or runs with --disable-log-stats.",
+        RULES, for_="10m",
+    ),
+    Alert(
+        "KvwatchKvCachePressure", "warning",
+        "vLLM KV cache usage is high on {target} ({model_name}, engine {engine})",
+        "The kvwatch sidecar judges this engine under pressure: KV usage at or above "
+        "{pct[pressure_kv]} for {th.enter_after_s:g} s (it ends below {pct[pressure_exit_kv]}).",
+        WEBHOOK, for_threshold="enter_after_s", level=Level.PRESSURE,
+    ),
+    Alert(
+        "KvwatchKvCacheSaturated", "critical",
+        "vLLM KV cache full with requests waiting on {target} ({model_name}, engine {engine})",
+        "The kvwatch sidecar judges this engine saturated: the cache ran out (usage at or above "
+        "{pct[saturated_kv]}, or a preemption) while requests waited, for "
+        "{th.enter_after_s:g} s.",
+        WEBHOOK, for_threshold="enter_after_s", level=Level.SATURATED,
+    ),
+    Alert(
+        "KvwatchThrashing", "critical",
+        "vLLM thrashing on {target} ({model_name}, engine {engine})",
+        "The kvwatch sidecar judges this engine thrashing: a sustained stream of preemptions "
+        "(over {th.thrashing_preemptions_per_s:g}/s) on a full cache with work being redone. "
+        "Size the cache: kvwatch advise.",
+        # one failed scrape of the sidecar (a restart, a timeout on a starved host) makes its
+        # series stale: without keep_firing_for the page resolves, then fires again after `for:`
+        BOTH, for_="1m", keep_firing_for="1m", level=Level.THRASHING,
+    ),
+    Alert(
+        "KvwatchTargetDown", "warning",
+        "kvwatch cannot scrape {target}",
+        "The sidecar's scrapes of {target} have failed for {down_for}.",
+        BOTH, for_threshold="target_down_after_s",
+    ),
+    Alert(
+        "KvwatchVllmMetricsMissing", "warning",
+        "{target} exports no vLLM engine metrics",
+        "The server answers /metrics without vllm engine series for {down_for} (started with "
+        "--disable-log-stats?).",
+        BOTH, for_threshold="metrics_missing_after_s",
+    ),
+    Alert(
+        "KvwatchSidecarDown", "warning",
+        "kvwatch sidecar {instance} is down",
+        "Prometheus cannot scrape the kvwatch sidecar for 5 minutes: thrashing would go "
+        "unnoticed.",
+        RULES, for_="5m",
+    ),
+)  # fmt: skip
+
+_ALERTS = {a.name: a for a in ALERTS}
+_FOR_LEVEL = {a.level: a for a in ALERTS if a.level is not None}
+
+
+def alert(name: str) -> Alert:
+    """The alert of that name; KeyError if the catalogue has none."""
+    return _ALERTS[name]
+
+
+def alert_for_level(level: Level) -> Alert | None:
+    """The sidecar's alert for an engine in this state; None for ok."""
+    return _FOR_LEVEL.get(level)

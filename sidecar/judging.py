@@ -1,0 +1,92 @@
+"""One engine's judging pipeline: observation -> timeline -> signals -> evidence -> detector ->
+episode. Each value is computed once per scrape and kept for the views.
+
+Pure: the caller passes both clocks (monotonic seconds for windows, unix seconds for what is
+shown and stored) and persists what comes back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvwatch.sidecar.detect import Detector, Level, gather_evidence, judge
+from kvwatch.sidecar.episodes import Episode, EpisodeTracker
+from kvwatch.sidecar.observe import CacheConfig, EngineKey, EngineObservation
+from kvwatch.sidecar.signals import EngineSignals, derive
+from kvwatch.sidecar.thresholds import Thresholds
+from kvwatch.sidecar.timeline import Timeline
+
+__all__ = ["EngineJudge", "Transition", "Judged"]
+
+
+@dataclass(frozen=True)
+class Transition:
+    """An engine moved from one state to another."""
+
+    unix: float
+    target: str
+    model_name: str
+    engine: str
+    from_state: str
+    to_state: str
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Judged:
+    """What one scrape changed: a state transition, and the episode to persist (opened, grown
+    or closed); None where nothing changed."""
+
+    transition: Transition | None = None
+    episode: Episode | None = None
+
+
+class EngineJudge:
+    """One engine's history and judgement; `signals` are those of the last judged scrape."""
+
+    def __init__(self, target: str, key: EngineKey, th: Thresholds, episodes_before: int) -> None:
+        self.target = target
+        self.key = key
+        self.th = th
+        self.timeline = Timeline()
+        self.detector = Detector(th)
+        self.episodes = EpisodeTracker(target, *key)
+        self.episode_count = episodes_before
+        self.signals: EngineSignals | None = None
+
+    @property
+    def level(self) -> Level:
+        return self.detector.level
+
+    def observe(
+        self, now: float, unix: float, obs: EngineObservation, fallback: CacheConfig | None
+    ) -> Judged:
+        step = self.timeline.add(now, obs)
+        sig = derive(self.timeline, now, self.th, fallback)
+        if sig is None:
+            return Judged()
+        self.signals = sig
+        ev = gather_evidence(self.timeline, sig, now, self.th)
+        raw, reasons = judge(ev, self.th, self.detector.level)
+        old = self.detector.level
+        transition = None
+        if self.detector.update(now, raw, reasons):
+            transition = Transition(
+                unix,
+                self.target,
+                *self.key,
+                old.label,
+                self.detector.level.label,
+                tuple(self.detector.reasons),
+            )
+        opened = self.episodes.current is None
+        ep = self.episodes.tick(
+            unix,
+            self.detector.level is Level.THRASHING,
+            sig,
+            step["preemptions_total"],
+            step["repeat_preempted_total"],
+        )
+        if ep is not None and opened:
+            self.episode_count += 1
+        return Judged(transition, ep)

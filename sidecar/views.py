@@ -1,0 +1,242 @@
+"""What the sidecar knows, as frozen typed values: what the exporter, the alerts, advice and the
+JSON API read. Built under the state's lock in one go, so no reader sees a half-updated state;
+`state_json` is the `/api/state` document.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from kvwatch.sidecar.detect import Level
+from kvwatch.sidecar.episodes import Episode
+from kvwatch.sidecar.follow import FollowStats
+from kvwatch.sidecar.judging import Transition
+from kvwatch.sidecar.logformats import Capacity, StatsLine, event_to_dict
+from kvwatch.sidecar.outbox import DeliveryStats
+from kvwatch.sidecar.signals import EngineSignals
+from kvwatch.sidecar.thresholds import Thresholds
+
+__all__ = [
+    "EngineView", "LogView", "TargetView", "FiringAlert", "AlertingView", "LoadEvent",
+    "LogSourceView", "StateView", "state_json", "engine_json", "engines_from_json",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EngineView:
+    model_name: str
+    engine: str
+    present: bool  # in the target's last successful scrape
+    level: Level
+    reasons: tuple[str, ...]
+    episodes: int  # begun, across sidecar restarts
+    episode: Episode | None  # the one open now (a copy)
+    signals: EngineSignals
+
+    @property
+    def state(self) -> str:
+        return self.level.label
+
+
+@dataclass(frozen=True)
+class LogView:
+    capacity: Capacity | None
+    events: Mapping[str, int]
+    preemption_warnings: int
+    max_cumulative_preemptions: int
+    repeat_warned_requests: int
+    stats: Mapping[str, StatsLine]
+
+
+@dataclass(frozen=True)
+class TargetView:
+    target: str
+    up: bool | None  # None until the first scrape ends
+    scrapes: int
+    scrape_errors: Mapping[str, int]
+    parse_errors: int
+    last_error: str | None
+    last_scrape_duration_s: float | None
+    last_success_unix: float | None
+    vllm_metrics_present: bool | None
+    metrics_missing_since_unix: float | None  # answering without engine series since then
+    engines: tuple[EngineView, ...]
+    log: LogView
+
+
+@dataclass(frozen=True)
+class FiringAlert:
+    """One of the sidecar's own alerts, firing since `starts_at` (unix)."""
+
+    name: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    starts_at: float
+
+
+@dataclass(frozen=True)
+class AlertingView:
+    firing: tuple[FiringAlert, ...] = ()
+    webhooks: Mapping[str, DeliveryStats] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LoadEvent:
+    """A load generator's stage start or end (`kvwatch loadgen run --sidecar URL`)."""
+
+    event: str
+    stage: str
+    unix: float
+
+
+@dataclass(frozen=True)
+class LogSourceView:
+    source: str
+    stats: FollowStats  # a copy
+
+
+@dataclass(frozen=True)
+class StateView:
+    started_unix: float
+    heartbeat_age_s: float
+    thresholds: Thresholds
+    transitions: tuple[Transition, ...]
+    alerting: AlertingView
+    load_stages: Mapping[str, float]  # running now -> since (unix)
+    load_events: tuple[LoadEvent, ...]
+    log: LogSourceView | None
+    targets: tuple[TargetView, ...]
+
+
+def engine_json(e: EngineView) -> dict[str, Any]:
+    return {
+        "model_name": e.model_name,
+        "engine": e.engine,
+        "present": e.present,
+        "state": e.state,
+        "state_level": int(e.level),
+        "state_reasons": list(e.reasons),
+        "episodes": e.episodes,
+        "episode": None if e.episode is None else e.episode.to_dict(),
+        "signals": e.signals.to_dict(),
+    }
+
+
+def _target_json(t: TargetView) -> dict[str, Any]:
+    log = t.log
+    return {
+        "target": t.target,
+        "up": t.up,
+        "scrapes": t.scrapes,
+        "scrape_errors": dict(t.scrape_errors),
+        "parse_errors": t.parse_errors,
+        "last_error": t.last_error,
+        "last_scrape_duration_s": t.last_scrape_duration_s,
+        "last_success_unix": t.last_success_unix,
+        "vllm_metrics_present": t.vllm_metrics_present,
+        "metrics_missing_since_unix": t.metrics_missing_since_unix,
+        "engines": [engine_json(e) for e in t.engines],
+        "log": {
+            "capacity": None if log.capacity is None else event_to_dict(log.capacity),
+            "events": dict(log.events),
+            "preemption_warnings": log.preemption_warnings,
+            "max_cumulative_preemptions": log.max_cumulative_preemptions,
+            "repeat_warned_requests": log.repeat_warned_requests,
+            "stats": {k: event_to_dict(v) for k, v in log.stats.items()},
+        },
+    }
+
+
+def _transition_json(tr: Transition) -> dict[str, Any]:
+    return {
+        "unix": tr.unix,
+        "target": tr.target,
+        "model_name": tr.model_name,
+        "engine": tr.engine,
+        "from": tr.from_state,
+        "to": tr.to_state,
+        "reasons": list(tr.reasons),
+    }
+
+
+def state_json(v: StateView) -> dict[str, Any]:
+    """The `/api/state` document."""
+    return {
+        "started_unix": v.started_unix,
+        "heartbeat_age_s": v.heartbeat_age_s,
+        "thresholds": asdict(v.thresholds),
+        "transitions": [_transition_json(tr) for tr in v.transitions],
+        "alerting": {
+            "firing": [
+                {
+                    "name": a.name,
+                    "labels": dict(a.labels),
+                    "annotations": dict(a.annotations),
+                    "starts_at": a.starts_at,
+                }
+                for a in v.alerting.firing
+            ],
+            "webhooks": {r: asdict(s) for r, s in v.alerting.webhooks.items()},
+        },
+        "load": {
+            "stages": dict(v.load_stages),
+            "events": [asdict(e) for e in v.load_events],
+        },
+        "log": None if v.log is None else {"source": v.log.source, **asdict(v.log.stats)},
+        "targets": [_target_json(t) for t in v.targets],
+    }
+
+
+def engines_from_json(doc: object) -> list[tuple[str, EngineView]]:
+    """(target, engine) for every engine in an `/api/state` document another sidecar served:
+    input from outside, so every field is checked; ValueError says what is wrong."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("targets"), list):
+        raise ValueError("not a kvwatch /api/state document (no targets list)")
+    out = []
+    for t in doc["targets"]:
+        if not isinstance(t, dict) or not isinstance(t.get("target"), str):
+            raise ValueError("a target without its URL")
+        for e in t.get("engines") or []:
+            out.append((t["target"], _engine_from_json(e)))
+    return out
+
+
+def _engine_from_json(e: object) -> EngineView:
+    if not isinstance(e, dict):
+        raise ValueError("an engine that is not an object")
+    try:
+        level = Level[str(e["state"]).upper()]
+        episode = e.get("episode")
+        return EngineView(
+            model_name=str(e["model_name"]),
+            engine=str(e["engine"]),
+            present=bool(e["present"]),
+            level=level,
+            reasons=tuple(str(r) for r in e.get("state_reasons") or ()),
+            episodes=int(e.get("episodes") or 0),
+            episode=None if episode is None else _typed(Episode, episode),
+            signals=_typed(EngineSignals, e["signals"]),
+        )
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"an engine without a readable {err}") from None
+
+
+def _typed(cls: Any, d: object) -> Any:
+    """A dataclass from a JSON object: numbers must be numbers, strings strings."""
+    if not isinstance(d, dict):
+        raise ValueError(f"{cls.__name__}: not an object")
+    values: dict[str, Any] = {}
+    for f in fields(cls):
+        v = d.get(f.name)
+        kind = str(f.type)  # the annotation's text (this module's annotations are deferred)
+        if v is None and "None" not in kind:
+            raise ValueError(f"{cls.__name__}.{f.name}: missing")
+        if v is None or (isinstance(v, str) and "str" in kind):
+            values[f.name] = v
+        elif isinstance(v, int | float) and not isinstance(v, bool) and "str" not in kind:
+            values[f.name] = int(v) if kind.startswith("int") else v
+        else:
+            raise ValueError(f"{cls.__name__}.{f.name}: {v!r} is not a {kind}")
+    return cls(**values)
