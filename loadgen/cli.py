@@ -55,7 +55,7 @@ def register(sub: Any) -> None:
     s.add_argument("vllm_args", nargs=argparse.REMAINDER, help="extra vLLM arguments after --")
     s.set_defaults(func=_serve_local)
 
-    register_run(lsub)
+    _register_run(lsub)
 
 
 def _build_model(ns: argparse.Namespace) -> int:
@@ -117,7 +117,7 @@ examples:
   kvwatch loadgen run --url URL --stage poisson:rate=1@20s --stage poisson:rate=8@40s"""
 
 
-def register_run(lsub: Any) -> None:
+def _register_run(lsub: Any) -> None:
     r = lsub.add_parser(
         "run",
         help="drive a vLLM/OpenAI server with a load and record every request",

@@ -12,7 +12,9 @@ from typing import Any
 
 import pandas as pd
 
-__all__ = ["parse_slo", "summarize_records", "render_table", "SLO_METRICS", "SloError"]
+__all__ = [
+    "parse_slo", "summarize_records", "render_table", "SLO_METRICS", "SloError", "timing_caveat",
+]  # fmt: skip
 
 SLO_METRICS = ("ttft", "tpot", "e2e", "ttft_from_scheduled", "e2e_from_scheduled")
 _QUANTILES = (0.5, 0.9, 0.99)

@@ -3,7 +3,8 @@
 #   - Debian packages the tests use (Prometheus, Alertmanager, promtool, Chromium, Node.js,
 #     openssl for a test certificate)
 #   - .venv with kvwatch, vLLM for CPU and the test tools
-#   - Grafana's dashboard types and TypeScript (npm, in dashboards/typecheck)
+#   - Grafana's dashboard types and TypeScript (npm, in dashboards/typecheck), and the
+#     Prometheus Operator's CRD schemas (npm, in tests/crd_schemas)
 #   - the tiny local model (in $KVWATCH_CACHE or ~/.cache/kvwatch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,10 +59,12 @@ fi
 
 say "tiny model: $(.venv/bin/kvwatch loadgen build-model 2>/dev/null)"
 
-TYPECHECK=dashboards/typecheck
-npm_stamp="$TYPECHECK/node_modules/.kvwatch-$(sha256sum "$TYPECHECK/package-lock.json" | cut -c1-16)"
-if [ ! -f "$npm_stamp" ]; then
-  say "installing @grafana/schema and TypeScript (npm ci in $TYPECHECK)"
-  npm ci --prefix "$TYPECHECK" --no-audit --no-fund --loglevel=error >/dev/null
-  touch "$npm_stamp"
-fi
+# npm folders: Grafana's dashboard types with TypeScript; the Prometheus Operator's CRD schemas
+for dir in dashboards/typecheck tests/crd_schemas; do
+  npm_stamp="$dir/node_modules/.kvwatch-$(sha256sum "$dir/package-lock.json" | cut -c1-16)"
+  if [ ! -f "$npm_stamp" ]; then
+    say "installing npm packages in $dir (npm ci)"
+    npm ci --prefix "$dir" --no-audit --no-fund --loglevel=error >/dev/null
+    touch "$npm_stamp"
+  fi
+done

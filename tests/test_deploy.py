@@ -4,6 +4,7 @@ flags kvwatch really has."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -11,10 +12,12 @@ from typing import Any
 import pytest
 import yaml
 
+from kvwatch.alerts.build import K8S_FILE
 from kvwatch.cli import build_parser
 from kvwatch.sidecar.webhooks import load_receivers
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+CRD_SCHEMAS = Path(__file__).resolve().parent / "crd_schemas"
 
 
 def _docs(path: Path) -> list[dict[str, Any]]:
@@ -92,3 +95,49 @@ def test_grafana_provisioning_points_at_the_dashboards() -> None:
     assert provider["providers"][0]["type"] == "file"
     (ds,) = _docs(DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yaml")
     assert ds["datasources"][0]["type"] == "prometheus"
+
+
+def _manifests() -> list[dict[str, Any]]:
+    """Every Kubernetes object kvwatch ships: the pod example and the generated PrometheusRule."""
+    docs = _docs(DEPLOY / "kubernetes" / "vllm-with-kvwatch.yaml")
+    return docs + _docs(Path(__file__).resolve().parents[1] / "alerts" / K8S_FILE)
+
+
+def test_core_objects_match_kubernetes_schemas() -> None:
+    """Deployment, Service, ConfigMap against Kubernetes' own OpenAPI schemas (strict: an
+    unknown field is an error), as kubernetes-validate ships them for each release."""
+    import kubernetes_validate
+
+    core = [d for d in _manifests() if "monitoring.coreos.com" not in d["apiVersion"]]
+    assert {d["kind"] for d in core} == {"Deployment", "Service", "ConfigMap"}
+    for version in ("1.29.0", kubernetes_validate.latest_version()):
+        for doc in core:
+            kubernetes_validate.validate(doc, version, strict=True)
+    broken = json.loads(json.dumps(core[0]))
+    broken["spec"]["replicas"] = "one"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, kubernetes_validate.latest_version(), strict=True)
+
+
+def _crd_check(docs: list[dict[str, Any]]) -> list[list[Any]]:
+    p = subprocess.run(
+        ["node", str(CRD_SCHEMAS / "validate.mjs")], input=json.dumps(docs), capture_output=True,
+        text=True, cwd=CRD_SCHEMAS, timeout=60, check=True,
+    )  # fmt: skip
+    result: list[list[Any]] = json.loads(p.stdout)
+    return result
+
+
+def test_operator_objects_match_their_crd_schemas() -> None:
+    """PodMonitor and PrometheusRule against the Prometheus Operator's CRD schemas (npm
+    @kubernetes-models/prometheus-operator, installed by setup into tests/crd_schemas)."""
+    ops = [d for d in _manifests() if d["apiVersion"] == "monitoring.coreos.com/v1"]
+    assert {d["kind"] for d in ops} == {"PodMonitor", "PrometheusRule"}
+    assert [err for _, _, err in _crd_check(ops)] == [None, None]
+    broken = json.loads(json.dumps(ops))
+    for d in broken:
+        if d["kind"] == "PrometheusRule":
+            d["spec"]["groups"][1]["rules"][0]["for"] = "5 minutes"
+        else:
+            d["spec"]["podMetricsEndpoints"][0]["interval"] = 5
+    assert all(err for _, _, err in _crd_check(broken))
