@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 
@@ -22,10 +23,16 @@ class Sidecar(str):
 
 
 @contextmanager
-def running_sidecar(args: list[str], ready_timeout: float = 20.0) -> Iterator[Sidecar]:
+def running_sidecar(
+    args: list[str],
+    ready_timeout: float = 20.0,
+    kvwatch: Sequence[str] = (sys.executable, "-m", "kvwatch"),
+    cwd: Path | None = None,
+) -> Iterator[Sidecar]:
+    """`kvwatch` is the command to run (another install's, say), `cwd` where to run it."""
     port = free_port()
-    cmd = [sys.executable, "-m", "kvwatch", "sidecar", "--listen", f"127.0.0.1:{port}", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    cmd = [*kvwatch, "sidecar", "--listen", f"127.0.0.1:{port}", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd)
     url = Sidecar(f"http://127.0.0.1:{port}")
     url.proc = proc
     try:
