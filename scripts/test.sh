@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
+bash scripts/typecheck.sh
 exec .venv/bin/python -m pytest "$@"

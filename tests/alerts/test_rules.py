@@ -22,8 +22,9 @@ ALERTS = Path(__file__).resolve().parents[2] / "alerts"
 
 class TestGenerated:
     def test_checked_in_files_match_the_code(self) -> None:
-        assert (ALERTS / RULES_FILE).read_text() == render_rules(), "run `kvwatch alerts`"
-        assert (ALERTS / K8S_FILE).read_text() == render_prometheus_rule(), "run `kvwatch alerts`"
+        regen = "run `kvwatch alerts --out alerts`"
+        assert (ALERTS / RULES_FILE).read_text() == render_rules(), regen
+        assert (ALERTS / K8S_FILE).read_text() == render_prometheus_rule(), regen
 
     def test_every_alert_has_severity_for_and_runbook_section(self) -> None:
         runbook = (ALERTS / "runbook.md").read_text()

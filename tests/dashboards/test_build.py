@@ -26,7 +26,8 @@ DIR = Path(__file__).resolve().parents[2] / "dashboards"
 
 @pytest.mark.parametrize("name", sorted(DASHBOARDS))
 def test_checked_in_json_is_what_the_code_renders(name: str) -> None:
-    assert (DIR / name).read_text() == render(name), f"run `kvwatch dashboards` ({name} is stale)"
+    regen = f"run `kvwatch dashboards --out dashboards` ({name} is stale)"
+    assert (DIR / name).read_text() == render(name), regen
 
 
 def test_grafana_types_accept_every_dashboard() -> None:
