@@ -12,13 +12,14 @@ import hashlib
 import json
 import sqlite3
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from kvwatch.sidecar import catalogue as cat
 from kvwatch.sidecar.thresholds import Thresholds
 from kvwatch.sidecar.views import EngineView, FiringAlert, StateView
 
-__all__ = ["Alert", "active_alerts", "AlertTracker", "Notification"]
+__all__ = ["Alert", "AlertSet", "active_alerts", "AlertTracker", "Notification"]
 
 @dataclass(frozen=True)
 class Alert:
@@ -78,43 +79,57 @@ def _raise(
     )
 
 
+# An engine's state needs a window of scrapes to judge; a target's up or down is known at once.
+_JUDGED_FROM_HISTORY = frozenset(a.name for a in cat.ALERTS if a.level is not None)
 _TARGET_DOWN = cat.alert("KvwatchTargetDown")
 _METRICS_MISSING = cat.alert("KvwatchVllmMetricsMissing")
 
 
-def active_alerts(view: StateView, th: Thresholds, now_unix: float) -> list[Alert]:
+@dataclass(frozen=True)
+class AlertSet:
+    """The alerts that hold now, and the fingerprints of those whose condition holds but has
+    not yet lasted their `for` (pending, in Prometheus' words)."""
+
+    active: list[Alert]
+    holding: frozenset[str] = frozenset()
+
+
+def active_alerts(view: StateView, th: Thresholds, now_unix: float) -> AlertSet:
     """Alerts that hold in this state view. An engine's alert holds while it is in that state
     (the detector's hold is its `for`); a target's holds once its condition has lasted the
     alert's `for`, the same window the Prometheus rule waits."""
     out = []
+    holding = set()
     for t in view.targets:
         target = {"target": t.target}
-        if t.up is False:
-            down_for = now_unix - (t.last_success_unix or view.started_unix)
-            if down_for >= _TARGET_DOWN.for_seconds(th):
-                out.append(
-                    _raise(
-                        _TARGET_DOWN, th, target, f"Last error: {t.last_error}",
-                        down_for=cat.human_duration(down_for),
-                    )
-                )  # fmt: skip
-        since = t.metrics_missing_since_unix
-        if t.up and t.vllm_metrics_present is False and since is not None:
-            missing_for = now_unix - since
-            if missing_for >= _METRICS_MISSING.for_seconds(th):
-                out.append(
-                    _raise(
-                        _METRICS_MISSING, th, target, down_for=cat.human_duration(missing_for)
-                    )
-                )
+        for spec, since, detail in (
+            (
+                _TARGET_DOWN,
+                (t.last_success_unix or view.started_unix) if t.up is False else None,
+                f"Last error: {t.last_error}",
+            ),
+            (
+                _METRICS_MISSING,
+                t.metrics_missing_since_unix if t.up and t.vllm_metrics_present is False else None,
+                "",
+            ),
+        ):
+            if since is None:
+                continue
+            lasted = now_unix - since
+            a = _raise(spec, th, target, detail, down_for=cat.human_duration(lasted))
+            if lasted >= spec.for_seconds(th):
+                out.append(a)
+            else:
+                holding.add(a.fingerprint)
         for e in t.engines:
-            spec = cat.alert_for_level(e.level)
-            if not e.present or spec is None:
+            level_alert = cat.alert_for_level(e.level)
+            if not e.present or level_alert is None:
                 continue
             labels = {**target, "model_name": e.model_name, "engine": e.engine}
             detail = f"Now: {'; '.join(e.reasons)}.{_episode_text(e)}{_advice_text(e)}"
-            out.append(_raise(spec, th, labels, detail))
-    return out
+            out.append(_raise(level_alert, th, labels, detail))
+    return AlertSet(out, frozenset(holding))
 
 
 @dataclass
@@ -126,11 +141,21 @@ class _Firing:
 
 @dataclass
 class AlertTracker:
-    """Turns successive active sets into notifications; what fires survives in SQLite."""
+    """Turns successive active sets into notifications; what fires survives in SQLite.
+
+    A restarted sidecar knows nothing of its engines until it has scraped them for a while, so
+    an engine's alert it restored from the database is not resolved before `hold_restored_s`
+    have passed since `started` (one continuous episode across a restart is one firing and one
+    resolved).
+    An alert whose condition holds but has not yet lasted its `for` (`holding`) keeps firing if
+    it fired, as in Prometheus: a restart does not restart a target's "down since"."""
 
     db: sqlite3.Connection
     repeat_interval_s: float
+    hold_restored_s: float = 0.0
+    started: float = 0.0
     firing: dict[str, _Firing] = field(default_factory=dict)
+    restored: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -144,11 +169,17 @@ class AlertTracker:
                 self.firing[fp] = _Firing(
                     Alert(d["name"], d["labels"], d["annotations"]), starts, sent
                 )
+                if d["name"] in _JUDGED_FROM_HISTORY:
+                    self.restored.add(fp)
 
-    def update(self, active: list[Alert], now: float) -> list[Notification]:
+    def update(
+        self, active: list[Alert], now: float, holding: Collection[str] = ()
+    ) -> list[Notification]:
+        """`holding`: fingerprints whose condition holds but has not lasted its `for` yet."""
         out: list[Notification] = []
+        warming = now - self.started < self.hold_restored_s
         with self._lock, self.db:
-            seen = set()
+            seen = set(holding) | (self.restored if warming else set())
             for a in active:
                 fp = a.fingerprint
                 seen.add(fp)
@@ -165,6 +196,8 @@ class AlertTracker:
                     "INSERT OR REPLACE INTO firing VALUES (?, ?, ?, ?)",
                     (fp, json.dumps(f.alert.__dict__), f.starts_at, f.last_sent),
                 )
+            if not warming:
+                self.restored.clear()
             for fp in [fp for fp in self.firing if fp not in seen]:
                 f = self.firing.pop(fp)
                 out.append(Notification("resolved", f.alert, f.starts_at, ends_at=now))

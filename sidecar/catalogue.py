@@ -32,6 +32,7 @@ __all__ = [
     "STATES", "Recording", "RECORDINGS", "Route", "Alert", "ALERTS", "alert", "alert_for_level",
     "metric", "percentages", "human_duration", "duration_seconds", "prometheus_duration",
     "TARGET_UP", "VLLM_METRICS_PRESENT", "SCRAPES", "SCRAPE_ERRORS", "EXPOSITION_PARSE_ERRORS",
+    "REJECTED_SAMPLES",
     "SCRAPE_DURATION", "PREEMPTIONS_OBSERVED", "COUNTER_RESETS", "LOG_PREEMPTION_WARNINGS",
     "STATE", "STATE_LEVEL", "THRASHING_EPISODES", "EPISODE_PREEMPTIONS",
     "EPISODE_RECOMPUTED_TOKENS", "KV_CACHE_USAGE", "KV_CACHE_CAPACITY_BLOCKS",
@@ -40,7 +41,8 @@ __all__ = [
     "BLOCK_DEMAND_PER_STEP", "SECONDS_TO_KV_EXHAUSTION", "GENERATION_TOKENS_PER_SECOND",
     "PROMPT_TOKENS_PER_SECOND", "PREEMPTIONS_PER_SECOND_SHORT", "PREEMPTIONS_PER_SECOND_LONG",
     "REPEAT_PREEMPTED_REQUESTS", "ALERTS_FIRING", "WEBHOOK_PENDING", "WEBHOOK_DELIVERED",
-    "WEBHOOK_DROPPED", "LOAD_STAGE", "LOG_LINES", "LOG_OVERSIZED_LINES", "LOG_ROTATIONS",
+    "WEBHOOK_DROPPED", "LOAD_STAGE", "INTERNAL_ERRORS", "LOG_LINES", "LOG_OVERSIZED_LINES",
+    "LOG_ROTATIONS",
     "REC_KV_USAGE", "REC_RUNNING", "REC_WAITING", "REC_PREEMPTION_RATE", "REC_REPEAT_PREEMPTED",
 ]  # fmt: skip
 
@@ -90,6 +92,10 @@ VLLM_METRICS_PRESENT = _g(
 SCRAPES = _c("kvwatch_scrapes", T, "scrapes attempted")
 SCRAPE_ERRORS = _c("kvwatch_scrape_errors", (*T, "reason"), "failed scrapes by reason")
 EXPOSITION_PARSE_ERRORS = _c("kvwatch_exposition_parse_errors", T, "unreadable sample lines")
+REJECTED_SAMPLES = _c(
+    "kvwatch_rejected_samples", (*T, "reason"),
+    "samples refused as untrue (not_finite, out_of_range, duplicate, implausible_jump)",
+)  # fmt: skip
 SCRAPE_DURATION = _g("kvwatch_scrape_duration_seconds", T, "last scrape duration")
 LOG_PREEMPTION_WARNINGS = _c("kvwatch_log_preemption_warnings", T, "V0 preemption warnings read")
 PREEMPTIONS_OBSERVED = _c(
@@ -158,6 +164,10 @@ WEBHOOK_DROPPED = _c(
 LOAD_STAGE = _g(
     "kvwatch_load_stage", ("stage",), "1 while a load generator stage runs (for annotations)"
 )
+INTERNAL_ERRORS = _c(
+    "kvwatch_internal_errors", ("loop",),
+    "exceptions a background loop caught before it restarted (scrape:URL, log, alerts, webhooks)",
+)  # fmt: skip
 LOG_LINES = _c("kvwatch_log_lines", ("source",), "log lines read")
 LOG_OVERSIZED_LINES = _c(
     "kvwatch_log_oversized_lines", ("source",), "log lines dropped as too long"
@@ -189,10 +199,12 @@ ENGINE_GAUGES: tuple[tuple[Metric, str], ...] = (
 
 METRICS: tuple[Metric, ...] = (
     TARGET_UP, VLLM_METRICS_PRESENT, SCRAPES, SCRAPE_ERRORS, EXPOSITION_PARSE_ERRORS,
-    SCRAPE_DURATION, PREEMPTIONS_OBSERVED, COUNTER_RESETS, LOG_PREEMPTION_WARNINGS, STATE,
-    STATE_LEVEL, THRASHING_EPISODES, EPISODE_PREEMPTIONS, EPISODE_RECOMPUTED_TOKENS,
+    REJECTED_SAMPLES, SCRAPE_DURATION, PREEMPTIONS_OBSERVED, COUNTER_RESETS,
+    LOG_PREEMPTION_WARNINGS, STATE, STATE_LEVEL, THRASHING_EPISODES, EPISODE_PREEMPTIONS,
+    EPISODE_RECOMPUTED_TOKENS,
     *(m for m, _ in ENGINE_GAUGES),
-    ALERTS_FIRING, WEBHOOK_PENDING, WEBHOOK_DELIVERED, WEBHOOK_DROPPED, LOAD_STAGE, LOG_LINES,
+    ALERTS_FIRING, WEBHOOK_PENDING, WEBHOOK_DELIVERED, WEBHOOK_DROPPED, LOAD_STAGE,
+    INTERNAL_ERRORS, LOG_LINES,
     LOG_OVERSIZED_LINES, LOG_ROTATIONS,
 )  # fmt: skip
 

@@ -1,15 +1,16 @@
 """The long-running sidecar: scrape loops, a log reader, the HTTP endpoint, and a clean shutdown.
 
 The scrape loops run on asyncio in the main thread; the log reader and the HTTP server run in
-threads. None of them can take the others down: every failure is counted in the state.
+threads. None of them can take the others down: every loop runs supervised (sidecar/supervise.py),
+so an exception is logged, counted and the loop starts again, and `/healthz` says which fails.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ from typing import BinaryIO
 import httpx
 
 from kvwatch.sidecar.alerting import AlertTracker, active_alerts
+from kvwatch.sidecar.dbfile import connect
 from kvwatch.sidecar.episodes import EpisodeStore
 from kvwatch.sidecar.follow import FileFollower, FollowStats, read_stream, run_and_read
 from kvwatch.sidecar.outbox import Outbox
@@ -33,6 +35,7 @@ from kvwatch.sidecar.webhooks import Receiver, deliver_forever, enqueue
 __all__ = ["SidecarConfig", "run_sidecar"]
 
 _LOG_POLL_S = 0.2
+_LOG_LOOP = "log"
 _CHILD_STOP_WAIT_S = 60.0
 
 
@@ -71,6 +74,7 @@ async def _scrape_loop(
     while True:
         outcome = await scrape_once(client, url, cfg.timeout_s)
         state.record_scrape(target, time.monotonic(), outcome)
+        state.loops.beat(f"scrape:{target}")
         scraped.set()  # the alert loop judges this scrape now, not on its own next tick
         deadline += cfg.interval_s
         delay = deadline - time.monotonic()
@@ -85,6 +89,7 @@ def _follow_file(follower: FileFollower, state: SidecarState, stop: threading.Ev
         lines = follower.poll()
         if lines:
             state.record_log_lines(lines)
+        state.loops.beat(_LOG_LOOP)
         stop.wait(_LOG_POLL_S)
     follower.close()
 
@@ -93,40 +98,23 @@ def _start_log_reader(
     cfg: SidecarConfig, state: SidecarState, stop: threading.Event, echo: BinaryIO
 ) -> subprocess.Popen[bytes] | None:
     """Start whichever log source the config names; returns the child process in command mode."""
+    sink = state.loops.guard(_LOG_LOOP, state.record_log_lines)
     if cfg.command:
         stats = FollowStats()
         state.log_stats, state.log_source = stats, "command"
-        proc, _ = run_and_read(cfg.command, state.record_log_lines, stats, echo=echo)
+        proc, _ = run_and_read(cfg.command, sink, stats, echo=echo)
         return proc
     if cfg.log_path is None:
         return None
     if str(cfg.log_path) == "-":
         stats = FollowStats()
         state.log_stats, state.log_source = stats, "stdin"
-        threading.Thread(
-            target=read_stream,
-            args=(sys.stdin.buffer, state.record_log_lines, stats),
-            name="kvwatch-stdin",
-            daemon=True,
-        ).start()
+        state.loops.thread(_LOG_LOOP, lambda: read_stream(sys.stdin.buffer, sink, stats), stop)
         return None
     follower = FileFollower(cfg.log_path, from_start=cfg.log_from_start)
     state.log_stats, state.log_source = follower.stats, str(cfg.log_path)
-    threading.Thread(
-        target=_follow_file, args=(follower, state, stop), name="kvwatch-log", daemon=True
-    ).start()
+    state.loops.thread(_LOG_LOOP, lambda: _follow_file(follower, state, stop), stop)
     return None
-
-
-def _connect(path: Path | None) -> sqlite3.Connection:
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(
-        ":memory:" if path is None else str(path), check_same_thread=False, timeout=30
-    )
-    if path is not None:
-        db.execute("PRAGMA journal_mode=WAL")
-    return db
 
 
 async def _alert_loop(
@@ -135,22 +123,37 @@ async def _alert_loop(
     """Judge alerts as soon as a scrape is recorded (and at least once an interval) and queue
     their notifications; the sender is woken at once (the outbox keeps them until every
     receiver has them)."""
-    db = _connect(cfg.db_path)
-    tracker = AlertTracker(db, cfg.thresholds.repeat_interval_s)
+    db = connect(cfg.db_path)
+    th = cfg.thresholds
+    # a restored alert stays until the engines have been judged afresh: the short window fills,
+    # then a state that is truly gone takes exit_after_s to step down
+    hold = th.short_window_s + th.exit_after_s + 2 * cfg.interval_s + cfg.timeout_s
+    tracker = AlertTracker(db, th.repeat_interval_s, hold, state.started_unix)
     outbox = Outbox(db)
+    for r in cfg.receivers:
+        outbox.rename(r.url, r.key)
     queued = asyncio.Event()
-    sender = asyncio.create_task(deliver_forever(outbox, list(cfg.receivers), wake=queued))
+    sender = asyncio.create_task(
+        state.loops.run(
+            "webhooks",
+            lambda: deliver_forever(
+                outbox, list(cfg.receivers), wake=queued, beat=lambda: state.loops.beat("webhooks")
+            ),
+        )
+    )
     try:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(scraped.wait(), cfg.interval_s)
             scraped.clear()
             now = time.time()
-            notes = tracker.update(active_alerts(state.view(), cfg.thresholds, now), now)
+            alerts = active_alerts(state.view(), th, now)
+            notes = tracker.update(alerts.active, now, alerts.holding)
             if cfg.receivers and notes:
                 enqueue(outbox, list(cfg.receivers), notes, external_url)
                 queued.set()
             state.set_alerting(AlertingView(tracker.firing_now(), outbox.stats()))
+            state.loops.beat("alerts")
     finally:
         sender.cancel()
 
@@ -169,9 +172,18 @@ async def _main(
     async with httpx.AsyncClient(limits=limits) as client:
         scraped = asyncio.Event()
         tasks = [
-            asyncio.create_task(_scrape_loop(client, state, t, cfg, scraped)) for t in cfg.targets
+            asyncio.create_task(
+                state.loops.run(
+                    f"scrape:{t}", functools.partial(_scrape_loop, client, state, t, cfg, scraped)
+                )
+            )
+            for t in cfg.targets
         ]
-        tasks.append(asyncio.create_task(_alert_loop(cfg, state, external_url, scraped)))
+        tasks.append(
+            asyncio.create_task(
+                state.loops.run("alerts", lambda: _alert_loop(cfg, state, external_url, scraped))
+            )
+        )
         code = 0
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
@@ -196,8 +208,10 @@ async def _main(
 def run_sidecar(cfg: SidecarConfig, echo: BinaryIO | None = None) -> int:
     from kvwatch.sidecar.exporter import serve
 
-    state = SidecarState(list(cfg.targets), cfg.thresholds, EpisodeStore(cfg.db_path))
     stale_after = max(10.0, 3 * (cfg.interval_s + cfg.timeout_s))
+    state = SidecarState(
+        list(cfg.targets), cfg.thresholds, EpisodeStore(cfg.db_path), stale_after_s=stale_after
+    )
     server = serve(
         cfg.listen_host,
         cfg.listen_port,

@@ -9,12 +9,12 @@ best prompt throughput seen (a rough figure: prefill speed is not measured direc
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from kvwatch.sidecar.dbfile import connect
 from kvwatch.sidecar.signals import EngineSignals
 
 __all__ = ["Episode", "EpisodeTracker", "EpisodeStore"]
@@ -82,11 +82,7 @@ class EpisodeStore:
     """SQLite table of episodes. `path=None` keeps them in memory only."""
 
     def __init__(self, path: Path | None) -> None:
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(
-            ":memory:" if path is None else str(path), check_same_thread=False
-        )
+        self._db = connect(path)
         self._lock = threading.Lock()
         with self._lock, self._db:
             self._db.execute(

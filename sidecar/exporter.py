@@ -52,6 +52,8 @@ class StateCollector(Collector):
             for reason, n in t.scrape_errors.items():
                 add(cat.SCRAPE_ERRORS, [t.target, reason], n)
             add(cat.EXPOSITION_PARSE_ERRORS, url, t.parse_errors)
+            for reason, n in t.rejected_samples.items():
+                add(cat.REJECTED_SAMPLES, [t.target, reason], n)
             if t.last_scrape_duration_s is not None:
                 add(cat.SCRAPE_DURATION, url, t.last_scrape_duration_s)
             add(cat.LOG_PREEMPTION_WARNINGS, url, t.log.preemption_warnings)
@@ -84,6 +86,8 @@ class StateCollector(Collector):
             add(cat.WEBHOOK_DROPPED, [r], box.dropped)
         for name in v.load_stages:
             add(cat.LOAD_STAGE, [name], 1.0)
+        for loop, health in v.loops.items():
+            add(cat.INTERNAL_ERRORS, [loop], health.errors)
         log = v.log
         if log is not None:
             add(cat.LOG_LINES, [log.source], log.stats.lines)
@@ -109,9 +113,15 @@ def _handler(
             if path == "/metrics":
                 self._send(200, generate_latest(registry), "text/plain; version=0.0.4")
             elif path == "/healthz":
-                age = view().heartbeat_age_s
-                ok = age <= stale_after_s
-                body = json.dumps({"ok": ok, "heartbeat_age_s": round(age, 3)}).encode()
+                v = view()
+                failing = v.failing_loops
+                ok = v.heartbeat_age_s <= stale_after_s and not failing
+                doc = {
+                    "ok": ok,
+                    "heartbeat_age_s": round(v.heartbeat_age_s, 3),
+                    "failing_loops": list(failing),
+                }
+                body = json.dumps(doc).encode()
                 self._send(200 if ok else 503, body, "application/json")
             elif path == "/api/state":
                 body = json.dumps(state_json(view()), indent=1, default=str).encode()

@@ -4,11 +4,18 @@ vLLM's `/metrics` is about 60 KB, mostly histogram buckets. We look up each line
 one dict and skip everything else before any real parsing, which is what makes this an order of
 magnitude faster than prometheus-client's general parser (bench/bench_exposition.py). Bad lines of
 the families we keep are reported by line number and text, never raised.
+
+Every kept value is checked where it enters: it must lie in its family's bounds (finite, not
+negative, a fraction for KV usage), and one series given twice is kept once if both copies agree
+and dropped if they do not (never summed). A rejected sample is counted by reason and reaches no
+rate, state or alert.
 """
 
 from __future__ import annotations
 
+import math
 import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -17,6 +24,9 @@ from kvwatch.sidecar.vocabulary import WIRE_LOOKUP, Family
 
 __all__ = ["Sample", "Exposition", "parse_exposition", "parse_lines"]
 
+# A whole label set, quoted values with escapes included: for lines where `}` may appear later
+# (an OpenMetrics exemplar `# {trace_id="..."} 1.0` after the value).
+_LABEL_SET = re.compile(r'\{((?:[^"}]|"(?:[^"\\]|\\.)*")*)\}')
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|$)')
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 _ESCAPE_RE = re.compile(r"\\[\\\"n]")
@@ -37,6 +47,7 @@ class Exposition:
     lines: int = 0
     error_count: int = 0
     errors: list[str] = field(default_factory=list)  # the first few, for humans
+    rejected: Counter[str] = field(default_factory=Counter)  # readable but untrue, by reason
 
     def family(self, fam: Family) -> list[Sample]:
         return self.samples.get(fam.name, [])
@@ -77,6 +88,10 @@ def _parse_labels_slow(text: str) -> dict[str, str] | None:
 
 
 def _parse_value(text: str) -> float | None:
+    """`value [timestamp]`, and in OpenMetrics perhaps ` # {exemplar labels} value [ts]` after."""
+    hash_at = text.find("#")
+    if hash_at != -1:
+        text = text[:hash_at]
     parts = text.split()
     if not parts or len(parts) > 2:
         return None
@@ -91,6 +106,8 @@ def parse_lines(
 ) -> Exposition:
     out = Exposition()
     samples = out.samples
+    seen: dict[tuple[str, str, frozenset[tuple[str, str]]], float] = {}
+    conflicting: set[tuple[str, str, frozenset[tuple[str, str]]]] = set()
     lineno = 0
     for lineno, raw in enumerate(lines, 1):  # noqa: B007 (lineno used after the loop)
         if not raw or raw[0] == "#":
@@ -109,7 +126,11 @@ def parse_lines(
         fam, suffix = hit
         line = raw.rstrip("\r\n")
         if name is not raw and brace != -1 and line[len(name)] == "{":
-            close = line.rfind("}")
+            if " # " in line:  # an exemplar may close a brace of its own after the value
+                m = _LABEL_SET.match(line, len(name))
+                close = -1 if m is None else m.end() - 1
+            else:
+                close = line.rfind("}")
             if close == -1:
                 out._error(lineno, line, "unterminated label set")
                 continue
@@ -125,7 +146,25 @@ def parse_lines(
         if value is None:
             out._error(lineno, line, "bad sample value")
             continue
-        samples.setdefault(fam.name, []).append(Sample(suffix, labels, value))
+        lo, hi = fam.bounds
+        if not lo <= value <= hi:  # NaN fails both
+            out.rejected["out_of_range" if math.isfinite(value) else "not_finite"] += 1
+            continue
+        key = (fam.name, suffix, frozenset(labels.items()))
+        first = seen.get(key)
+        if first is None:
+            seen[key] = value
+            samples.setdefault(fam.name, []).append(Sample(suffix, labels, value))
+        else:
+            out.rejected["duplicate"] += 1
+            if first != value:
+                conflicting.add(key)
+    for name, suffix, labels_set in conflicting:  # copies that disagree: trust none of them
+        before = samples[name]
+        samples[name] = [
+            s for s in before if (s.suffix, frozenset(s.labels.items())) != (suffix, labels_set)
+        ]
+        out.rejected["duplicate"] += len(before) - len(samples[name])
     out.lines = lineno
     return out
 

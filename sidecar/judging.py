@@ -14,7 +14,7 @@ from kvwatch.sidecar.episodes import Episode, EpisodeTracker
 from kvwatch.sidecar.observe import CacheConfig, EngineKey, EngineObservation
 from kvwatch.sidecar.signals import EngineSignals, derive
 from kvwatch.sidecar.thresholds import Thresholds
-from kvwatch.sidecar.timeline import Timeline
+from kvwatch.sidecar.timeline import COUNTERS, Timeline
 
 __all__ = ["EngineJudge", "Transition", "Judged"]
 
@@ -35,10 +35,11 @@ class Transition:
 @dataclass(frozen=True)
 class Judged:
     """What one scrape changed: a state transition, and the episode to persist (opened, grown
-    or closed); None where nothing changed."""
+    or closed); None where nothing changed. `rejected`: the timeline refused the observation."""
 
     transition: Transition | None = None
     episode: Episode | None = None
+    rejected: bool = False  # a counter jumped implausibly: its increase was left out
 
 
 class EngineJudge:
@@ -62,9 +63,12 @@ class EngineJudge:
         self, now: float, unix: float, obs: EngineObservation, fallback: CacheConfig | None
     ) -> Judged:
         step = self.timeline.add(now, obs)
+        rejected = step is None
+        if step is None:
+            step = dict.fromkeys(COUNTERS, 0.0)
         sig = derive(self.timeline, now, self.th, fallback)
         if sig is None:
-            return Judged()
+            return Judged(rejected=rejected)
         self.signals = sig
         ev = gather_evidence(self.timeline, sig, now, self.th)
         raw, reasons = judge(ev, self.th, self.detector.level)
@@ -89,4 +93,4 @@ class EngineJudge:
         )
         if ep is not None and opened:
             self.episode_count += 1
-        return Judged(transition, ep)
+        return Judged(transition, ep, rejected)

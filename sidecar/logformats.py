@@ -14,13 +14,15 @@ nothing (bench/bench_logs.py).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
 __all__ = [
-    "PreemptionWarning", "StatsLine", "Capacity", "LogEvent", "parse_line", "parse_text",
+    "PreemptionWarning", "StatsLine", "Capacity", "Malformed", "LogEvent", "parse_line",
+    "parse_text",
     "event_to_dict",
 ]  # fmt: skip
 
@@ -104,7 +106,17 @@ class Capacity:
     kind: str = "capacity"
 
 
-LogEvent = PreemptionWarning | StatsLine | Capacity
+@dataclass(frozen=True, slots=True)
+class Malformed:
+    """A line in one of the shapes kvwatch reads whose numbers do not parse, or say the
+    impossible (KV usage above 100%): skipped, and counted by whoever reads the events."""
+
+    reason: str
+    logged_at: str | None = None
+    kind: str = "malformed"
+
+
+LogEvent = PreemptionWarning | StatsLine | Capacity | Malformed
 
 
 def _int(s: str) -> int:
@@ -121,7 +133,37 @@ def _stamp(line: str, end: int) -> str | None:
 
 
 def parse_line(line: str) -> LogEvent | None:
-    """The event in one log line, or None if it is not one kvwatch reads."""
+    """The event in one log line, or None if it is not one kvwatch reads; never raises: a line
+    whose numbers are broken or impossible is a `Malformed` event."""
+    try:
+        ev = _parse_line(line)
+    except (ValueError, OverflowError) as e:  # "1..0", 5,000 digits, inf
+        return Malformed(f"unreadable number ({str(e)[:80]})", _stamp(line, len(line)))
+    if ev is None:
+        return None
+    why = _impossible(ev)
+    return ev if why is None else Malformed(why, ev.logged_at)
+
+
+def _impossible(ev: LogEvent) -> str | None:
+    """Why the event cannot be true, if it cannot."""
+    if isinstance(ev, StatsLine):
+        rates = (ev.prompt_tps, ev.generation_tps)
+        if not all(math.isfinite(r) for r in rates):
+            return "a throughput that is not finite"
+        fractions = (ev.kv_usage, ev.prefix_hit_rate, ev.cpu_kv_usage)
+        if any(f is not None and not 0.0 <= f <= 1.0 for f in fractions):
+            return "a usage or hit rate above 100%"
+    elif (
+        isinstance(ev, Capacity)
+        and ev.max_concurrency is not None
+        and not math.isfinite(ev.max_concurrency)
+    ):
+        return "a concurrency that is not finite"
+    return None
+
+
+def _parse_line(line: str) -> LogEvent | None:
     if "is preempted by" in line:
         m = _PREEMPT.search(line)
         if m:

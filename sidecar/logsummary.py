@@ -12,6 +12,7 @@ from typing import Any
 from kvwatch.sidecar.logformats import (
     Capacity,
     LogEvent,
+    Malformed,
     PreemptionWarning,
     StatsLine,
     event_to_dict,
@@ -44,6 +45,7 @@ class LogSummary:
     max_cumulative: int = 0
     warned: dict[str, int] = field(default_factory=dict)
     interval_preemptions: int = 0
+    malformed: int = 0  # lines of a known shape with broken or impossible numbers, skipped
     minutes: dict[str, _Minute] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -56,6 +58,7 @@ class LogSummary:
             "preemption_warnings": self.warnings,
             "cumulative_preemptions": self.max_cumulative,
             "stats_line_preemptions": self.interval_preemptions,
+            "malformed_lines": self.malformed,
             "requests_warned_repeatedly": repeat,
             "minutes": [
                 {
@@ -78,6 +81,8 @@ def summarize(events: Iterable[LogEvent], lines: int = 0) -> LogSummary:
         if isinstance(ev, Capacity):
             given = {k: v for k, v in event_to_dict(ev).items() if v is not None and k != "kind"}
             s.capacity = {**(s.capacity or {}), **given}
+        elif isinstance(ev, Malformed):
+            s.malformed += 1
         elif isinstance(ev, PreemptionWarning):
             s.warnings += 1
             s.max_cumulative = max(s.max_cumulative, ev.cumulative)
@@ -100,6 +105,8 @@ def summarize(events: Iterable[LogEvent], lines: int = 0) -> LogSummary:
 
 def render_summary(s: LogSummary) -> str:
     out = [f"lines read: {s.lines:,}"]
+    if s.malformed:
+        out.append(f"skipped: {s.malformed:,} lines with broken or impossible numbers")
     if s.capacity:
         cap = s.capacity
         parts = []

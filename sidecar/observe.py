@@ -14,6 +14,7 @@ from kvwatch.sidecar.vocabulary import (
     CACHE_CONFIG,
     GENERATION_TOKENS,
     KV_USAGE,
+    MAX_COUNT,
     PREEMPTIONS,
     PROMPT_TOKENS,
     REQUEST_GENERATION_TOKENS,
@@ -71,11 +72,13 @@ class CacheConfig:
 
 
 def _label_float(labels: dict[str, str], key: str) -> float | None:
-    """A numeric label; vLLM writes "None" for unset values."""
+    """A numeric label that is a size: finite and positive, or None (vLLM writes "None" for
+    unset values; a broken exporter may write NaN, Inf, or a negative number)."""
     try:
-        return float(labels[key])
+        value = float(labels[key])
     except (KeyError, ValueError):
         return None
+    return value if math.isfinite(value) and 0 < value <= MAX_COUNT else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,9 +48,15 @@ def backoff_s(
 
 
 class Outbox:
-    def __init__(self, db: sqlite3.Connection, max_pending: int = 10_000) -> None:
+    """`keep_delivered`: delivered messages kept per receiver (a short history to look at);
+    older ones are purged, and counted, so the table and every query stay small."""
+
+    def __init__(
+        self, db: sqlite3.Connection, max_pending: int = 10_000, keep_delivered: int = 1_000
+    ) -> None:
         self.db = db
         self.max_pending = max_pending
+        self.keep_delivered = keep_delivered
         self.dropped: dict[str, int] = {}
         self._lock = threading.Lock()
         with self._lock, self.db:
@@ -59,6 +65,21 @@ class Outbox:
                 "receiver TEXT, body BLOB, created REAL, attempts INTEGER DEFAULT 0, "
                 "next_at REAL, delivered REAL, last_error TEXT)"
             )
+            self.db.execute(
+                "CREATE INDEX IF NOT EXISTS outbox_by_receiver ON outbox (receiver, delivered, id)"
+            )
+            self.db.execute(
+                "CREATE TABLE IF NOT EXISTS outbox_purged (receiver TEXT PRIMARY KEY, n INTEGER)"
+            )
+
+    def rename(self, old: str, new: str) -> None:
+        """Move a receiver's messages to its new key (an outbox from before keys were
+        redacted named receivers by their whole URL)."""
+        if old == new:
+            return
+        with self._lock, self.db:
+            self.db.execute("UPDATE outbox SET receiver = ? WHERE receiver = ?", (new, old))
+            self.db.execute("UPDATE outbox_purged SET receiver = ? WHERE receiver = ?", (new, old))
 
     def put(self, receiver: str, body: bytes, now: float | None = None) -> int:
         now = time.time() if now is None else now
@@ -92,10 +113,28 @@ class Outbox:
 
     def delivered(self, msg_id: int, now: float | None = None) -> None:
         with self._lock, self.db:
-            self.db.execute(
-                "UPDATE outbox SET delivered = ? WHERE id = ?",
+            row = self.db.execute(
+                "UPDATE outbox SET delivered = ? WHERE id = ? RETURNING receiver",
                 (time.time() if now is None else now, msg_id),
-            )
+            ).fetchone()
+            if row is None:
+                return
+            (receiver,) = row
+            cut = self.db.execute(
+                "SELECT id FROM outbox WHERE receiver = ? AND delivered IS NOT NULL "
+                "ORDER BY id DESC LIMIT 1 OFFSET ?",
+                (receiver, self.keep_delivered),
+            ).fetchone()
+            if cut is not None:
+                gone = self.db.execute(
+                    "DELETE FROM outbox WHERE receiver = ? AND delivered IS NOT NULL AND id <= ?",
+                    (receiver, cut[0]),
+                ).rowcount
+                self.db.execute(
+                    "INSERT INTO outbox_purged VALUES (?, ?) "
+                    "ON CONFLICT (receiver) DO UPDATE SET n = n + excluded.n",
+                    (receiver, gone),
+                )
 
     def failed(self, msg_id: int, error: str, retry_at: float) -> None:
         with self._lock, self.db:
@@ -111,6 +150,8 @@ class Outbox:
                 "SELECT receiver, SUM(delivered IS NULL), SUM(delivered IS NOT NULL) FROM outbox "
                 "GROUP BY receiver"
             ).fetchall()
+            purged = dict(self.db.execute("SELECT receiver, n FROM outbox_purged").fetchall())
         return {
-            r: DeliveryStats(int(p or 0), int(d or 0), self.dropped.get(r, 0)) for r, p, d in rows
+            r: DeliveryStats(int(p or 0), int(d or 0) + purged.get(r, 0), self.dropped.get(r, 0))
+            for r, p, d in rows
         }

@@ -6,6 +6,7 @@ load generator's snapshots and timeline all call `scrape_once`.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -52,9 +53,14 @@ async def scrape_once(
     def fail(reason: str, msg: str) -> ScrapeOutcome:
         return ScrapeOutcome(time.monotonic() - t0, error_reason=reason, error=msg)
 
+    sent = {**(headers or {}), "Accept": ACCEPT}
     try:
-        sent = {**(headers or {}), "Accept": ACCEPT}
-        async with client.stream("GET", url, headers=sent, timeout=timeout_s) as r:
+        # one deadline for the whole scrape (connect, headers, body): httpx's timeout bounds
+        # each read, so a target trickling its body a byte a second would never time out
+        async with (
+            asyncio.timeout(timeout_s),
+            client.stream("GET", url, headers=sent, timeout=timeout_s) as r,
+        ):
             if r.status_code != 200:
                 return fail(f"http_{r.status_code // 100}xx", f"{url}: HTTP {r.status_code}")
             body = bytearray()
@@ -62,6 +68,8 @@ async def scrape_once(
                 body += chunk
                 if len(body) > MAX_BODY_BYTES:
                     return fail("too_large", f"{url}: body over {MAX_BODY_BYTES} bytes")
+    except TimeoutError:
+        return fail("timeout", f"{url}: no whole answer within {timeout_s:g} s")
     except httpx.TimeoutException as e:
         return fail("timeout", f"{url}: timed out after {timeout_s:g} s ({type(e).__name__})")
     except httpx.ConnectError as e:

@@ -22,6 +22,7 @@ from kvwatch.sidecar.logformats import parse_line
 from kvwatch.sidecar.logstate import LogState
 from kvwatch.sidecar.observe import EngineKey, observe
 from kvwatch.sidecar.scrape import ScrapeOutcome
+from kvwatch.sidecar.supervise import Supervisor
 from kvwatch.sidecar.thresholds import Thresholds
 from kvwatch.sidecar.views import (
     AlertingView,
@@ -46,8 +47,10 @@ class TargetState:
     scrapes: int = 0
     scrape_errors: Counter[str] = field(default_factory=Counter)
     parse_errors: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)  # samples refused, by reason
     last_error: str | None = None
     last_duration_s: float | None = None
+    last_scrape_at: float | None = None  # monotonic, when the last scrape (of any outcome) ended
     last_success_unix: float | None = None
     vllm_metrics_present: bool | None = None
     metrics_missing_since_unix: float | None = None
@@ -55,12 +58,18 @@ class TargetState:
     present: set[EngineKey] = field(default_factory=set)
     log: LogState = field(default_factory=LogState)
 
-    def view(self) -> TargetView:
+    def view(self, now: float, stale_after_s: float) -> TargetView:
+        """As of monotonic `now`: a target whose last scrape ended over `stale_after_s` ago is
+        down (its scrape loop is stuck or failing), never shown up with old figures."""
+        up, error = self.up, self.last_error
+        age = None if self.last_scrape_at is None else now - self.last_scrape_at
+        if up and age is not None and age > stale_after_s:
+            up, error = False, f"no scrape has ended for {age:.0f} s"
         engines = tuple(
             EngineView(
                 model_name=key[0],
                 engine=key[1],
-                present=key in self.present,
+                present=bool(up) and key in self.present,
                 level=ej.level,
                 reasons=tuple(ej.detector.reasons),
                 episodes=ej.episode_count,
@@ -73,11 +82,12 @@ class TargetState:
         log = self.log
         return TargetView(
             target=self.url,
-            up=self.up,
+            up=up,
             scrapes=self.scrapes,
             scrape_errors=dict(self.scrape_errors),
             parse_errors=self.parse_errors,
-            last_error=self.last_error,
+            rejected_samples=dict(self.rejected),
+            last_error=error,
             last_scrape_duration_s=self.last_duration_s,
             last_success_unix=self.last_success_unix,
             vllm_metrics_present=self.vllm_metrics_present,
@@ -101,12 +111,17 @@ class SidecarState:
         thresholds: Thresholds | None = None,
         store: EpisodeStore | None = None,
         wall_clock: Callable[[], float] = time.time,
+        stale_after_s: float = 10.0,
     ) -> None:
+        """`stale_after_s`: how long a target may go without a finished scrape before it shows
+        as down (the daemon sets it from its interval and timeout)."""
         if not targets:
             raise ValueError("at least one target is needed")
         self.th = thresholds or Thresholds()
         self.store = store or EpisodeStore(None)
         self.wall_clock = wall_clock
+        self.stale_after_s = stale_after_s
+        self.loops = Supervisor(wall_clock)
         self.started_unix = wall_clock()
         self.store.close_dangling(self.started_unix)
         self._episode_counts = self.store.counts()
@@ -129,6 +144,7 @@ class SidecarState:
             ts = self.targets[url]
             ts.scrapes += 1
             ts.last_duration_s = outcome.duration_s
+            ts.last_scrape_at = now
             exp = outcome.exposition
             if exp is None:
                 ts.up = False
@@ -136,11 +152,12 @@ class SidecarState:
                 ts.last_error = outcome.error
                 ts.present = set()
                 return
+            observed = observe(exp)
             ts.up = True
             ts.last_error = None
             ts.last_success_unix = unix
             ts.parse_errors += exp.error_count
-            observed = observe(exp)
+            ts.rejected.update(exp.rejected)
             ts.vllm_metrics_present = bool(observed)
             if observed:
                 ts.metrics_missing_since_unix = None
@@ -154,6 +171,8 @@ class SidecarState:
                     before = self._episode_counts.get((url, *key), 0)
                     ej = ts.engines[key] = EngineJudge(url, key, self.th, before)
                 judged = ej.observe(now, unix, obs, fallback)
+                if judged.rejected:
+                    ts.rejected["implausible_jump"] += 1
                 if judged.transition is not None:
                     self.transitions.append(judged.transition)
                 if judged.episode is not None:
@@ -203,7 +222,8 @@ class SidecarState:
                 load_stages=dict(self.load_stages),
                 load_events=tuple(self.load_events)[-_SHOWN:],
                 log=log,
-                targets=tuple(ts.view() for ts in self.targets.values()),
+                targets=tuple(ts.view(now, self.stale_after_s) for ts in self.targets.values()),
+                loops=self.loops.status(),
             )
 
     def episodes(self, limit: int = 50) -> list[Episode]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from kvwatch.sidecar.observe import EngineObservation
 
-__all__ = ["COUNTERS", "Timeline", "counter_increase"]
+__all__ = ["COUNTERS", "MAX_RATE_PER_S", "Timeline", "counter_increase"]
 
 COUNTERS = (
     "preemptions_total",
@@ -21,6 +21,15 @@ COUNTERS = (
     "finished_requests_total",
     "repeat_preempted_total",
 )
+# Faster than any server counts (one engine: ~1e5 tokens/s of prefill on the biggest GPUs): a
+# point whose counter rose faster since the last one is a broken exporter, not load.
+MAX_RATE_PER_S = {
+    "preemptions_total": 1e5,
+    "prompt_tokens_total": 1e9,
+    "generation_tokens_total": 1e9,
+    "finished_requests_total": 1e6,
+    "repeat_preempted_total": 1e6,
+}
 
 
 @dataclass
@@ -32,26 +41,37 @@ class Timeline:
     # Reset-corrected increase of each counter since this timeline began: monotonic by construction.
     observed: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0.0))
     resets: int = 0
+    _last: dict[str, tuple[float, float]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.points = deque(maxlen=self.max_points)
 
-    def add(self, t: float, obs: EngineObservation) -> dict[str, float]:
-        """Append a point; returns each counter's reset-corrected increase since the last one."""
+    def add(self, t: float, obs: EngineObservation) -> dict[str, float] | None:
+        """Append a point; returns each counter's reset-corrected increase since the last one.
+
+        None when a counter rose implausibly fast for the time between (a broken exporter):
+        that increase is counted nowhere, and the history before it is dropped, so no window
+        spans the jump; the point starts the history afresh and watching goes on."""
         step = dict.fromkeys(COUNTERS, 0.0)
-        if self.points:
-            prev = self.points[-1][1]
-            reset = False
-            for name in COUNTERS:
-                a, b = getattr(prev, name), getattr(obs, name)
-                if a is None or b is None:
-                    continue
-                if b < a:
-                    reset = True
-                step[name] = counter_increase(a, b)
-                self.observed[name] += step[name]
-            self.resets += reset
+        reset = False
+        now = {n: v for n in COUNTERS if (v := getattr(obs, n)) is not None}
+        for name, b in now.items():
+            last = self._last.get(name)  # the last point that had it (a scrape may lack it)
+            if last is None:
+                continue
+            t0, a = last
+            reset |= b < a
+            step[name] = counter_increase(a, b)
+            if step[name] > MAX_RATE_PER_S[name] * max(t - t0, 1e-3):
+                self.points.clear()
+                self.points.append((t, obs))
+                self._last = {n: (t, v) for n, v in now.items()}
+                return None
+        for name, inc in step.items():
+            self.observed[name] += inc
+        self.resets += reset
         self.points.append((t, obs))
+        self._last.update((n, (t, v)) for n, v in now.items())
         return step
 
     @property

@@ -16,6 +16,7 @@ from kvwatch.sidecar.judging import Transition
 from kvwatch.sidecar.logformats import Capacity, StatsLine, event_to_dict
 from kvwatch.sidecar.outbox import DeliveryStats
 from kvwatch.sidecar.signals import EngineSignals
+from kvwatch.sidecar.supervise import LoopStatus
 from kvwatch.sidecar.thresholds import Thresholds
 
 __all__ = [
@@ -57,6 +58,7 @@ class TargetView:
     scrapes: int
     scrape_errors: Mapping[str, int]
     parse_errors: int
+    rejected_samples: Mapping[str, int]  # refused as untrue (NaN, out of range, duplicate...)
     last_error: str | None
     last_scrape_duration_s: float | None
     last_success_unix: float | None
@@ -108,6 +110,11 @@ class StateView:
     load_events: tuple[LoadEvent, ...]
     log: LogSourceView | None
     targets: tuple[TargetView, ...]
+    loops: Mapping[str, LoopStatus] = field(default_factory=dict)  # background loops' health
+
+    @property
+    def failing_loops(self) -> tuple[str, ...]:
+        return tuple(name for name, st in self.loops.items() if st.failing)
 
 
 def engine_json(e: EngineView) -> dict[str, Any]:
@@ -132,6 +139,7 @@ def _target_json(t: TargetView) -> dict[str, Any]:
         "scrapes": t.scrapes,
         "scrape_errors": dict(t.scrape_errors),
         "parse_errors": t.parse_errors,
+        "rejected_samples": dict(t.rejected_samples),
         "last_error": t.last_error,
         "last_scrape_duration_s": t.last_scrape_duration_s,
         "last_success_unix": t.last_success_unix,
@@ -186,6 +194,7 @@ def state_json(v: StateView) -> dict[str, Any]:
         },
         "log": None if v.log is None else {"source": v.log.source, **asdict(v.log.stats)},
         "targets": [_target_json(t) for t in v.targets],
+        "loops": {name: asdict(st) for name, st in v.loops.items()},
     }
 
 

@@ -20,10 +20,14 @@ __all__ = [
     "REQUEST_PREEMPTIONS", "CACHE_CONFIG", "PROMPT_TOKENS", "GENERATION_TOKENS",
     "TTFT", "ITL", "E2E", "REQUEST_SUCCESS", "PREFIX_CACHE_QUERIES", "PREFIX_CACHE_HITS",
     "REQUEST_PROMPT_TOKENS", "REQUEST_GENERATION_TOKENS",
-    "promql_selector", "promql_metric",
+    "promql_selector", "promql_metric", "MAX_COUNT", "MAX_REQUESTS",
 ]  # fmt: skip
 
 PREFIXES = ("vllm:", "vllm_")
+# Above any count a real server reaches (a counter of tokens at 1e8/s for 300 years is 1e18).
+MAX_COUNT = 1e18
+# More requests than any one engine holds.
+MAX_REQUESTS = 1e7
 
 
 class Kind(StrEnum):
@@ -41,6 +45,9 @@ class Family:
     kind: Kind
     wire: tuple[str, ...]
     help: str
+    # The values a sample of it can truly have; the parser rejects any other (a broken or
+    # hostile exporter), so no rate, state or alert is computed from it.
+    bounds: tuple[float, float] = (0.0, MAX_COUNT)
 
     def sample_names(self) -> Iterator[tuple[str, str]]:
         """(full sample name, suffix) for every spelling; suffix is '' or bucket/sum/count."""
@@ -58,19 +65,28 @@ class Family:
 
 KV_USAGE = Family(
     "kv_cache_usage", Kind.GAUGE, ("kv_cache_usage_perc", "gpu_cache_usage_perc"),
-    "fraction of KV cache blocks in use, 0..1",
+    "fraction of KV cache blocks in use, 0..1", (0.0, 1.0),
 )  # fmt: skip
 PREEMPTIONS = Family(
     "preemptions", Kind.COUNTER, ("num_preemptions",),
     "cumulative preemptions; rises when the victim next produces output, not at eviction",
 )  # fmt: skip
-RUNNING = Family("running", Kind.GAUGE, ("num_requests_running",), "requests in the running batch")
-WAITING = Family("waiting", Kind.GAUGE, ("num_requests_waiting",), "requests queued")
+RUNNING = Family(
+    "running", Kind.GAUGE, ("num_requests_running",), "requests in the running batch",
+    (0.0, MAX_REQUESTS),
+)  # fmt: skip
+WAITING = Family(
+    "waiting", Kind.GAUGE, ("num_requests_waiting",), "requests queued", (0.0, MAX_REQUESTS)
+)
 WAITING_BY_REASON = Family(
     "waiting_by_reason", Kind.GAUGE, ("num_requests_waiting_by_reason",),
     "queued requests by reason (capacity includes preempted ones), vLLM 0.20+",
+    (0.0, MAX_REQUESTS),
 )  # fmt: skip
-SWAPPED = Family("swapped", Kind.GAUGE, ("num_requests_swapped",), "V0 only: requests swapped out")
+SWAPPED = Family(
+    "swapped", Kind.GAUGE, ("num_requests_swapped",), "V0 only: requests swapped out",
+    (0.0, MAX_REQUESTS),
+)  # fmt: skip
 REQUEST_PREEMPTIONS = Family(
     "request_preemptions", Kind.HISTOGRAM, ("request_num_preemptions",),
     "preemptions per finished request (0.30+): direct evidence of repeated preemption",

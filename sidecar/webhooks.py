@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,10 +35,13 @@ __all__ = [
     "enqueue",
     "deliver_forever",
     "SIGNATURE_HEADER",
+    "TIMESTAMP_HEADER",
+    "redact_url",
 ]
 
 log = logging.getLogger("kvwatch.webhooks")
 SIGNATURE_HEADER = "X-Kvwatch-Signature"
+TIMESTAMP_HEADER = "X-Kvwatch-Timestamp"
 DELIVERY_HEADER = "X-Kvwatch-Delivery"
 FORMATS = ("json", "alertmanager", "slack")
 _SLACK_MAX = 2900
@@ -53,14 +57,16 @@ class Receiver:
     headers: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.format not in FORMATS:
-            raise ValueError(f"webhook {self.url}: format must be one of {', '.join(FORMATS)}")
         if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"webhook {self.url!r}: not an http(s) URL")
+            raise ValueError(f"webhook {redact_url(self.url)}: not an http(s) URL")
+        if self.format not in FORMATS:
+            raise ValueError(f"webhook {self.key}: format must be one of {', '.join(FORMATS)}")
 
     @property
     def key(self) -> str:
-        return self.name or self.url
+        """How the receiver is named everywhere (API, metrics, logs, the outbox): its `name`, or
+        its URL with everything that may be a secret redacted."""
+        return self.name or redact_url(self.url)
 
     def secret(self) -> bytes | None:
         if not self.secret_env:
@@ -71,6 +77,18 @@ class Receiver:
                 f"webhook {self.key}: environment variable {self.secret_env} is empty or unset"
             )
         return value.encode()
+
+
+def redact_url(url: str) -> str:
+    """`scheme://host[:port]/...#fingerprint`: no user, password, path or query (a Slack hook's
+    path and an `?api_key=` are the secret), and a short hash that tells two receivers on one
+    host apart."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "(not a URL)"
+    hostport = rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0].rpartition("@")[2]
+    digest = hashlib.sha256(url.encode()).hexdigest()[:8]
+    return f"{scheme}://{hostport}/...#{digest}"
 
 
 def load_receivers(urls: list[str], config: Path | None) -> list[Receiver]:
@@ -162,8 +180,11 @@ def render(n: Notification, fmt: str, delivery_id: str, external_url: str) -> di
     }
 
 
-def sign(secret: bytes, body: bytes) -> str:
-    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+def sign(secret: bytes, body: bytes, timestamp: int) -> str:
+    """HMAC-SHA256 over `timestamp.body`: a captured delivery cannot be replayed later, since a
+    receiver rejects a timestamp outside its window (docs/alerts.md)."""
+    signed = str(timestamp).encode() + b"." + body
+    return "sha256=" + hmac.new(secret, signed, hashlib.sha256).hexdigest()
 
 
 def _delivery_id(n: Notification) -> str:
@@ -200,7 +221,9 @@ async def _deliver_one(client: httpx.AsyncClient, outbox: Outbox, r: Receiver) -
     }
     secret = r.secret()
     if secret is not None:
-        headers[SIGNATURE_HEADER] = sign(secret, body)
+        stamp = int(time.time())
+        headers[TIMESTAMP_HEADER] = str(stamp)
+        headers[SIGNATURE_HEADER] = sign(secret, body, stamp)
     try:
         resp = await client.post(r.url, content=body, headers=headers, timeout=r.timeout_s)
         ok, error = 200 <= resp.status_code < 300, f"HTTP {resp.status_code}"
@@ -220,16 +243,29 @@ async def deliver_forever(
     receivers: list[Receiver],
     poll_s: float = 0.2,
     wake: asyncio.Event | None = None,
+    beat: Callable[[], None] | None = None,
 ) -> None:
-    """Sends the outbox in order per receiver; polls for retries that come due, and starts at
-    once when `wake` is set (new notifications queued)."""
+    """Sends the outbox in order per receiver, each receiver on its own (a slow or dead one
+    never delays another); polls for retries that come due, and starts at once when `wake` is
+    set (new notifications queued). `beat` is called after each round."""
     wake = wake or asyncio.Event()
-    async with httpx.AsyncClient() as client:
+    queued = {r.key: asyncio.Event() for r in receivers}
+
+    async def fan_out() -> None:
         while True:
-            busy = False
-            for r in receivers:
-                busy |= await _deliver_one(client, outbox, r)
-            if not busy:
+            await wake.wait()
+            wake.clear()
+            for e in queued.values():
+                e.set()
+
+    async def serve(client: httpx.AsyncClient, r: Receiver) -> None:
+        while True:
+            if not await _deliver_one(client, outbox, r):
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), poll_s)
-                wake.clear()
+                    await asyncio.wait_for(queued[r.key].wait(), poll_s)
+                queued[r.key].clear()
+            if beat is not None:
+                beat()
+
+    async with httpx.AsyncClient() as client:
+        await asyncio.gather(fan_out(), *(serve(client, r) for r in receivers))

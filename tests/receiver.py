@@ -16,8 +16,9 @@ __all__ = ["receiver"]
 
 
 @contextmanager
-def receiver(port: int = 0) -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    """Yields (url, received); each item has `headers` and `body` (parsed JSON)."""
+def receiver(port: int = 0, delay_s: float = 0.0) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """Yields (url, received); each item has `headers` and `body` (parsed JSON). With
+    `delay_s`, each answer comes that much later (a slow receiver)."""
     got: list[dict[str, Any]] = []
     lock = threading.Lock()
 
@@ -36,6 +37,7 @@ def receiver(port: int = 0) -> Iterator[tuple[str, list[dict[str, Any]]]]:
                         "body": json.loads(raw),
                     }
                 )
+            time.sleep(delay_s)
             self.send_response(200)
             self.send_header("Content-Length", "0")
             self.end_headers()

@@ -114,8 +114,8 @@ class TestTheTwoPathsAgree:
         assert spec.for_duration(th) == "90s"
         state = SidecarState(["http://a"], th, wall_clock=lambda: 1000.0)
         state.record_scrape("http://a", 1.0, ScrapeOutcome(0.5, None, "timeout", "timed out"))
-        assert active_alerts(state.view(1.0), th, 1089.0) == []
-        (a,) = active_alerts(state.view(1.0), th, 1090.0)
+        assert active_alerts(state.view(1.0), th, 1089.0).active == []
+        (a,) = active_alerts(state.view(1.0), th, 1090.0).active
         assert a.name == "KvwatchTargetDown" and a.labels["severity"] == spec.severity
         summary, _ = spec.texts(th, target="http://a", down_for="90 s")
         assert a.annotations["summary"] == summary
@@ -129,10 +129,10 @@ class TestTheTwoPathsAgree:
         state.record_scrape("http://a", 1.0, ScrapeOutcome(0.01, empty))
         clock[0] = 1059.0
         state.record_scrape("http://a", 2.0, ScrapeOutcome(0.01, empty))
-        assert active_alerts(state.view(2.0), th, clock[0]) == []
+        assert active_alerts(state.view(2.0), th, clock[0]).active == []
         clock[0] = 1060.0
         state.record_scrape("http://a", 3.0, ScrapeOutcome(0.01, empty))
-        (a,) = active_alerts(state.view(3.0), th, clock[0])
+        (a,) = active_alerts(state.view(3.0), th, clock[0]).active
         assert a.name == "KvwatchVllmMetricsMissing"
         assert "for 1 minute" in a.annotations["description"]
 

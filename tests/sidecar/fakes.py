@@ -11,8 +11,9 @@ __all__ = ["raw_http_server"]
 
 
 @contextmanager
-def raw_http_server(reply: bytes | None, port: int = 0) -> Iterator[str]:
-    """Accepts connections and writes `reply` then closes; with None it never answers (hangs)."""
+def raw_http_server(reply: bytes | None, port: int = 0, trickle_s: float = 0.0) -> Iterator[str]:
+    """Accepts connections and writes `reply` then closes; with None it never answers (hangs).
+    With `trickle_s`, the reply's body goes out a byte at a time, that many seconds apart."""
     srv = socket.socket()
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.bind(("127.0.0.1", port))
@@ -32,7 +33,17 @@ def raw_http_server(reply: bytes | None, port: int = 0) -> Iterator[str]:
                 continue
             try:
                 conn.recv(65536)
-                conn.sendall(reply)
+                if trickle_s:
+                    head, _, body = reply.partition(b"\r\n\r\n")
+                    conn.sendall(head + b"\r\n\r\n")
+                    for i in range(len(body)):
+                        if stop.wait(trickle_s):
+                            break
+                        conn.sendall(body[i : i + 1])
+                else:
+                    conn.sendall(reply)
+            except OSError:
+                pass  # the client gave up
             finally:
                 conn.close()
 

@@ -82,7 +82,8 @@ class TestParseExposition:
         assert exp.error_count == 0
         (run,) = exp.samples["running"]
         assert run.labels == {"model_name": 'a"b\\c\nd', "engine": "0"} and run.value == 4
-        assert exp.samples["request_preemptions"][0].value == float("inf")
+        # NaN and +Inf read as numbers, and are refused as untrue (counted, never kept)
+        assert exp.rejected == {"not_finite": 2} and "request_preemptions" not in exp.samples
 
     def test_malformed_lines_are_counted_and_named(self) -> None:
         text = (

@@ -13,7 +13,7 @@ import pytest
 from kvwatch.loadgen.local_server import free_port
 from kvwatch.sidecar.alerting import Alert, AlertTracker, Notification
 from kvwatch.sidecar.outbox import Outbox, backoff_s
-from kvwatch.sidecar.webhooks import Receiver, load_receivers, render, sign
+from kvwatch.sidecar.webhooks import Receiver, load_receivers, redact_url, render, sign
 from tests.receiver import receiver
 from tests.sidecar.fakes import raw_http_server
 from tests.sidecar.running import running_sidecar
@@ -58,10 +58,11 @@ class TestFormats:
         assert "&lt;thrashing&gt; &amp; more" in p["text"] and "RESOLVED" in p["text"]
         assert p["blocks"][0]["text"]["type"] == "mrkdwn"
 
-    def test_signature(self) -> None:
-        assert sign(b"k", b"body") == (
-            "sha256=" + __import__("hmac").new(b"k", b"body", "sha256").hexdigest()
+    def test_signature_covers_the_timestamp(self) -> None:
+        assert sign(b"k", b"body", 1700000000) == (
+            "sha256=" + __import__("hmac").new(b"k", b"1700000000.body", "sha256").hexdigest()
         )
+        assert sign(b"k", b"body", 1700000000) != sign(b"k", b"body", 1700000001)
 
 
 class TestReceiversConfig:
@@ -161,7 +162,8 @@ def test_receiver_down_and_sidecar_killed_loses_nothing(tmp_path: Path) -> None:
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
                 st = httpx.get(side + "/api/state").json()["alerting"]
-                if st["firing"] and st["webhooks"].get(hook, {}).get("pending"):
+                box = st["webhooks"].get(redact_url(hook), {})
+                if st["firing"] and box.get("pending"):
                     break
                 time.sleep(0.2)
             else:
@@ -174,7 +176,8 @@ def test_receiver_down_and_sidecar_killed_loses_nothing(tmp_path: Path) -> None:
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
                 st = httpx.get(side + "/api/state").json()["alerting"]
-                if not st["firing"] and st["webhooks"].get(hook, {}).get("pending") == 2:
+                box = st["webhooks"].get(redact_url(hook), {})
+                if not st["firing"] and box.get("pending") == 2:
                     break
                 time.sleep(0.2)
             else:
@@ -189,5 +192,7 @@ def test_receiver_down_and_sidecar_killed_loses_nothing(tmp_path: Path) -> None:
     assert [g["body"]["status"] for g in got] == ["firing", "resolved"]
     assert [g["body"]["alertname"] for g in got] == ["KvwatchTargetDown"] * 2
     for g in got:
-        assert g["headers"]["X-Kvwatch-Signature"] == sign(b"hush", g["raw"])
+        stamp = int(g["headers"]["X-Kvwatch-Timestamp"])
+        assert abs(time.time() - stamp) < 600
+        assert g["headers"]["X-Kvwatch-Signature"] == sign(b"hush", g["raw"], stamp)
     assert len({g["headers"]["X-Kvwatch-Delivery"] for g in got}) == 2

@@ -1,0 +1,364 @@
+"""Faults and hostile input: the sidecar keeps watching, never exports what cannot be true, and
+never shows a target up while its scrapes have stopped (issue 13)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
+
+from kvwatch.sidecar.alerting import Alert, AlertTracker, Notification, active_alerts
+from kvwatch.sidecar.dbfile import connect
+from kvwatch.sidecar.exporter import StateCollector
+from kvwatch.sidecar.exposition import parse_exposition
+from kvwatch.sidecar.logformats import Malformed, parse_line
+from kvwatch.sidecar.observe import EngineObservation, observe
+from kvwatch.sidecar.outbox import DeliveryStats, Outbox
+from kvwatch.sidecar.scrape import ScrapeOutcome, scrape_once
+from kvwatch.sidecar.state import SidecarState
+from kvwatch.sidecar.supervise import Supervisor
+from kvwatch.sidecar.thresholds import Thresholds
+from kvwatch.sidecar.timeline import Timeline
+from kvwatch.sidecar.webhooks import Receiver, deliver_forever, enqueue
+from tests.receiver import receiver
+from tests.sidecar.fakes import raw_http_server
+
+E = 'engine="0",model_name="m"'
+
+
+def _body(**values: object) -> str:
+    """A small vLLM body; each keyword replaces one sample's value."""
+    v = {"kv": 0.5, "running": 2, "waiting": 0, "pre": 3, "gen": 100, "blocks": "40"} | values
+    return (
+        f"vllm:kv_cache_usage_perc{{{E}}} {v['kv']}\n"
+        f"vllm:num_requests_running{{{E}}} {v['running']}\n"
+        f"vllm:num_requests_waiting{{{E}}} {v['waiting']}\n"
+        f"vllm:num_preemptions_total{{{E}}} {v['pre']}\n"
+        f"vllm:generation_tokens_total{{{E}}} {v['gen']}\n"
+        f'vllm:cache_config_info{{block_size="32",engine="0",num_gpu_blocks="{v["blocks"]}"}} 1\n'
+    )
+
+
+def _export(state: SidecarState, now: float) -> str:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(StateCollector(lambda: state.view(now)))
+    return generate_latest(reg).decode()
+
+
+class TestValuesAreCheckedWhereTheyEnter:
+    @pytest.mark.parametrize(
+        ("field", "value", "reason"),
+        [
+            ("kv", "NaN", "not_finite"), ("kv", "+Inf", "not_finite"), ("kv", "-5", "out_of_range"),
+            ("kv", "1e300", "out_of_range"), ("kv", "1.44", "out_of_range"),
+            ("running", "-1", "out_of_range"), ("pre", "+Inf", "not_finite"),
+            ("pre", "-3", "out_of_range"), ("gen", "1e300", "out_of_range"),
+        ],
+    )  # fmt: skip
+    def test_untrue_values_are_rejected_and_counted(
+        self, field: str, value: str, reason: str
+    ) -> None:
+        exp = parse_exposition(_body(**{field: value}))
+        assert exp.rejected == {reason: 1} and exp.error_count == 0
+        (obs,) = observe(exp).values()
+        name = {"kv": "kv_usage", "running": "running", "pre": "preemptions_total",
+                "gen": "generation_tokens_total"}[field]  # fmt: skip
+        assert getattr(obs, name) is None
+
+    def test_duplicates_are_kept_once_when_equal_and_dropped_when_not(self) -> None:
+        twice = _body() + f"vllm:num_requests_running{{{E}}} 2\n"
+        exp = parse_exposition(twice)
+        (obs,) = observe(exp).values()
+        assert obs.running == 2 and exp.rejected == {"duplicate": 1}  # not summed to 4
+        clash = _body() + 'vllm:kv_cache_usage_perc{model_name="m",engine="0"} 0.94\n'
+        exp = parse_exposition(clash)
+        (obs,) = observe(exp).values()
+        assert obs.kv_usage is None and exp.rejected == {"duplicate": 2}  # neither trusted
+
+    @pytest.mark.parametrize("blocks", ["NaN", "+Inf", "-40", "0", "1e400"])
+    def test_broken_cache_labels_leave_the_capacity_unknown(self, blocks: str) -> None:
+        (obs,) = observe(parse_exposition(_body(blocks=blocks))).values()
+        assert obs.cache is not None and obs.cache.num_blocks is None
+        assert obs.cache.block_size == 32
+
+    def test_an_implausible_counter_jump_reaches_no_rate(self) -> None:
+        tl = Timeline()
+        base = EngineObservation(preemptions_total=10.0, generation_tokens_total=100.0)
+        assert tl.add(0.0, base) is not None
+        jump = EngineObservation(preemptions_total=1e12 + 10, generation_tokens_total=200.0)
+        after = EngineObservation(preemptions_total=1e12 + 12, generation_tokens_total=300.0)
+        assert tl.add(1.0, jump) is None
+        assert tl.add(2.0, after) is not None
+        assert tl.observed["preemptions_total"] == 2.0  # the jump counted nowhere
+        assert tl.rate("preemptions_total", 10, 2.0) == 2.0  # only the plausible step
+
+    def test_hostile_bodies_never_export_nan_inf_or_negative(self) -> None:
+        state = SidecarState(["http://a"])
+        bodies = [
+            _body(), _body(kv="+Inf", pre="NaN"), _body(pre="1e12"), _body(kv="-5", running="-3"),
+            _body(gen="1e300") + f"vllm:num_requests_running{{{E}}} 7\n", _body(pre="0"),
+        ]  # fmt: skip
+        for t, body in enumerate(bodies, 1):
+            state.record_scrape("http://a", float(t), ScrapeOutcome(0.01, parse_exposition(body)))
+            text = _export(state, float(t))
+            for line in text.splitlines():
+                if line.startswith("#"):
+                    continue
+                value = float(line.rpartition(" ")[2])
+                assert math.isfinite(value) and value >= 0, line
+        (t,) = state.view(6.0).targets
+        assert t.rejected_samples["not_finite"] == 2 and t.rejected_samples["implausible_jump"] >= 1
+        assert 'kvwatch_rejected_samples_total{reason="duplicate",target="http://a"}' in text
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(st.sampled_from(["NaN", "+Inf", "-Inf", "-1", "1e300", "0.5", "7", "1e12"]),
+                    min_size=6, max_size=6))  # fmt: skip
+    def test_any_mix_of_values_keeps_signals_finite(self, values: list[str]) -> None:
+        state = SidecarState(["http://a"])
+        keys = ("kv", "running", "waiting", "pre", "gen", "blocks")
+        for t in (1.0, 2.0, 3.0):
+            body = _body(**dict(zip(keys, values, strict=True)))
+            state.record_scrape("http://a", t, ScrapeOutcome(0.01, parse_exposition(body)))
+        for tv in state.view(3.0).targets:
+            for e in tv.engines:
+                for name, v in e.signals.to_dict().items():
+                    if isinstance(v, float):
+                        assert math.isfinite(v) and v >= 0, (name, v)
+
+
+class TestOpenMetrics:
+    def test_exemplars_parse(self) -> None:
+        body = (
+            f'vllm:request_num_preemptions_bucket{{{E},le="1.0"}} 16.0 # {{trace_id="a}}b"}} 0.6\n'
+            f"vllm:num_preemptions_total{{{E}}} 3 1700000000.1 # {{a=\"b\"}} 1 1700000000\n"
+            f'vllm:num_requests_running{{engine="0",model_name="m # x"}} 2\n'
+            "# EOF\n"
+        )
+        exp = parse_exposition(body)
+        assert exp.error_count == 0 and exp.rejected == {}
+        assert [s.value for s in exp.samples["request_preemptions"]] == [16.0]
+        assert exp.samples["preemptions"][0].value == 3.0
+        assert exp.samples["running"][0].labels["model_name"] == "m # x"
+
+
+class TestScrapeDeadline:
+    def test_a_trickling_body_times_out_at_the_deadline(self) -> None:
+        body = _body().encode()
+        reply = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        with raw_http_server(reply, trickle_s=0.2) as url:
+
+            async def go() -> ScrapeOutcome:
+                async with httpx.AsyncClient() as client:
+                    return await scrape_once(client, url + "/metrics", 1.0)
+
+            t0 = time.monotonic()
+            out = asyncio.run(go())
+        assert out.error_reason == "timeout" and time.monotonic() - t0 < 3
+
+
+class TestNeverUpWhileStopped:
+    def test_a_target_without_a_recent_scrape_is_down(self) -> None:
+        state = SidecarState(["http://a"], stale_after_s=5.0)
+        state.record_scrape("http://a", 1.0, ScrapeOutcome(0.01, parse_exposition(_body())))
+        assert state.view(5.0).targets[0].up is True
+        (t,) = state.view(7.0).targets
+        assert t.up is False and "no scrape has ended for 6 s" in str(t.last_error)
+        assert not any(e.present for e in t.engines)
+        assert "kvwatch_kv_cache_usage_ratio{" not in _export(state, 7.0)
+
+
+class TestSupervisor:
+    def test_a_failing_loop_restarts_is_counted_and_recovers(self) -> None:
+        sup = Supervisor()
+        runs: list[int] = []
+
+        async def body() -> None:
+            runs.append(1)
+            if len(runs) < 3:
+                raise ValueError(f"boom {len(runs)}")
+            sup.beat("x")
+
+        asyncio.run(asyncio.wait_for(sup.run("x", body), 10))
+        st_ = sup.status()["x"]
+        assert len(runs) == 3 and st_.errors == 2 and not st_.failing
+        assert st_.last_error == "ValueError: boom 2"
+
+    def test_guard_keeps_the_caller_going(self) -> None:
+        sup = Supervisor()
+
+        def sink(lines: list[str]) -> None:
+            raise RuntimeError("bad line")
+
+        guarded = sup.guard("log", sink)
+        guarded(["a"])
+        guarded(["b"])
+        assert sup.status()["log"].errors == 2 and sup.status()["log"].failing
+
+    def test_a_thread_restarts_until_stopped(self) -> None:
+        sup, stop, calls = Supervisor(), threading.Event(), []
+
+        def body() -> None:
+            calls.append(1)
+            if len(calls) >= 2:
+                stop.set()
+            raise OSError("disk")
+
+        sup.thread("log", body, stop).join(10)
+        assert len(calls) == 2 and sup.status()["log"].errors == 2
+
+
+class TestLogs:
+    @pytest.mark.parametrize(
+        "line",
+        [
+            "Engine 000: Avg prompt throughput: 1..0 tokens/s, Avg generation throughput: 5.0 "
+            "tokens/s, Running: 1 reqs, Waiting: 0 reqs, GPU KV cache usage: 10.0%, Prefix cache "
+            "hit rate: 0.0%",
+            "Engine 000: Avg prompt throughput: 1.0 tokens/s, Avg generation throughput: 5.0 "
+            "tokens/s, Running: 1 reqs, Waiting: 0 reqs, GPU KV cache usage: 140.0%, Prefix cache "
+            "hit rate: 0.0%",
+            "Engine 000: Avg prompt throughput: 1.0 tokens/s, Avg generation throughput: 5.0 "
+            f"tokens/s, Running: {'9' * 5000} reqs, Waiting: 0 reqs, GPU KV cache usage: 10.0%, "
+            "Prefix cache hit rate: 0.0%",
+        ],
+    )
+    def test_broken_or_impossible_numbers_are_skipped_not_raised(self, line: str) -> None:
+        assert isinstance(parse_line("INFO 11-29 10:00:00 [loggers.py:123] " + line), Malformed)
+
+    @settings(max_examples=2000, deadline=None)
+    @given(st.text(alphabet="0123456789.,-e%: ", max_size=12), st.integers(0, 5))
+    def test_a_mutated_stats_line_never_raises(self, junk: str, where: int) -> None:
+        parts = ["Avg prompt throughput: ", " tokens/s, Avg generation throughput: ",
+                 " tokens/s, Running: ", " reqs, Waiting: ", " reqs, GPU KV cache usage: ",
+                 "%, Prefix cache hit rate: "]  # fmt: skip
+        values = ["1.0", "5.0", "1", "0", "10.0", "0.0"]
+        values[where] = junk
+        line = "INFO 11-29 10:00:00 [loggers.py:123] Engine 000: " + "".join(
+            p + v for p, v in zip(parts, values, strict=True)
+        ) + "%"
+        ev = parse_line(line)
+        if ev is not None and not isinstance(ev, Malformed):
+            assert 0 <= ev.kv_usage <= 1  # type: ignore[union-attr]
+
+    def test_kvwatch_logs_reports_skipped_lines(self, tmp_path: Path, data_dir: Path) -> None:
+        log = tmp_path / "vllm.log"
+        good = (data_dir / "vllm-0.32-cpu-server.log").read_text()
+        bad = re.sub(r"KV cache usage: [0-9.]+%", "KV cache usage: 1..5%", good, count=3)
+        log.write_text(bad)
+        p = subprocess.run(
+            [sys.executable, "-m", "kvwatch", "logs", str(log)], capture_output=True, text=True
+        )
+        assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+        assert "skipped: 3 lines with broken or impossible numbers" in p.stdout
+
+
+def _notification(name: str = "KvwatchThrashing") -> Notification:
+    a = Alert(name, {"target": "http://a", "severity": "critical"}, {"summary": "s"})
+    return Notification("firing", a, time.time())
+
+
+class TestDelivery:
+    def test_a_slow_receiver_never_delays_another(self) -> None:
+        with receiver(delay_s=3.0) as (slow_url, slow), receiver() as (fast_url, fast):
+            slow_r, fast_r = Receiver(slow_url, name="slow"), Receiver(fast_url, name="fast")
+            outbox = Outbox(sqlite3.connect(":memory:", check_same_thread=False))
+            for _ in range(3):
+                enqueue(outbox, [slow_r, fast_r], [_notification()], "")
+
+            async def go() -> float:
+                task = asyncio.create_task(deliver_forever(outbox, [slow_r, fast_r]))
+                t0 = time.monotonic()
+                while len(fast) < 3 and time.monotonic() - t0 < 20:
+                    await asyncio.sleep(0.05)
+                took = time.monotonic() - t0
+                task.cancel()
+                return took
+
+            took = asyncio.run(go())
+        assert len(fast) == 3 and took < 2.0, took  # in turn after the slow one: 9 s
+        assert len(slow) <= 1
+
+    def test_the_outbox_keeps_a_bounded_history_and_counts_what_it_purged(self) -> None:
+        outbox = Outbox(sqlite3.connect(":memory:"), keep_delivered=10)
+        for _ in range(50):
+            msg_id = outbox.put("r", b"{}")
+            outbox.delivered(msg_id)
+        outbox.put("r", b"{}")
+        rows = outbox.db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0]
+        assert rows == 11  # 10 delivered kept, 1 pending
+        assert outbox.stats()["r"] == DeliveryStats(pending=1, delivered=50, dropped=0)
+        plan = " ".join(
+            str(r) for r in outbox.db.execute(
+                "EXPLAIN QUERY PLAN SELECT id FROM outbox WHERE receiver = 'r' AND "
+                "delivered IS NULL ORDER BY id LIMIT 1"
+            )
+        )  # fmt: skip
+        assert "outbox_by_receiver" in plan
+
+
+class TestNoSecretInSight:
+    @pytest.mark.parametrize(
+        "url",
+        [
+            "https://hooks.slack.com/services/T000/B000/XXXXSECRET",
+            "https://pager.example/hook?api_key=SECRET",
+            "https://user:SECRET@alerts.example:8443/x",
+        ],
+    )
+    def test_receivers_are_named_without_path_query_or_password(self, url: str) -> None:
+        key = Receiver(url).key
+        assert "SECRET" not in key and "services" not in key and key.startswith("https://")
+        assert Receiver(url).key != Receiver(url + "2").key  # two hooks on one host differ
+        assert Receiver(url, name="oncall").key == "oncall"
+
+    def test_the_db_file_is_private(self, tmp_path: Path) -> None:
+        path = tmp_path / "state" / "sidecar.db"
+        connect(path).close()
+        assert path.stat().st_mode & 0o777 == 0o600
+        path.chmod(0o644)  # made by an older sidecar
+        connect(path).close()
+        assert path.stat().st_mode & 0o777 == 0o600
+
+
+class TestRestartsAreInvisible:
+    def _tracker(self, db: Path, started: float) -> AlertTracker:
+        return AlertTracker(sqlite3.connect(db), 3600.0, hold_restored_s=30.0, started=started)
+
+    def test_one_episode_across_a_restart_is_one_firing_and_one_resolved(
+        self, tmp_path: Path
+    ) -> None:
+        db, a = tmp_path / "s.db", _notification().alert
+        notes = self._tracker(db, 0.0).update([a], 1.0)
+        after = self._tracker(db, 100.0)  # the engine is not judged thrashing again yet
+        notes += after.update([], 101.0) + after.update([], 120.0)
+        notes += after.update([a], 125.0)  # judged again: the same alert, still firing
+        notes += after.update([], 140.0) + after.update([], 200.0)
+        assert [(n.status, n.starts_at) for n in notes] == [("firing", 1.0), ("resolved", 1.0)]
+
+    def test_target_down_keeps_when_it_started(self, tmp_path: Path) -> None:
+        db, th = tmp_path / "s.db", Thresholds()
+        state = SidecarState(["http://a"], th, wall_clock=lambda: 1000.0)
+        state.record_scrape("http://a", 1.0, ScrapeOutcome(0.5, None, "connect", "refused"))
+        first = active_alerts(state.view(1.0), th, 1200.0)
+        notes = self._tracker(db, 1000.0).update(first.active, 1200.0, first.holding)
+        # restarted at 1300: down, but not yet for 2 minutes as this process counts
+        state2 = SidecarState(["http://a"], th, wall_clock=lambda: 1300.0)
+        state2.record_scrape("http://a", 1.0, ScrapeOutcome(0.5, None, "connect", "refused"))
+        again = active_alerts(state2.view(1.0), th, 1400.0)
+        assert again.active == [] and again.holding
+        after = self._tracker(db, 1300.0)
+        notes += after.update(again.active, 1400.0, again.holding)
+        assert [(n.status, n.starts_at) for n in notes] == [("firing", 1200.0)]
+        assert after.firing_now()[0].starts_at == 1200.0
