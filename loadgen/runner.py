@@ -11,6 +11,7 @@ import asyncio
 import collections
 import itertools
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -316,8 +317,10 @@ async def _post_event(
     if after is not None:
         await after
     try:
+        token = os.environ.get("KVWATCH_EVENTS_TOKEN")  # the sidecar's, when it needs one
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         async with httpx.AsyncClient(timeout=5) as client:
-            r = await client.post(sidecar.rstrip("/") + "/api/events", json=ev)
+            r = await client.post(sidecar.rstrip("/") + "/api/events", json=ev, headers=headers)
         if r.status_code >= 300:
             log.warning("sidecar %s refused the stage event: HTTP %s", sidecar, r.status_code)
     except httpx.HTTPError as e:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import signal
 import subprocess
 import sys
@@ -206,7 +207,7 @@ async def _main(
 
 
 def run_sidecar(cfg: SidecarConfig, echo: BinaryIO | None = None) -> int:
-    from kvwatch.sidecar.exporter import serve
+    from kvwatch.sidecar.exporter import EVENTS_TOKEN_ENV, serve
 
     stale_after = max(10.0, 3 * (cfg.interval_s + cfg.timeout_s))
     state = SidecarState(
@@ -219,6 +220,7 @@ def run_sidecar(cfg: SidecarConfig, echo: BinaryIO | None = None) -> int:
         stale_after,
         state.episodes,
         state.record_load_event,
+        os.environ.get(EVENTS_TOKEN_ENV) or None,
     )
     host, port = str(server.server_address[0]), int(server.server_address[1])
     print(

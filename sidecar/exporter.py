@@ -7,10 +7,15 @@ with the names, types, labels and help of sidecar/catalogue.py. A target that is
 
 from __future__ import annotations
 
+import functools
+import hmac
+import ipaddress
 import json
+import socket
 import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -21,7 +26,7 @@ from kvwatch.sidecar import catalogue as cat
 from kvwatch.sidecar.episodes import Episode
 from kvwatch.sidecar.views import StateView, state_json
 
-__all__ = ["StateCollector", "serve"]
+__all__ = ["StateCollector", "serve", "EVENTS_TOKEN_ENV", "BoundedHTTPServer"]
 
 
 def _family(m: cat.Metric) -> GaugeMetricFamily | CounterMetricFamily:
@@ -100,14 +105,89 @@ class StateCollector(Collector):
             yield fam[m.name]
 
 
+EVENTS_TOKEN_ENV = "KVWATCH_EVENTS_TOKEN"
+_CLIENT_TIMEOUT_S = 5.0
+
+
+class BoundedHTTPServer(HTTPServer):
+    """A fixed pool of handler threads and a short queue in front of it: a flood of connections
+    costs a few threads, never one each, and past the queue a connection is closed at once
+    (counted in `shed`). A client that goes away mid-answer is no traceback."""
+
+    request_queue_size = socket.SOMAXCONN  # the kernel's accept queue: 5 would drop handshakes
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        workers: int = 8,
+        queue: int = 128,
+    ) -> None:
+        super().__init__(address, handler)
+        self.shed = 0
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="kvwatch-http")
+        self._slots = threading.BoundedSemaphore(workers + queue)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shed += 1
+            self.shutdown_request(request)
+            return
+        try:
+            self._pool.submit(self._serve_one, request, client_address)
+        except RuntimeError:  # shutting down
+            self._slots.release()
+            self.shutdown_request(request)
+
+    def _serve_one(self, request: Any, client_address: Any) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except Exception:  # noqa: BLE001 (a reset or timed-out client)
+            pass
+        finally:
+            self.shutdown_request(request)
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # BrokenPipe and resets: the client left; nothing to print
+
+    def server_close(self) -> None:
+        super().server_close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _events_refusal(
+    token: str | None, loopback: bool, authorization: str | None
+) -> tuple[int, str] | None:
+    """Why a `POST /api/events` is refused (HTTP status, text), or None to accept it."""
+    if token is None:
+        if loopback:
+            return None
+        return 403, f"events from beyond loopback need {EVENTS_TOKEN_ENV} set on the sidecar"
+    given = (authorization or "").removeprefix("Bearer ").strip()
+    if not hmac.compare_digest(given.encode(), token.encode()):
+        return 401, "a bearer token is needed (Authorization: Bearer <token>)"
+    return None
+
+
 def _handler(
     registry: CollectorRegistry,
     view: Callable[[], StateView],
     stale_after_s: float,
     episodes: Callable[[], list[Episode]],
-    on_load_event: Callable[[dict[str, Any]], None] | None,
+    on_load_event: Callable[[object], None] | None,
+    events_refusal: Callable[[str | None], tuple[int, str] | None],
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        timeout = _CLIENT_TIMEOUT_S  # a client that sends nothing (or trickles) is dropped
+
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
@@ -137,13 +217,17 @@ def _handler(
             if self.path.split("?", 1)[0] != "/api/events" or on_load_event is None:
                 self._send(404, b"POST /api/events only\n", "text/plain")
                 return
+            refusal = events_refusal(self.headers.get("Authorization"))
+            if refusal is not None:
+                self._send(refusal[0], refusal[1].encode() + b"\n", "text/plain")
+                return
             try:
                 length = int(self.headers.get("Content-Length") or 0)
                 if not 0 < length <= 65536:
                     raise ValueError("body must be 1 byte to 64 KiB of JSON")
                 on_load_event(json.loads(self.rfile.read(length)))
-            except (ValueError, TypeError) as e:
-                self._send(400, f"bad event: {e}\n".encode(), "text/plain")
+            except (ValueError, TypeError, RecursionError) as e:
+                self._send(400, f"bad event: {str(e)[:200]}\n".encode(), "text/plain")
                 return
             self._send(204, b"", "text/plain")
 
@@ -166,13 +250,16 @@ def serve(
     view: Callable[[], StateView],
     stale_after_s: float,
     episodes: Callable[[], list[Episode]] = list,
-    on_load_event: Callable[[dict[str, Any]], None] | None = None,
-) -> ThreadingHTTPServer:
-    """Start the endpoint in a daemon thread; `server.shutdown()` stops it."""
+    on_load_event: Callable[[object], None] | None = None,
+    events_token: str | None = None,
+) -> BoundedHTTPServer:
+    """Start the endpoint in a daemon thread; `server.shutdown()` stops it. `POST /api/events`
+    needs `Authorization: Bearer <events_token>` when a token is given, and is refused beyond
+    loopback without one."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StateCollector(view))
-    handler = _handler(registry, view, stale_after_s, episodes, on_load_event)
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
+    refusal = functools.partial(_events_refusal, events_token, _is_loopback(host))
+    handler = _handler(registry, view, stale_after_s, episodes, on_load_event, refusal)
+    server = BoundedHTTPServer((host, port), handler)
     threading.Thread(target=server.serve_forever, name="kvwatch-http", daemon=True).start()
     return server

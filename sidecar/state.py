@@ -8,12 +8,12 @@ injected too, so tests can drive all of it.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from kvwatch.sidecar.episodes import Episode, EpisodeStore
 from kvwatch.sidecar.follow import FollowStats
@@ -38,6 +38,7 @@ __all__ = ["TargetState", "SidecarState"]
 
 _MAX_TRANSITIONS = 500
 _SHOWN = 50  # transitions and load events a view carries
+_MAX_OPEN_STAGES = 100
 
 
 @dataclass
@@ -187,15 +188,26 @@ class SidecarState:
             for ev in events:
                 log.take(ev)
 
-    def record_load_event(self, event: Mapping[str, Any]) -> None:
-        """A load generator's stage start or end, as `POST /api/events` received it."""
+    def record_load_event(self, event: object) -> None:
+        """A load generator's stage start or end, as `POST /api/events` received it: input
+        from outside, checked here; ValueError says what is wrong."""
+        if not isinstance(event, Mapping):
+            raise ValueError('expected a JSON object {"event": ..., "stage": ...}')
         kind, stage = event.get("event"), event.get("stage")
         if kind not in ("stage_start", "stage_end") or not isinstance(stage, str) or not stage:
             raise ValueError('expected {"event": "stage_start"|"stage_end", "stage": NAME}')
         unix = event.get("unix")
-        when = float(unix) if isinstance(unix, int | float) else self.wall_clock()
+        if unix is None:
+            when = self.wall_clock()
+        elif isinstance(unix, int | float) and not isinstance(unix, bool) and math.isfinite(unix):
+            when = float(unix)
+        else:
+            raise ValueError("unix must be a finite number of seconds")
         name = stage[:200]
         with self._lock:
+            opening = kind == "stage_start" and name not in self.load_stages
+            if opening and len(self.load_stages) >= _MAX_OPEN_STAGES:
+                raise ValueError(f"over {_MAX_OPEN_STAGES} stages open; end some first")
             self.load_events.append(LoadEvent(kind, name, when))
             if kind == "stage_start":
                 self.load_stages[name] = when

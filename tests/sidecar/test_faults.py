@@ -4,6 +4,8 @@ never shows a target up while its scrapes have stopped (issue 13)."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import math
 import re
 import sqlite3
@@ -19,9 +21,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
+from kvwatch.loadgen.local_server import free_port
 from kvwatch.sidecar.alerting import Alert, AlertTracker, Notification, active_alerts
 from kvwatch.sidecar.dbfile import connect
-from kvwatch.sidecar.exporter import StateCollector
+from kvwatch.sidecar.exporter import StateCollector, _events_refusal
 from kvwatch.sidecar.exposition import parse_exposition
 from kvwatch.sidecar.logformats import Malformed, parse_line
 from kvwatch.sidecar.observe import EngineObservation, observe
@@ -34,6 +37,7 @@ from kvwatch.sidecar.timeline import Timeline
 from kvwatch.sidecar.webhooks import Receiver, deliver_forever, enqueue
 from tests.receiver import receiver
 from tests.sidecar.fakes import raw_http_server
+from tests.sidecar.running import running_sidecar
 
 E = 'engine="0",model_name="m"'
 
@@ -362,3 +366,84 @@ class TestRestartsAreInvisible:
         notes += after.update(again.active, 1400.0, again.holding)
         assert [(n.status, n.starts_at) for n in notes] == [("firing", 1200.0)]
         assert after.firing_now()[0].starts_at == 1200.0
+
+
+class TestEventsEndpoint:
+    def test_refusals(self) -> None:
+        assert _events_refusal(None, True, None) is None
+        assert _events_refusal(None, False, None) == (
+            403, "events from beyond loopback need KVWATCH_EVENTS_TOKEN set on the sidecar"
+        )  # fmt: skip
+        assert _events_refusal("t0k", True, "Bearer t0k") is None
+        assert _events_refusal("t0k", False, "Bearer t0k") is None
+        assert _events_refusal("t0k", True, "Bearer nope")[0] == 401  # type: ignore[index]
+        assert _events_refusal("t0k", True, None)[0] == 401  # type: ignore[index]
+
+    @pytest.mark.parametrize(
+        "event",
+        [[1, 2], "stage_start", {"event": "stage_start", "stage": "a", "unix": float("nan")},
+         {"event": "stage_start", "stage": "a", "unix": True}, {"event": "begin", "stage": "a"}],
+    )  # fmt: skip
+    def test_bad_events_are_refused(self, event: object) -> None:
+        with pytest.raises(ValueError):
+            SidecarState(["http://a"]).record_load_event(event)
+
+    def test_open_stages_are_capped(self) -> None:
+        state = SidecarState(["http://a"])
+        for i in range(100):
+            state.record_load_event({"event": "stage_start", "stage": f"s{i}"})
+        with pytest.raises(ValueError, match="stages open"):
+            state.record_load_event({"event": "stage_start", "stage": "one more"})
+        state.record_load_event({"event": "stage_end", "stage": "s0"})
+        state.record_load_event({"event": "stage_start", "stage": "one more"})
+
+    @pytest.mark.integration
+    def test_the_live_endpoint_answers_400_401_and_stays_valid_json(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setenv("KVWATCH_EVENTS_TOKEN", "t0k")
+        with running_sidecar(["--target", f"http://127.0.0.1:{free_port()}", "--db", ""]) as side:
+            post = functools.partial(httpx.post, side + "/api/events", timeout=5)
+            ok = {"Authorization": "Bearer t0k"}
+            assert post(json={"event": "stage_start", "stage": "a"}).status_code == 401
+            assert post(json={"event": "stage_start", "stage": "a"}, headers=ok).status_code == 204
+            for body in (b"[1]", b'"x"', b"[" * 100_000, b'{"event": "stage_end", "stage": '
+                         b'"a", "unix": NaN}', b"{not json"):  # fmt: skip
+                r = post(content=body, headers=ok)
+                assert r.status_code == 400, (body[:40], r.text)
+            doc = json.loads(httpx.get(side + "/api/state", timeout=5).text, parse_constant=_no)
+            assert list(doc["load"]["stages"]) == ["a"]
+
+
+def _no(name: str) -> None:
+    raise AssertionError(f"/api/state holds {name}, which is not JSON")
+
+
+@pytest.mark.integration
+def test_a_flood_of_connections_costs_no_thread_each() -> None:
+    """1,000 half-sent requests at once (bench/bench_endpoint_flood.py runs 10,000)."""
+    with running_sidecar(["--target", f"http://127.0.0.1:{free_port()}", "--db", ""]) as side:
+        host, port = side.removeprefix("http://").split(":")
+
+        async def flood() -> int:
+            writers = []
+            for _ in range(1000):
+                _, w = await asyncio.open_connection(host, int(port))
+                w.write(b"GET /metrics HTTP/1.1\r\n")
+                writers.append(w)
+            await asyncio.sleep(0.5)
+            threads = int(
+                next(
+                    line.split()[1]
+                    for line in Path(f"/proc/{side.proc.pid}/status").read_text().splitlines()
+                    if line.startswith("Threads:")
+                )
+            )
+            for w in writers:
+                w.close()
+            return threads
+
+        threads = asyncio.run(flood())
+        assert threads < 20
+        r = httpx.get(side + "/metrics", timeout=5)
+        assert r.status_code == 200 and "kvwatch_target_up" in r.text
