@@ -18,6 +18,7 @@ __all__ = ["LineSplitter", "FollowStats", "FileFollower", "read_stream", "run_an
 
 DEFAULT_MAX_LINE = 64 * 1024
 _CHUNK = 1 << 20
+_TAIL_BYTES = 64
 
 LineSink = Callable[[list[str]], None]
 
@@ -80,7 +81,10 @@ class LineSplitter:
 class FileFollower:
     """Follows a path across rotation (new inode), truncation, and a file that appears later.
 
-    `poll()` returns the complete lines added since the last call; it never blocks.
+    `poll()` returns the complete lines added since the last call; it never blocks. Truncation
+    is told by content, not only size: the bytes just before the read offset must still be the
+    ones read there, so a copytruncate followed by a burst past the old offset before the next
+    poll is caught too.
     """
 
     def __init__(
@@ -92,6 +96,7 @@ class FileFollower:
         self._fh: BinaryIO | None = None
         self._inode: int | None = None
         self._from_start = from_start
+        self._tail = b""  # the last bytes read, ending at the read offset
 
     def _open(self, at_end: bool) -> None:
         try:
@@ -101,16 +106,36 @@ class FileFollower:
             return
         self.stats.missing = False
         st = os.fstat(fh.fileno())
-        self._fh, self._inode = fh, st.st_ino
+        self._fh, self._inode, self._tail = fh, st.st_ino, b""
         if at_end:
             fh.seek(0, os.SEEK_END)
+            self._tail = self._read_back(fh.tell())
+
+    def _read_back(self, end: int) -> bytes:
+        assert self._fh is not None
+        start = max(0, end - _TAIL_BYTES)
+        return os.pread(self._fh.fileno(), end - start, start)
+
+    def _rewritten(self) -> bool:
+        """Whether the file no longer holds, just before the offset, what was read there."""
+        assert self._fh is not None
+        return bool(self._tail) and self._read_back(self._fh.tell()) != self._tail
 
     def _drain(self) -> list[str]:
         assert self._fh is not None
         out: list[str] = []
         while chunk := self._fh.read(_CHUNK):
             out += self._split.feed(chunk)
+            self._tail = (self._tail + chunk)[-_TAIL_BYTES:]
         return out
+
+    def _restart_at_zero(self) -> list[str]:
+        assert self._fh is not None
+        self.stats.truncations += 1
+        self._split.flush()  # a cut line of the old content is dropped
+        self._fh.seek(0)
+        self._tail = b""
+        return self._drain()
 
     def poll(self) -> list[str]:
         if self._fh is None:
@@ -118,6 +143,8 @@ class FileFollower:
             self._from_start = True  # a file that appears later is read from its start
             if self._fh is None:
                 return []
+        if self._rewritten():
+            return self._restart_at_zero()
         out = self._drain()
         try:
             st = os.stat(self.path)
@@ -131,10 +158,7 @@ class FileFollower:
             if self._fh is not None:
                 out += self._drain()
         elif st.st_size < self._fh.tell():
-            self.stats.truncations += 1
-            self._split.flush()
-            self._fh.seek(0)
-            out += self._drain()
+            out += self._restart_at_zero()
         return out
 
     def close(self) -> None:

@@ -46,7 +46,8 @@ class LogSummary:
     warned: dict[str, int] = field(default_factory=dict)
     interval_preemptions: int = 0
     malformed: int = 0  # lines of a known shape with broken or impossible numbers, skipped
-    minutes: dict[str, _Minute] = field(default_factory=dict)
+    # (minute, engine): engines are kept apart (two engines at 100 tok/s are not one at 100)
+    minutes: dict[tuple[str, str], _Minute] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         repeat = {k: v for k, v in self.warned.items() if v > 1}
@@ -63,6 +64,7 @@ class LogSummary:
             "minutes": [
                 {
                     "minute": k,
+                    "engine": engine,
                     "kv_usage_mean": round(m.kv_sum / m.samples, 4),
                     "kv_usage_max": m.kv_max,
                     "high_kv_fraction": round(m.high / m.samples, 3),
@@ -70,7 +72,7 @@ class LogSummary:
                     "waiting_max": m.waiting_max,
                     "generation_tps_mean": round(m.gen_tps_sum / m.samples, 1),
                 }
-                for k, m in self.minutes.items()
+                for (k, engine), m in self.minutes.items()
             ],
         }
 
@@ -92,7 +94,7 @@ def summarize(events: Iterable[LogEvent], lines: int = 0) -> LogSummary:
             s.eras.add(ev.era)
             s.interval_preemptions += ev.preemptions or 0
             key = ev.logged_at[:11] if ev.logged_at else "?"
-            m = s.minutes.setdefault(key, _Minute())
+            m = s.minutes.setdefault((key, ev.engine or "-"), _Minute())
             m.samples += 1
             m.kv_sum += ev.kv_usage
             m.kv_max = max(m.kv_max, ev.kv_usage)
@@ -139,10 +141,11 @@ def render_summary(s: LogSummary) -> str:
         out.append(
             f"KV usage over time ({s.stats_lines} stats lines, {', '.join(sorted(s.eras))}):"
         )
-        out.append("  minute        mean   max   >=90%  running  waiting  gen tok/s")
+        out.append("  minute        engine  mean   max   >=90%  running  waiting  gen tok/s")
         for row in s.to_dict()["minutes"]:
             out.append(
-                f"  {row['minute']:<12}  {row['kv_usage_mean']:>4.0%}  {row['kv_usage_max']:>4.0%}"
+                f"  {row['minute']:<12}  {row['engine']:<6}  {row['kv_usage_mean']:>4.0%}  "
+                f"{row['kv_usage_max']:>4.0%}"
                 f"  {row['high_kv_fraction']:>5.0%}  {row['running_max']:>7}  "
                 f"{row['waiting_max']:>7}  {row['generation_tps_mean']:>9.1f}"
             )

@@ -447,3 +447,19 @@ def test_a_flood_of_connections_costs_no_thread_each() -> None:
         assert threads < 20
         r = httpx.get(side + "/metrics", timeout=5)
         assert r.status_code == 200 and "kvwatch_target_up" in r.text
+
+
+def test_kvwatch_logs_keeps_engines_apart() -> None:
+    from kvwatch.sidecar.logformats import parse_text
+    from kvwatch.sidecar.logsummary import summarize
+
+    line = (
+        "INFO 11-29 10:00:01 [loggers.py:1] Engine {e}: Avg prompt throughput: 0.0 tokens/s, Avg "
+        "generation throughput: 100.0 tokens/s, Running: 1 reqs, Waiting: 0 reqs, GPU KV cache "
+        "usage: {kv}%, Prefix cache hit rate: 0.0%\n"
+    )
+    text = line.format(e="000", kv="10.0") + line.format(e="001", kv="30.0")
+    rows = summarize(list(parse_text(text))).to_dict()["minutes"]
+    assert [(r["engine"], r["generation_tps_mean"], r["kv_usage_max"]) for r in rows] == [
+        ("000", 100.0, 0.1), ("001", 100.0, 0.3),
+    ]  # fmt: skip

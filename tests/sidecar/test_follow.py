@@ -61,6 +61,22 @@ class TestFileFollower:
         assert f.stats.truncations == 1
         f.close()
 
+    def test_copytruncate_then_a_burst_past_the_old_offset(self, tmp_path: Path) -> None:
+        """logrotate's copytruncate, and 250 lines written before the next poll: the size is
+        past the old offset again, so only the content tells (issue 13: 196 of 250 read)."""
+        path = tmp_path / "vllm.log"
+        path.write_text("".join(f"INFO old line {i}\n" for i in range(100)))
+        f = FileFollower(path)
+        assert len(f.poll()) == 100
+        path.write_text("".join(f"INFO new line {i:04d}\n" for i in range(250)))
+        got = f.poll()
+        assert got == [f"INFO new line {i:04d}" for i in range(250)]
+        assert f.stats.truncations == 1
+        with path.open("a") as fh:
+            fh.write("INFO after\n")
+        assert f.poll() == ["INFO after"] and f.stats.truncations == 1
+        f.close()
+
     def test_from_end_skips_history(self, tmp_path: Path) -> None:
         path = tmp_path / "vllm.log"
         path.write_text("old\n")

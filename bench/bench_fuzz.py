@@ -1,0 +1,70 @@
+"""10^5 fuzz cases per target, with plain random mutations of real vLLM output: how many crash
+(raise) or break a property. The same properties as tests/test_fuzz.py (tests/fuzzing.py).
+
+    .venv/bin/python bench/bench_fuzz.py [--cases 100000] [--seed 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.fuzzing import (  # noqa: E402 (after the path)
+    LOG_LINES,
+    METRIC_LINES,
+    check_exposition,
+    check_log_line,
+    check_splitter,
+    mutate,
+)
+
+
+def _metrics(rng: random.Random) -> None:
+    lines = rng.sample(METRIC_LINES, rng.randint(1, min(40, len(METRIC_LINES))))
+    check_exposition([mutate(line, rng) if rng.random() < 0.5 else line for line in lines])
+
+
+def _log(rng: random.Random) -> None:
+    check_log_line(mutate(rng.choice(LOG_LINES), rng))
+
+
+def _splitter(rng: random.Random) -> None:
+    data = mutate("\n".join(rng.sample(LOG_LINES, 3)), rng).encode("utf-8", "replace")
+    check_splitter(data, [rng.randrange(len(data) + 1) for _ in range(rng.randint(0, 8))])
+
+
+TARGETS: dict[str, Callable[[random.Random], None]] = {
+    "metrics (parse, observe, judge, export)": _metrics,
+    "log lines": _log,
+    "line splitter": _splitter,
+}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", type=int, default=100_000)
+    p.add_argument("--seed", type=int, default=1)
+    ns = p.parse_args()
+    for name, target in TARGETS.items():
+        rng, broken, t0 = random.Random(ns.seed), 0, time.monotonic()
+        first = ""
+        for _ in range(ns.cases):
+            try:
+                target(rng)
+            except Exception as e:  # noqa: BLE001 (counted: the point of the bench)
+                broken += 1
+                first = first or f"{type(e).__name__}: {str(e)[:200]}"
+        took = time.monotonic() - t0
+        print(f"{name}: {ns.cases:,} cases, {broken} crashed or broke a property, {took:.0f} s")
+        if first:
+            print(f"  first: {first}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Mutations of real vLLM output, and the properties every input must keep, for the fuzz tests
+(hypothesis, in CI) and bench/bench_fuzz.py (10^5 cases). A property that fails raises."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from kvwatch.sidecar.exporter import StateCollector
+from kvwatch.sidecar.exposition import parse_exposition
+from kvwatch.sidecar.follow import FollowStats, LineSplitter
+from kvwatch.sidecar.logformats import Malformed, StatsLine, parse_line
+from kvwatch.sidecar.scrape import ScrapeOutcome
+from kvwatch.sidecar.state import SidecarState
+
+__all__ = [
+    "METRIC_LINES", "LOG_LINES", "mutate", "check_exposition", "check_log_line",
+    "check_splitter",
+]  # fmt: skip
+
+DATA = Path(__file__).resolve().parent / "data"
+METRIC_LINES = [
+    line
+    for line in (DATA / "vllm-0.32-metrics-busy.txt").read_text().splitlines()
+    if line.startswith("vllm:") and "_bucket" not in line
+]
+LOG_LINES = [
+    line
+    for line in (DATA / "vllm-0.32-cpu-server.log").read_text().splitlines()
+    if "KV cache" in line or "blocks" in line or "concurrency" in line
+]
+_JUNK = ["NaN", "+Inf", "-Inf", "-1", "1e300", "1e12", "..", "1..0", "9" * 5000, "", " ", "{", "}",
+         '"', "\\", ",", "=", "#", "\x00", "\u00e9", "0x1f", "1_000", "%", "e9"]  # fmt: skip
+
+
+def mutate(text: str, rng: random.Random) -> str:
+    """One to three edits: a character replaced, a junk token spliced in, a cut, a repeat."""
+    for _ in range(rng.randint(1, 3)):
+        if not text:
+            return rng.choice(_JUNK)
+        i = rng.randrange(len(text))
+        op = rng.randrange(4)
+        if op == 0:
+            text = text[:i] + chr(rng.randrange(32, 127)) + text[i + 1 :]
+        elif op == 1:
+            text = text[:i] + rng.choice(_JUNK) + text[i:]
+        elif op == 2:
+            text = text[:i]
+        else:
+            text = text[:i] + text[i:] * 2
+    return text
+
+
+def check_exposition(lines: list[str]) -> None:
+    """Parsed, observed, judged twice and exported: nothing raises, and every exported value
+    is finite and not negative."""
+    state = SidecarState(["http://a"])
+    for t in (1.0, 2.0):
+        exp = parse_exposition("\n".join(lines))
+        state.record_scrape("http://a", t, ScrapeOutcome(0.01, exp))
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(StateCollector(lambda: state.view(2.0)))
+    for line in generate_latest(reg).decode().splitlines():
+        if not line.startswith("#"):
+            value = float(line.rpartition(" ")[2])
+            assert math.isfinite(value) and value >= 0, line
+
+
+def check_log_line(line: str) -> None:
+    """A line gives no event, a malformed one, or one whose figures can be true."""
+    ev = parse_line(line)
+    if isinstance(ev, StatsLine):
+        assert 0 <= ev.kv_usage <= 1 and ev.running >= 0 and ev.waiting >= 0, line
+        assert math.isfinite(ev.generation_tps) and math.isfinite(ev.prompt_tps), line
+        assert ev.prefix_hit_rate is None or 0 <= ev.prefix_hit_rate <= 1, line
+    assert ev is None or isinstance(ev, Malformed) or ev.kind in ("stats", "capacity",
+                                                                   "preemption_warning")
+
+
+def check_splitter(data: bytes, cuts: list[int]) -> None:
+    """Fed in any chunks, the splitter gives back the complete lines, in order."""
+    split = LineSplitter(FollowStats())
+    got: list[str] = []
+    last = 0
+    for cut in sorted(c % (len(data) + 1) for c in cuts) + [len(data)]:
+        got += split.feed(data[last:cut])
+        last = cut
+    got += split.flush()
+    want = data.decode("utf-8", "replace").split("\n")
+    if want and want[-1] == "":
+        want.pop()
+    assert got == want, (got[:3], want[:3])
