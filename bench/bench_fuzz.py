@@ -1,21 +1,17 @@
 """10^5 fuzz cases per target, with plain random mutations of real vLLM output: how many crash
 (raise) or break a property. The same properties as tests/test_fuzz.py (tests/fuzzing.py).
 
-    .venv/bin/python bench/bench_fuzz.py [--cases 100000] [--seed 1]
+    PYTHONPATH=. .venv/bin/python bench/bench_fuzz.py [--cases 100000] [--seed 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import random
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.fuzzing import (  # noqa: E402 (after the path)
+from tests.fuzzing import (
     LOG_LINES,
     METRIC_LINES,
     check_exposition,

@@ -71,6 +71,9 @@ class Outbox:
             self.db.execute(
                 "CREATE TABLE IF NOT EXISTS outbox_purged (receiver TEXT PRIMARY KEY, n INTEGER)"
             )
+            # an outbox an older sidecar let grow is trimmed at once
+            for (receiver,) in self.db.execute("SELECT DISTINCT receiver FROM outbox").fetchall():
+                self._purge(receiver)
 
     def rename(self, old: str, new: str) -> None:
         """Move a receiver's messages to its new key (an outbox from before keys were
@@ -119,22 +122,27 @@ class Outbox:
             ).fetchone()
             if row is None:
                 return
-            (receiver,) = row
-            cut = self.db.execute(
-                "SELECT id FROM outbox WHERE receiver = ? AND delivered IS NOT NULL "
-                "ORDER BY id DESC LIMIT 1 OFFSET ?",
-                (receiver, self.keep_delivered),
-            ).fetchone()
-            if cut is not None:
-                gone = self.db.execute(
-                    "DELETE FROM outbox WHERE receiver = ? AND delivered IS NOT NULL AND id <= ?",
-                    (receiver, cut[0]),
-                ).rowcount
-                self.db.execute(
-                    "INSERT INTO outbox_purged VALUES (?, ?) "
-                    "ON CONFLICT (receiver) DO UPDATE SET n = n + excluded.n",
-                    (receiver, gone),
-                )
+            self._purge(row[0])
+
+    def _purge(self, receiver: str) -> None:
+        """Delivered messages past the newest `keep_delivered` go (the caller holds the lock
+        and the transaction)."""
+        cut = self.db.execute(
+            "SELECT id FROM outbox WHERE receiver = ? AND delivered IS NOT NULL "
+            "ORDER BY id DESC LIMIT 1 OFFSET ?",
+            (receiver, self.keep_delivered),
+        ).fetchone()
+        if cut is None:
+            return
+        gone = self.db.execute(
+            "DELETE FROM outbox WHERE receiver = ? AND delivered IS NOT NULL AND id <= ?",
+            (receiver, cut[0]),
+        ).rowcount
+        self.db.execute(
+            "INSERT INTO outbox_purged VALUES (?, ?) "
+            "ON CONFLICT (receiver) DO UPDATE SET n = n + excluded.n",
+            (receiver, gone),
+        )
 
     def failed(self, msg_id: int, error: str, retry_at: float) -> None:
         with self._lock, self.db:
