@@ -35,11 +35,15 @@ class Alert:
 
 @dataclass(frozen=True)
 class Notification:
+    """`valid_until` (firing only): when a receiver may take the alert as resolved if no word
+    came since, the sidecar being gone (two repeat intervals: a live sidecar re-sends in one)."""
+
     status: str  # "firing" or "resolved"
     alert: Alert
     starts_at: float
     ends_at: float | None = None
     repeat: bool = False
+    valid_until: float | None = None
 
 
 def _episode_text(e: EngineView) -> str:
@@ -178,6 +182,7 @@ class AlertTracker:
         """`holding`: fingerprints whose condition holds but has not lasted its `for` yet."""
         out: list[Notification] = []
         warming = now - self.started < self.hold_restored_s
+        until = now + 2 * self.repeat_interval_s
         with self._lock, self.db:
             seen = set(holding) | (self.restored if warming else set())
             for a in active:
@@ -186,10 +191,12 @@ class AlertTracker:
                 f = self.firing.get(fp)
                 if f is None:
                     f = self.firing[fp] = _Firing(a, now, now)
-                    out.append(Notification("firing", a, now))
+                    out.append(Notification("firing", a, now, valid_until=until))
                 elif now - f.last_sent >= self.repeat_interval_s:
                     f.alert, f.last_sent = a, now
-                    out.append(Notification("firing", a, f.starts_at, repeat=True))
+                    out.append(
+                        Notification("firing", a, f.starts_at, repeat=True, valid_until=until)
+                    )
                 else:
                     f.alert = a  # keep the newest figures for the resolve message
                 self.db.execute(

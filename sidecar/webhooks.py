@@ -153,7 +153,9 @@ def render(n: Notification, fmt: str, delivery_id: str, external_url: str) -> di
                     "labels": labels,
                     "annotations": a.annotations,
                     "startsAt": _iso(n.starts_at),
-                    "endsAt": _iso(n.ends_at),
+                    # firing: when Alertmanager (fed through its API) resolves it on its own if
+                    # the sidecar is gone for good and no resolve ever comes
+                    "endsAt": _iso(n.ends_at if n.status == "resolved" else n.valid_until),
                     "generatorURL": external_url + "/api/state",
                     "fingerprint": a.fingerprint,
                 }
@@ -177,6 +179,7 @@ def render(n: Notification, fmt: str, delivery_id: str, external_url: str) -> di
         "fingerprint": a.fingerprint,
         "starts_at": _iso(n.starts_at),
         "ends_at": _iso(n.ends_at),
+        "valid_until": _iso(n.valid_until),
     }
 
 

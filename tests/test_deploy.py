@@ -56,7 +56,7 @@ def test_kubernetes_pod_wires_vllm_and_the_sidecar(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     docs = {d["kind"]: d for d in _docs(DEPLOY / "kubernetes" / "vllm-with-kvwatch.yaml")}
-    assert set(docs) == {"Deployment", "ConfigMap", "Service", "PodMonitor"}
+    assert set(docs) == {"Deployment", "Secret", "Service", "PodMonitor"}
     pod = docs["Deployment"]["spec"]["template"]["spec"]
     c = {x["name"]: x for x in pod["containers"]}
     # the sidecar's arguments are ones kvwatch accepts
@@ -79,9 +79,9 @@ def test_kubernetes_pod_wires_vllm_and_the_sidecar(
     eps = docs["PodMonitor"]["spec"]["podMetricsEndpoints"]
     assert {e["port"] for e in eps} == names == {"http", "kvwatch"}
     assert ns.listen.endswith(":9477") and c["kvwatch"]["ports"][0]["containerPort"] == 9477
-    # the webhook config in the ConfigMap is one the sidecar loads
+    # the webhook config in the Secret is one the sidecar loads
     hooks = tmp_path / "webhooks.yaml"
-    hooks.write_text(docs["ConfigMap"]["data"]["webhooks.yaml"])
+    hooks.write_text(docs["Secret"]["stringData"]["webhooks.yaml"])
     secret_env = {e["name"] for e in c["kvwatch"]["env"]}
     for name in secret_env:
         monkeypatch.setenv(name, "s3cret")
@@ -104,12 +104,12 @@ def _manifests() -> list[dict[str, Any]]:
 
 
 def test_core_objects_match_kubernetes_schemas() -> None:
-    """Deployment, Service, ConfigMap against Kubernetes' own OpenAPI schemas (strict: an
+    """Deployment, Service, Secret against Kubernetes' own OpenAPI schemas (strict: an
     unknown field is an error), as kubernetes-validate ships them for each release."""
     import kubernetes_validate
 
     core = [d for d in _manifests() if "monitoring.coreos.com" not in d["apiVersion"]]
-    assert {d["kind"] for d in core} == {"Deployment", "Service", "ConfigMap"}
+    assert {d["kind"] for d in core} == {"Deployment", "Service", "Secret"}
     for version in ("1.29.0", kubernetes_validate.latest_version()):
         for doc in core:
             kubernetes_validate.validate(doc, version, strict=True)

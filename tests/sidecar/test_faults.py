@@ -463,3 +463,42 @@ def test_kvwatch_logs_keeps_engines_apart() -> None:
     assert [(r["engine"], r["generation_tps_mean"], r["kv_usage_max"]) for r in rows] == [
         ("000", 100.0, 0.1), ("001", 100.0, 0.3),
     ]  # fmt: skip
+
+
+def test_a_firing_alertmanager_payload_says_until_when_it_holds(tmp_path: Path) -> None:
+    """If the sidecar is gone for good, Alertmanager resolves the alert on its own at endsAt."""
+    from kvwatch.sidecar.webhooks import render
+
+    tracker = AlertTracker(sqlite3.connect(tmp_path / "s.db"), repeat_interval_s=3600.0)
+    (n,) = tracker.update([_notification().alert], 1_700_000_000.0)
+    assert n.valid_until == 1_700_000_000.0 + 7200
+    (a,) = render(n, "alertmanager", "id", "")["alerts"]
+    assert a["endsAt"].startswith("2023-11-15T00:13:20")  # two repeat intervals on
+    (r,) = tracker.update([], 1_700_000_100.0)
+    assert render(r, "alertmanager", "id", "")["alerts"][0]["endsAt"].startswith(
+        "2023-11-14T22:15:00"
+    )
+
+
+@pytest.mark.integration
+def test_a_hostile_target_leaves_the_sidecar_watching() -> None:
+    """A FAKE target (a real vLLM cannot be made to lie): NaN cache labels, an infinite KV
+    usage, a duplicated series. The sidecar scrapes on, says the target is up, exports only true
+    figures and counts what it refused; no loop fails."""
+    body = _body(kv="+Inf", blocks="NaN") + f"vllm:num_requests_running{{{E}}} 2\n"
+    reply = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body.encode()
+    with raw_http_server(reply) as target, running_sidecar(
+        ["--target", target, "--db", "", "--interval", "0.3"]
+    ) as side:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            text = httpx.get(side + "/metrics", timeout=5).text
+            if re.search(r"kvwatch_scrapes_total\S* [3-9]", text):
+                break
+            time.sleep(0.3)
+        assert re.search(r'kvwatch_target_up\{target="[^"]+"\} 1\.0', text), text
+        assert 'reason="not_finite"' in text and 'reason="duplicate"' in text
+        assert "kvwatch_kv_cache_usage_ratio{" not in text  # refused, so unknown
+        assert re.search(r"kvwatch_requests_running\{.*\} 2\.0", text)
+        health = httpx.get(side + "/healthz", timeout=5)
+        assert health.status_code == 200 and health.json()["failing_loops"] == []
