@@ -172,6 +172,22 @@ class TestScrapeDeadline:
         assert out.error_reason == "timeout" and time.monotonic() - t0 < 3
 
 
+class TestHugeBody:
+    def test_a_body_past_the_limit_is_a_scrape_error(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import kvwatch.sidecar.scrape as scrape
+
+        monkeypatch.setattr(scrape, "MAX_BODY_BYTES", 10_000)
+        huge = _body() * 1000  # about 300 KB
+        t = httpx.MockTransport(lambda r: httpx.Response(200, text=huge))
+
+        async def go() -> ScrapeOutcome:
+            async with httpx.AsyncClient(transport=t) as client:
+                return await scrape_once(client, "http://x/metrics", 5.0)
+
+        out = asyncio.run(go())
+        assert out.exposition is None and out.error_reason == "too_large"
+
+
 class TestNeverUpWhileStopped:
     def test_a_target_without_a_recent_scrape_is_down(self) -> None:
         state = SidecarState(["http://a"], stale_after_s=5.0)
