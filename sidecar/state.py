@@ -145,13 +145,13 @@ class SidecarState:
             ts = self.targets[url]
             ts.scrapes += 1
             ts.last_duration_s = outcome.duration_s
-            ts.last_scrape_at = now
             exp = outcome.exposition
             if exp is None:
                 ts.up = False
                 ts.scrape_errors[outcome.error_reason or "unknown"] += 1
                 ts.last_error = outcome.error
                 ts.present = set()
+                ts.last_scrape_at = now
                 return
             observed = observe(exp)
             ts.up = True
@@ -178,6 +178,9 @@ class SidecarState:
                     self.transitions.append(judged.transition)
                 if judged.episode is not None:
                     self.store.save(judged.episode)
+            # last: a scrape whose recording raised never counts as ended, so the target goes
+            # stale (down) instead of showing its old figures as up
+            ts.last_scrape_at = now
 
     def record_log_lines(self, lines: list[str]) -> None:
         events = [ev for ev in map(parse_line, lines) if ev is not None]

@@ -198,6 +198,23 @@ class TestNeverUpWhileStopped:
         assert not any(e.present for e in t.engines)
         assert "kvwatch_kv_cache_usage_ratio{" not in _export(state, 7.0)
 
+    def test_a_scrape_whose_recording_raises_never_counts_as_ended(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        import kvwatch.sidecar.state as state_module
+
+        state = SidecarState(["http://a"], stale_after_s=5.0)
+        state.record_scrape("http://a", 1.0, ScrapeOutcome(0.01, parse_exposition(_body())))
+
+        def broken(exp: object) -> None:
+            raise ValueError("a bug")
+
+        monkeypatch.setattr(state_module, "observe", broken)
+        for t in (3.0, 5.0, 7.0):  # the supervised loop retries, and fails each time
+            with pytest.raises(ValueError):
+                state.record_scrape("http://a", t, ScrapeOutcome(0.01, parse_exposition(_body())))
+        assert state.view(7.0).targets[0].up is False
+
 
 class TestSupervisor:
     def test_a_failing_loop_restarts_is_counted_and_recovers(self) -> None:
