@@ -20,6 +20,9 @@ from dataclasses import dataclass
 __all__ = ["Outbox", "Pending", "DeliveryStats", "backoff_s"]
 
 
+_VACUUM_AFTER = 10_000  # purged rows at start past which the file is compacted
+
+
 @dataclass(frozen=True)
 class DeliveryStats:
     """One receiver's notifications: waiting to be sent, delivered, dropped from a full box."""
@@ -72,8 +75,10 @@ class Outbox:
                 "CREATE TABLE IF NOT EXISTS outbox_purged (receiver TEXT PRIMARY KEY, n INTEGER)"
             )
             # an outbox an older sidecar let grow is trimmed at once
-            for (receiver,) in self.db.execute("SELECT DISTINCT receiver FROM outbox").fetchall():
-                self._purge(receiver)
+            receivers = self.db.execute("SELECT DISTINCT receiver FROM outbox").fetchall()
+            trimmed = sum(self._purge(r) for (r,) in receivers)
+        if trimmed > _VACUUM_AFTER:  # and its file given back (outside the transaction)
+            self.db.execute("VACUUM")
 
     def rename(self, old: str, new: str) -> None:
         """Move a receiver's messages to its new key (an outbox from before keys were
@@ -124,17 +129,17 @@ class Outbox:
                 return
             self._purge(row[0])
 
-    def _purge(self, receiver: str) -> None:
+    def _purge(self, receiver: str) -> int:
         """Delivered messages past the newest `keep_delivered` go (the caller holds the lock
-        and the transaction)."""
+        and the transaction); returns how many."""
         cut = self.db.execute(
             "SELECT id FROM outbox WHERE receiver = ? AND delivered IS NOT NULL "
             "ORDER BY id DESC LIMIT 1 OFFSET ?",
             (receiver, self.keep_delivered),
         ).fetchone()
         if cut is None:
-            return
-        gone = self.db.execute(
+            return 0
+        gone: int = self.db.execute(
             "DELETE FROM outbox WHERE receiver = ? AND delivered IS NOT NULL AND id <= ?",
             (receiver, cut[0]),
         ).rowcount
@@ -143,6 +148,7 @@ class Outbox:
             "ON CONFLICT (receiver) DO UPDATE SET n = n + excluded.n",
             (receiver, gone),
         )
+        return gone
 
     def failed(self, msg_id: int, error: str, retry_at: float) -> None:
         with self._lock, self.db:

@@ -345,6 +345,25 @@ class TestDelivery:
         assert "outbox_by_receiver" in plan
 
 
+    def test_an_outbox_an_older_sidecar_grew_is_trimmed_and_compacted(
+        self, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "old.db"
+        old = Outbox(sqlite3.connect(path), keep_delivered=10**9)  # an outbox that never purged
+        old.db.executemany(
+            "INSERT INTO outbox (receiver, body, created, next_at, delivered) "
+            "VALUES ('r', ?, 0, 0, 1)",
+            ((b"x" * 200,) for _ in range(20_000)),
+        )
+        old.db.commit()
+        old.db.close()
+        grown = path.stat().st_size
+        box = Outbox(sqlite3.connect(path))
+        assert box.db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0] == 1_000
+        assert box.stats()["r"].delivered == 20_000
+        assert path.stat().st_size < grown / 5
+
+
 class TestNoSecretInSight:
     @pytest.mark.parametrize(
         "url",
