@@ -16,18 +16,11 @@ import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
+from procfs import status_kb
 
 from kvwatch.loadgen.local_server import free_port, stop_process, wait_until_ok
-
-
-def _status(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    return -1
 
 
 async def _flood(port: int, n: int, hold_s: float, pid: int) -> tuple[int, int, int]:
@@ -44,8 +37,8 @@ async def _flood(port: int, n: int, hold_s: float, pid: int) -> tuple[int, int, 
     peak_threads = peak_rss = 0
     end = time.monotonic() + hold_s
     while time.monotonic() < end:
-        peak_threads = max(peak_threads, _status(pid, "Threads"))
-        peak_rss = max(peak_rss, _status(pid, "VmRSS"))
+        peak_threads = max(peak_threads, status_kb(pid, "Threads"))
+        peak_rss = max(peak_rss, status_kb(pid, "VmRSS"))
         await asyncio.sleep(0.1)
     for w in writers:
         w.close()
@@ -68,7 +61,7 @@ def main() -> None:
     try:
         if not wait_until_ok(url + "/metrics", proc, 20):
             raise SystemExit("the sidecar did not start")
-        idle_rss = _status(proc.pid, "VmRSS")
+        idle_rss = status_kb(proc.pid, "VmRSS")
         opened, threads, rss = asyncio.run(_flood(port, ns.connections, ns.hold, proc.pid))
         t0 = time.monotonic()
         while True:

@@ -10,7 +10,6 @@ port: only the sender's work matters), and reads the sidecar's CPU share over `-
 from __future__ import annotations
 
 import argparse
-import os
 import sqlite3
 import subprocess
 import sys
@@ -18,14 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from procfs import cpu_seconds
+
 from kvwatch.loadgen.local_server import free_port, stop_process, wait_until_ok
 from kvwatch.sidecar.webhooks import Receiver
 from tests.receiver import receiver
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _old_outbox(path: Path, key: str, rows: int) -> None:
@@ -61,9 +57,9 @@ def main() -> None:
                 if not wait_until_ok(f"http://127.0.0.1:{port}/healthz", proc, 30):
                     raise SystemExit("the sidecar did not start")
                 time.sleep(2)
-                c0, t0 = _cpu_s(proc.pid), time.monotonic()
+                c0, t0 = cpu_seconds(proc.pid), time.monotonic()
                 time.sleep(ns.seconds)
-                share = (_cpu_s(proc.pid) - c0) / (time.monotonic() - t0)
+                share = (cpu_seconds(proc.pid) - c0) / (time.monotonic() - t0)
             finally:
                 stop_process(proc)
             left = sqlite3.connect(db).execute("SELECT COUNT(*) FROM outbox").fetchone()[0]

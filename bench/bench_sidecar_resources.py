@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import subprocess
 import sys
 import tempfile
@@ -19,22 +18,11 @@ import time
 from pathlib import Path
 
 import httpx
+from procfs import cpu_seconds, status_kb
 
 from kvwatch.loadgen.burst import run_burst
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig, free_port
 from kvwatch.loadgen.tiny_model import build_tiny_model
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 async def _load(base: str, until: float) -> int:
@@ -58,7 +46,7 @@ def main() -> None:
         side = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
         try:
             time.sleep(3)  # start-up (imports) is not steady state
-            cpu0, t0 = _cpu_seconds(side.pid), time.monotonic()
+            cpu0, t0 = cpu_seconds(side.pid), time.monotonic()
             rss_max = 0.0
             waves = 0
 
@@ -66,12 +54,12 @@ def main() -> None:
                 task = asyncio.create_task(_load(srv.base_url, t0 + ns.seconds))
                 nonlocal rss_max
                 while not task.done():
-                    rss_max = max(rss_max, _rss_mb(side.pid))
+                    rss_max = max(rss_max, status_kb(side.pid, "VmRSS") / 1024)
                     await asyncio.sleep(1)
                 return await task
 
             waves = asyncio.run(run())
-            cpu = (_cpu_seconds(side.pid) - cpu0) / (time.monotonic() - t0)
+            cpu = (cpu_seconds(side.pid) - cpu0) / (time.monotonic() - t0)
             scrapes = httpx.get(f"http://127.0.0.1:{port}/metrics").text.count("kvwatch_")
         finally:
             side.terminate()

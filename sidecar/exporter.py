@@ -26,7 +26,7 @@ from kvwatch.sidecar import catalogue as cat
 from kvwatch.sidecar.episodes import Episode
 from kvwatch.sidecar.views import StateView, state_json
 
-__all__ = ["StateCollector", "serve", "EVENTS_TOKEN_ENV", "BoundedHTTPServer"]
+__all__ = ["StateCollector", "serve", "EVENTS_TOKEN_ENV", "BoundedHTTPServer", "events_refusal"]
 
 
 def _family(m: cat.Metric) -> GaugeMetricFamily | CounterMetricFamily:
@@ -163,7 +163,7 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def _events_refusal(
+def events_refusal(
     token: str | None, loopback: bool, authorization: str | None
 ) -> tuple[int, str] | None:
     """Why a `POST /api/events` is refused (HTTP status, text), or None to accept it."""
@@ -183,7 +183,7 @@ def _handler(
     stale_after_s: float,
     episodes: Callable[[], list[Episode]],
     on_load_event: Callable[[object], None] | None,
-    events_refusal: Callable[[str | None], tuple[int, str] | None],
+    refuse_event: Callable[[str | None], tuple[int, str] | None],
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         timeout = _CLIENT_TIMEOUT_S  # a client that sends nothing (or trickles) is dropped
@@ -217,7 +217,7 @@ def _handler(
             if self.path.split("?", 1)[0] != "/api/events" or on_load_event is None:
                 self._send(404, b"POST /api/events only\n", "text/plain")
                 return
-            refusal = events_refusal(self.headers.get("Authorization"))
+            refusal = refuse_event(self.headers.get("Authorization"))
             if refusal is not None:
                 self._send(refusal[0], refusal[1].encode() + b"\n", "text/plain")
                 return
@@ -258,7 +258,7 @@ def serve(
     loopback without one."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StateCollector(view))
-    refusal = functools.partial(_events_refusal, events_token, _is_loopback(host))
+    refusal = functools.partial(events_refusal, events_token, _is_loopback(host))
     handler = _handler(registry, view, stale_after_s, episodes, on_load_event, refusal)
     server = BoundedHTTPServer((host, port), handler)
     threading.Thread(target=server.serve_forever, name="kvwatch-http", daemon=True).start()

@@ -5,9 +5,10 @@ JSON API read. Built under the state's lock in one go, so no reader sees a half-
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, TypeVar, get_args, get_type_hints
 
 from kvwatch.sidecar.detect import Level
 from kvwatch.sidecar.episodes import Episode
@@ -18,6 +19,8 @@ from kvwatch.sidecar.outbox import DeliveryStats
 from kvwatch.sidecar.signals import EngineSignals
 from kvwatch.sidecar.supervise import LoopStatus
 from kvwatch.sidecar.thresholds import Thresholds
+
+_D = TypeVar("_D")
 
 __all__ = [
     "EngineView", "LogView", "TargetView", "FiringAlert", "AlertingView", "LoadEvent",
@@ -232,20 +235,34 @@ def _engine_from_json(e: object) -> EngineView:
         raise ValueError(f"an engine without a readable {err}") from None
 
 
-def _typed(cls: Any, d: object) -> Any:
-    """A dataclass from a JSON object: numbers must be numbers, strings strings."""
+def _field_types(cls: type) -> dict[str, tuple[type, ...]]:
+    """Each field's allowed types: `float | None` -> (float, NoneType)."""
+    out = {}
+    for name, hint in get_type_hints(cls).items():
+        out[name] = get_args(hint) or (hint,)
+    return out
+
+
+def _typed(cls: type[_D], d: object) -> _D:
+    """A dataclass from a JSON object, each field of its declared type: a number finite (and
+    whole for an int), a string a string; ValueError says which field is wrong."""
     if not isinstance(d, dict):
         raise ValueError(f"{cls.__name__}: not an object")
     values: dict[str, Any] = {}
-    for f in fields(cls):
-        v = d.get(f.name)
-        kind = str(f.type)  # the annotation's text (this module's annotations are deferred)
-        if v is None and "None" not in kind:
-            raise ValueError(f"{cls.__name__}.{f.name}: missing")
-        if v is None or (isinstance(v, str) and "str" in kind):
+    types = _field_types(cls)
+    for f in fields(cls):  # type: ignore[arg-type]
+        allowed, v = types[f.name], d.get(f.name)
+        if v is None and type(None) in allowed:
+            values[f.name] = None
+        elif isinstance(v, str) and str in allowed:
             values[f.name] = v
-        elif isinstance(v, int | float) and not isinstance(v, bool) and "str" not in kind:
-            values[f.name] = int(v) if kind.startswith("int") else v
+        elif isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+            if float in allowed:
+                values[f.name] = float(v)
+            elif int in allowed and float(v).is_integer():
+                values[f.name] = int(v)
+            else:
+                raise ValueError(f"{cls.__name__}.{f.name}: {v!r} is not a whole number")
         else:
-            raise ValueError(f"{cls.__name__}.{f.name}: {v!r} is not a {kind}")
+            raise ValueError(f"{cls.__name__}.{f.name}: {v!r} is not what it should be")
     return cls(**values)

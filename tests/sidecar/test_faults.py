@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from kvwatch.loadgen.local_server import free_port
 from kvwatch.sidecar.alerting import Alert, AlertTracker, Notification, active_alerts
 from kvwatch.sidecar.dbfile import connect
-from kvwatch.sidecar.exporter import StateCollector, _events_refusal
+from kvwatch.sidecar.exporter import StateCollector, events_refusal
 from kvwatch.sidecar.exposition import parse_exposition
 from kvwatch.sidecar.logformats import Malformed, parse_line
 from kvwatch.sidecar.observe import EngineObservation, observe
@@ -34,6 +34,7 @@ from kvwatch.sidecar.state import SidecarState
 from kvwatch.sidecar.supervise import Supervisor
 from kvwatch.sidecar.thresholds import Thresholds
 from kvwatch.sidecar.timeline import Timeline
+from kvwatch.sidecar.views import engines_from_json, state_json
 from kvwatch.sidecar.webhooks import Receiver, deliver_forever, enqueue
 from tests.receiver import receiver
 from tests.sidecar.fakes import raw_http_server
@@ -422,14 +423,14 @@ class TestRestartsAreInvisible:
 
 class TestEventsEndpoint:
     def test_refusals(self) -> None:
-        assert _events_refusal(None, True, None) is None
-        assert _events_refusal(None, False, None) == (
+        assert events_refusal(None, True, None) is None
+        assert events_refusal(None, False, None) == (
             403, "events from beyond loopback need KVWATCH_EVENTS_TOKEN set on the sidecar"
         )  # fmt: skip
-        assert _events_refusal("t0k", True, "Bearer t0k") is None
-        assert _events_refusal("t0k", False, "Bearer t0k") is None
-        assert _events_refusal("t0k", True, "Bearer nope")[0] == 401  # type: ignore[index]
-        assert _events_refusal("t0k", True, None)[0] == 401  # type: ignore[index]
+        assert events_refusal("t0k", True, "Bearer t0k") is None
+        assert events_refusal("t0k", False, "Bearer t0k") is None
+        assert events_refusal("t0k", True, "Bearer nope")[0] == 401  # type: ignore[index]
+        assert events_refusal("t0k", True, None)[0] == 401  # type: ignore[index]
 
     @pytest.mark.parametrize(
         "event",
@@ -554,3 +555,28 @@ def test_a_hostile_target_leaves_the_sidecar_watching() -> None:
         assert re.search(r"kvwatch_requests_running\{.*\} 2\.0", text)
         health = httpx.get(side + "/healthz", timeout=5)
         assert health.status_code == 200 and health.json()["failing_loops"] == []
+
+
+class TestAnotherSidecarsState:
+    """`engines_from_json` reads another sidecar's /api/state: input from outside."""
+
+    def _doc(self, **signals: object) -> dict[str, object]:
+        state = SidecarState(["http://a"])
+        for t in (1.0, 2.0):
+            state.record_scrape("http://a", t, ScrapeOutcome(0.01, parse_exposition(_body())))
+        doc = json.loads(json.dumps(state_json(state.view(2.0))))
+        doc["targets"][0]["engines"][0]["signals"].update(signals)
+        return doc
+
+    def test_round_trip(self) -> None:
+        ((target, e),) = engines_from_json(self._doc())
+        assert target == "http://a" and e.signals.capacity_blocks == 40 and e.present
+
+    @pytest.mark.parametrize(
+        "bad",
+        [{"capacity_blocks": float("inf")}, {"capacity_blocks": 40.5}, {"kv_usage": "half"},
+         {"preemptions_observed": None}, {"counter_resets": True}],
+    )  # fmt: skip
+    def test_a_wrong_field_is_a_clear_error(self, bad: dict[str, object]) -> None:
+        with pytest.raises(ValueError, match="EngineSignals"):
+            engines_from_json(self._doc(**bad))
