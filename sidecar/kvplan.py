@@ -28,6 +28,7 @@ __all__ = [
     "layout_for",
     "plan",
     "KV_DTYPE_BYTES",
+    "capacity_line",
 ]
 
 KV_DTYPE_BYTES = {
@@ -102,7 +103,8 @@ class Serving:
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True
     hybrid_kv_cache_manager: bool | None = None
-    allow_chunked_local_hybrid: bool = False  # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE
+    # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE: 1 by default since vLLM 0.1x (envs.py)
+    allow_chunked_local_hybrid: bool = True
     mamba_ssm_cache_dtype: str | None = None
 
     def __post_init__(self) -> None:
@@ -275,9 +277,8 @@ def resolve(arch: Architecture, serving: Serving, platform: Platform) -> _Resolv
             )
         hybrid = False
         notes.append(
-            "chunked local attention: vLLM turns the hybrid KV cache manager off "
-            "(VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1 turns it on), so "
-            "chunked layers are sized as full attention"
+            "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=0: vLLM turns the hybrid "
+            "KV cache manager off, so chunked local layers are sized as full attention"
         )
     if hybrid is None:
         hybrid = True
@@ -482,3 +483,11 @@ def plan(
         f"int({conc:.4f} x {serving.max_model_len:,}) = {tokens:,} tokens",
     ]
     return KvPlan(layout, blocks, serving.max_model_len, tokens, conc, kv_cache_memory_bytes, a)
+
+
+def capacity_line(p: KvPlan, device: str = "GPU") -> str:
+    """vLLM's startup line (`update_kv_cache_capacity`), as vLLM prints it."""
+    return (
+        f"{device} KV cache size: {p.kv_cache_size_tokens:,} tokens, Maximum concurrency for "
+        f"{p.max_model_len:,} tokens per request: {p.max_concurrency:.2f}x"
+    )

