@@ -8,22 +8,11 @@ import asyncio
 import json
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from kvwatch.sidecar.advice import Advice, Observed, advise, kv_bytes_per_token_from
 from kvwatch.sidecar.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
-from kvwatch.sidecar.kvmath import (
-    Gpu,
-    ModelShape,
-    SizingError,
-    block_bytes,
-    kv_bytes_per_token,
-    lookup_gpu,
-    lookup_model,
-    model_from_config,
-    victim_costs,
-)
+from kvwatch.sidecar.kvmath import SizingError, lookup_gpu
 from kvwatch.sidecar.views import EngineView, engines_from_json
 
 __all__ = ["run_advise", "observed_from_engines"]
@@ -87,106 +76,50 @@ async def _watch_metrics(url: str, seconds: float) -> list[tuple[str, EngineView
             await asyncio.sleep(1.0)
 
 
-def _model(ns: argparse.Namespace) -> ModelShape:
-    if not ns.model:
-        raise SizingError("give --model (a preset like llama-3.1-8b, or a config.json)")
-    p = Path(ns.model)
-    return model_from_config(p) if p.exists() else lookup_model(ns.model)
-
-
-def _what_if(ns: argparse.Namespace) -> tuple[Observed, dict[str, Any], Gpu]:
-    missing = [
-        f for f in ("gpu", "concurrency", "prompt_len", "output_len") if getattr(ns, f) is None
-    ]
-    if missing:
-        raise SizingError(
-            "a what-if needs " + ", ".join("--" + m.replace("_", "-") for m in missing)
-        )
-    model, gpu = _model(ns), lookup_gpu(ns.gpu)
-    if ns.concurrency < 0 or ns.prompt_len < 0 or ns.output_len < 0:
-        raise SizingError("concurrency and lengths must not be negative")
-    if not 0 < ns.gpu_memory_utilization <= 1:
-        raise SizingError("--gpu-memory-utilization must be in (0, 1]")
-    bpt = kv_bytes_per_token(model, ns.kv_dtype, ns.tp)
-    weights = model.params * 2 / ns.tp
-    kv_mem = gpu.memory_bytes * ns.gpu_memory_utilization - weights
-    if kv_mem <= 0:
-        raise SizingError(
-            f"{model.name} weights ({weights / 1e9:.0f} GB per GPU) do not fit in "
-            f"{ns.gpu_memory_utilization:g} x {gpu.memory_bytes / 1e9:.0f} GB; "
-            "raise --tp"
-        )
-    blocks = int(kv_mem // block_bytes(bpt, ns.block_size))
-    seq = ns.prompt_len + ns.output_len
-    obs = Observed(
-        capacity_blocks=blocks,
-        block_size=ns.block_size,
-        kv_bytes_per_token=bpt,
-        peak_demand=ns.concurrency,
-        seq_len_p95=seq,
-        seq_len_max=seq,
-        gpu_memory_utilization=ns.gpu_memory_utilization,
-        kv_cache_memory_bytes=kv_mem,
-        kv_dtype=ns.kv_dtype,
-        source=f"what-if {model.name} on {ns.tp}x {gpu.name}",
-    )
-    costs = victim_costs(
-        model,
-        gpu,
-        ns.concurrency,
-        ns.victim_tokens or seq,
-        ns.block_size,
-        ns.kv_dtype,
-        ns.tp,
-        None if ns.step_ms is None else ns.step_ms / 1000,
-    )
-    extra = {
-        "model": model.name,
-        "gpu": gpu.name,
-        "tp": ns.tp,
-        "kv_dtype": ns.kv_dtype,
-        "weights_bytes_per_gpu": weights,
-        "kv_memory_bytes": kv_mem,
-        "assumption": "KV memory = GPU memory x utilization - bf16 weights; activations and "
-        "CUDA graphs take a little more in practice",
-        "victim": costs.to_dict(),
-    }
-    return obs, extra, gpu
-
-
-def _render(name: str, obs: Observed, adv: Advice, extra: dict[str, Any] | None) -> str:
+def _render(name: str, obs: Observed, adv: Advice) -> str:
     lines = [f"{name}: {adv.verdict}"]
     if obs.preemptions:
         lines.append(f"  preemptions observed: {obs.preemptions:,.0f}")
     lines += ["  arithmetic:"] + [f"    {x}" for x in adv.arithmetic]
     if adv.options:
         lines += ["  change one of:"] + [f"    {x}" for x in adv.options]
-    if extra and "victim" in extra:
-        v = extra["victim"]
-        lines += [
-            "  cost of one preemption:",
-            f"    {v['kv_bytes_per_token'] / 1024:,.0f} KiB per token, "
-            f"{v['block_bytes'] / 2**20:,.2f} MiB per block, "
-            f"{v['new_blocks_per_step']:.2f} new blocks per decode step",
-            f"    recompute: {v['recompute_flops'] / 1e12:.1f} TFLOP = "
-            f"{v['recompute_s'] * 1e3:.0f} ms at peak",
-            f"    swap: {v['swap_blocks']} blocks = {v['swap_bytes'] / 2**20:,.0f} MiB, "
-            f"{v['swap_s_each_way'] * 1e3:.1f} ms each way",
-        ]
-        if v["regenerate_s"] is not None:
-            lines.append(f"    generating it again: {v['regenerate_s']:.1f} s")
     lines += ["  assumptions:"] + [f"    {x}" for x in adv.assumptions]
     return "\n".join(lines)
 
 
+def _run_what_if(ns: argparse.Namespace) -> int:
+    from kvwatch.whatif import render_what_if, what_if
+
+    a = what_if(ns)
+    adv = None if a.observed is None else advise(a.observed, ns.margin, a.gpu)
+    if ns.json:
+        item: dict[str, Any] = {"name": a.name, "what_if": a.to_dict()}
+        if a.observed is not None and adv is not None:
+            item |= {"observed": _observed_dict(a.observed), "advice": adv.to_dict()}
+        print(json.dumps([item], indent=2, default=str))
+    else:
+        lines = [f"{a.name}:", *render_what_if(a)]
+        if a.observed is not None and adv is not None:
+            lines += [
+                "",
+                _render(f"{a.name}, {a.observed.peak_demand:g} requests", a.observed, adv),
+            ]
+        print("\n".join(lines))
+    return EXIT_FOUND if adv is not None and adv.options else 0
+
+
+def _observed_dict(o: Observed) -> dict[str, Any]:
+    d = {k: v for k, v in o.__dict__.items() if k != "layout"}
+    d["layout"] = None if o.layout is None else [g.kind for g in o.layout.groups]
+    return d
+
+
 def run_advise(ns: argparse.Namespace) -> int:
-    gpu = lookup_gpu(ns.gpu) if ns.gpu and not ns.what_if else None
     try:
-        extra = None
         if ns.what_if:
-            obs, extra, gpu = _what_if(ns)
-            items = [(obs.source, obs)]
-        elif ns.run:
+            return _run_what_if(ns)
+        gpu = lookup_gpu(ns.gpu) if ns.gpu else None
+        if ns.run:
             from kvwatch.loadgen.rundir import observed_from_run
 
             items = [(str(ns.run), observed_from_run(ns.run))]
@@ -217,12 +150,7 @@ def run_advise(ns: argparse.Namespace) -> int:
         print(
             json.dumps(
                 [
-                    {
-                        "name": n,
-                        "observed": o.__dict__,
-                        "advice": a.to_dict(),
-                        **({"what_if": extra} if extra else {}),
-                    }
+                    {"name": n, "observed": _observed_dict(o), "advice": a.to_dict()}
                     for n, o, a in results
                 ],
                 indent=2,
@@ -230,5 +158,5 @@ def run_advise(ns: argparse.Namespace) -> int:
             )
         )
     else:
-        print("\n\n".join(_render(n, o, a, extra) for n, o, a in results))
+        print("\n\n".join(_render(n, o, a) for n, o, a in results))
     return EXIT_FOUND if any(a.options for _, _, a in results) else 0

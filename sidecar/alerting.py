@@ -21,6 +21,7 @@ from kvwatch.sidecar.views import EngineView, FiringAlert, StateView
 
 __all__ = ["Alert", "AlertSet", "active_alerts", "AlertTracker", "Notification"]
 
+
 @dataclass(frozen=True)
 class Alert:
     name: str

@@ -47,6 +47,8 @@ class MlaLayer:
     """One latent per token (kv_lora_rank + qk_rope_head_dim), no heads, the same on every rank."""
 
     latent: int
+    qk_head_dim: int = 0  # nope + rope, for the attention FLOPs of a prefill
+    v_head_dim: int = 0
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,9 @@ class Architecture:
     attention_heads: int
     params_total: float
     params_active: float  # per token: routed experts per token plus the shared ones
-    weight_bytes_per_param: float = 2.0
+    dtype_bytes: int = 2  # torch_dtype: what vLLM's "auto" KV dtype and Mamba conv state use
+    weight_bytes_per_param: float = 2.0  # after quantization (fp8 checkpoints: 1)
+    max_position_embeddings: int | None = None  # vLLM's default max_model_len
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -252,7 +256,10 @@ def architecture_from_config(cfg: dict[str, Any], name: str = "model") -> Archit
     built = tuple(_build_layer(k, text, label, heads, hidden) for k in kinds)
     total, active = _params(text, built, label)
     dtype = str(text.get("torch_dtype") or text.get("dtype") or "bfloat16")
-    wbytes = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0}.get(dtype, 2.0)
+    dbytes = {"float32": 4, "float16": 2, "bfloat16": 2}.get(dtype, 2)
+    quant = cfg.get("quantization_config")
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    wbytes = _QUANT_BYTES.get(str(method), float(dbytes)) if method else float(dbytes)
     return Architecture(
         name=name,
         architecture=label,
@@ -261,9 +268,15 @@ def architecture_from_config(cfg: dict[str, Any], name: str = "model") -> Archit
         attention_heads=heads,
         params_total=total,
         params_active=active,
+        dtype_bytes=dbytes,
         weight_bytes_per_param=wbytes,
+        max_position_embeddings=_opt_int(text, "max_position_embeddings", label),
         notes=tuple(notes),
     )
+
+
+# bytes per parameter of a quantized checkpoint (block scales included, roughly)
+_QUANT_BYTES = {"fp8": 1.0, "mxfp4": 0.53, "nvfp4": 0.56, "awq": 0.53, "gptq": 0.53}
 
 
 def _sliding_window(text: Mapping[str, Any], model_type: str, label: str) -> int | None:
@@ -365,7 +378,13 @@ def _build_layer(kind: str, text: Mapping[str, Any], label: str, heads: int, hid
     if kind == "none":
         return None
     if kind == "mla":
-        return MlaLayer(_int(text, "kv_lora_rank", label) + _int(text, "qk_rope_head_dim", label))
+        rope = _int(text, "qk_rope_head_dim", label)
+        nope = _int(text, "qk_nope_head_dim", label, 0)
+        return MlaLayer(
+            _int(text, "kv_lora_rank", label) + rope,
+            nope + rope,
+            _int(text, "v_head_dim", label, nope),
+        )
     if kind == "gdn":
         kh, vh = (
             _int(text, "linear_num_key_heads", label),

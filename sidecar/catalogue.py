@@ -172,9 +172,7 @@ LOG_LINES = _c("kvwatch_log_lines", ("source",), "log lines read")
 LOG_OVERSIZED_LINES = _c(
     "kvwatch_log_oversized_lines", ("source",), "log lines dropped as too long"
 )
-LOG_ROTATIONS = _c(
-    "kvwatch_log_rotations", ("source",), "log rotations and truncations followed"
-)
+LOG_ROTATIONS = _c("kvwatch_log_rotations", ("source",), "log rotations and truncations followed")
 del T, E
 
 # (gauge, the EngineSignals field it exports), in exposition order.

@@ -1,173 +1,156 @@
-"""KV cache arithmetic: bytes per token, blocks, and what preemption costs (docs/sizing.md).
+"""What a preemption costs, and the lookups behind the what-if (docs/sizing.md).
 
-Pure functions over plain figures, pinned by unit tests to hand-computed cases and to the
-Llama 3.1 8B / H100 example: 128 KiB per token, 2 MiB per 16-token block, 6.25 new blocks per step
-at 100 running, 24 TFLOP and 24 ms to recompute a 1,500-token victim, 94 blocks and 188 MiB to
-swap it (about 3 ms each way over PCIe Gen5), about 7.2 s to generate it again at 4.8 ms a step.
+The KV layout comes from `kvplan` (vLLM's own planning); this module prices one preemption on
+it: the blocks the victim holds, the FLOPs to recompute it (V1), the bytes to swap it (V0, and
+CPU offload), and the decode steps to generate it again, the step at the memory-bandwidth
+roofline unless given. Pinned by unit tests to the Llama 3.1 8B / H100 example: 128 KiB per
+token, 2 MiB per 16-token block, 6.25 new blocks per step at 100 running, 24 TFLOP and 24 ms to
+recompute a 1,500-token victim, 94 blocks and 188 MiB to swap it (about 3 ms each way over PCIe
+Gen5), 16 GB of weights read per step / 3.35 TB/s = 4.8 ms, about 7.2 s to generate it again.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+from kvwatch.sidecar.archconfig import (
+    Architecture,
+    AttentionLayer,
+    MlaLayer,
+    architecture_from_config,
+    read_config,
+)
+from kvwatch.sidecar.kvplan import PLATFORMS, KvLayout, Serving, layout_for
+from kvwatch.sidecar.presets import GPU_ALIASES, GPU_PRESETS, LINK_BYTES_PER_S, MODEL_PRESETS
+from kvwatch.sidecar.presets import GpuSpec as Gpu
 from kvwatch.sidecar.sizingerror import SizingError
 
 __all__ = [
-    "ModelShape",
     "Gpu",
-    "MODELS",
-    "GPUS",
-    "LINKS",
-    "DTYPE_BYTES",
     "SizingError",
+    "VictimCosts",
     "model_from_config",
-    "kv_bytes_per_token",
-    "block_bytes",
-    "blocks_for",
-    "victim_costs",
     "lookup_model",
     "lookup_gpu",
-    "VictimCosts",
+    "resolve_model",
+    "kv_bytes_per_token",
+    "blocks_for",
+    "attention_flops",
+    "decode_step_s",
+    "victim_costs",
 ]
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "auto": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+def _key(name: str) -> str:
+    return name.lower().replace("_", "-").replace(" ", "-")
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    name: str
-    layers: int
-    kv_heads: int
-    head_dim: int
-    params: float  # total parameters (weights), for memory and recompute FLOPs
-
-    def __post_init__(self) -> None:
-        for f in ("layers", "kv_heads", "head_dim", "params"):
-            if not getattr(self, f) > 0:
-                raise SizingError(f"model {self.name}: {f} must be positive")
+def lookup_model(name: str) -> Architecture:
+    key = _key(name)
+    if key not in MODEL_PRESETS:
+        raise SizingError(f"unknown model {name!r}; known: {', '.join(sorted(MODEL_PRESETS))}")
+    p = MODEL_PRESETS[key]
+    arch = architecture_from_config(p.config, key)
+    return _with_params(arch, p.params_total, p.params_active)
 
 
-@dataclass(frozen=True)
-class Gpu:
-    name: str
-    memory_bytes: float
-    bf16_flops: float  # dense peak
-    link: str  # host link for swap
+def _with_params(arch: Architecture, total: float, active: float | None) -> Architecture:
+    from dataclasses import replace
 
-
-MODELS = {
-    m.name: m
-    for m in (
-        ModelShape("llama-3.1-8b", 32, 8, 128, 8.03e9),
-        ModelShape("llama-3.1-70b", 80, 8, 128, 70.6e9),
-        ModelShape("llama-3.1-405b", 126, 8, 128, 405.8e9),
-        ModelShape("qwen2.5-7b", 28, 4, 128, 7.62e9),
-        ModelShape("qwen2.5-32b", 64, 8, 128, 32.8e9),
-        ModelShape("qwen2.5-72b", 80, 8, 128, 72.7e9),
-        ModelShape("qwen3-8b", 36, 8, 128, 8.19e9),
-        ModelShape("mistral-7b", 32, 8, 128, 7.25e9),
-        ModelShape("mistral-small-24b", 40, 8, 128, 23.6e9),
-    )
-}
-GPUS = {
-    g.name: g
-    for g in (
-        Gpu("h100", 80e9, 989e12, "pcie5"),
-        Gpu("h200", 141e9, 989e12, "pcie5"),
-        Gpu("a100", 80e9, 312e12, "pcie4"),
-        Gpu("l40s", 48e9, 362e12, "pcie4"),
-    )
-}
-LINKS = {"pcie4": 32e9, "pcie5": 64e9}  # bytes/s each way, x16
-
-
-_T = TypeVar("_T")
-
-
-def _lookup(table: dict[str, _T], name: str, what: str) -> _T:
-    key = name.lower().replace("_", "-").replace(" ", "-")
-    if key not in table:
-        raise SizingError(f"unknown {what} {name!r}; known: {', '.join(sorted(table))}")
-    return table[key]
-
-
-def lookup_model(name: str) -> ModelShape:
-    return _lookup(MODELS, name, "model")
+    return replace(arch, params_total=total, params_active=active or total)
 
 
 def lookup_gpu(name: str) -> Gpu:
-    return _lookup(GPUS, name, "GPU")
+    key = _key(name)
+    key = GPU_ALIASES.get(key, key)
+    if key not in GPU_PRESETS:
+        raise SizingError(f"unknown GPU {name!r}; known: {', '.join(sorted(GPU_PRESETS))}")
+    return GPU_PRESETS[key]
 
 
-def model_from_config(path: Path) -> ModelShape:
-    """A model's shape from its Hugging Face `config.json` (a file or the model directory)."""
+def model_from_config(path: Path) -> Architecture:
+    """A model from its Hugging Face `config.json` (a file or the model directory)."""
     file = path / "config.json" if path.is_dir() else path
-    try:
-        cfg = json.loads(file.read_text())
-    except OSError as e:
-        raise SizingError(f"cannot read {file}: {e.strerror}") from None
-    except ValueError as e:
-        raise SizingError(f"{file} is not JSON: {e}") from None
-    cfg = cfg.get("text_config", cfg)  # multimodal configs nest the language model
-    missing = [
-        k
-        for k in ("num_hidden_layers", "hidden_size", "num_attention_heads")
-        if not isinstance(cfg.get(k), int)
-    ]
-    if missing:
-        raise SizingError(f"{file} lacks {', '.join(missing)} (needed for KV size)")
-    layers, hidden, heads = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"]
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    head_dim = cfg.get("head_dim") or hidden // heads
-    inter = cfg.get("intermediate_size") or 4 * hidden
-    vocab = cfg.get("vocab_size") or 32000
-    attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
-    params = layers * (attn + 3 * hidden * inter) + vocab * hidden * (
-        1 if cfg.get("tie_word_embeddings") else 2
-    )
-    return ModelShape(file.parent.name or "model", layers, kv_heads, head_dim, float(params))
+    name = file.parent.name or "model"
+    return architecture_from_config(read_config(path), name)
 
 
-def kv_bytes_per_token(model: ModelShape, kv_dtype: str = "bf16", tp: int = 1) -> int:
-    """Per GPU: 2 (K and V) x layers x KV heads on this rank x head dim x bytes per element.
-
-    With more tensor-parallel ranks than KV heads, vLLM replicates heads: one per rank.
-    """
-    if kv_dtype not in DTYPE_BYTES:
-        raise SizingError(f"unknown KV dtype {kv_dtype!r}; one of {', '.join(DTYPE_BYTES)}")
-    if tp < 1:
-        raise SizingError("tensor-parallel size must be at least 1")
-    heads = max(1, math.ceil(model.kv_heads / tp))
-    return model.layers * 2 * heads * model.head_dim * DTYPE_BYTES[kv_dtype]
+def resolve_model(spec: str) -> Architecture:
+    """`--model`: a config.json or model directory if one is there, else a preset name."""
+    p = Path(spec)
+    return model_from_config(p) if p.exists() else lookup_model(spec)
 
 
-def block_bytes(bytes_per_token: int, block_size: int) -> int:
-    if block_size < 1:
-        raise SizingError("block size must be at least 1")
-    return bytes_per_token * block_size
+def kv_bytes_per_token(arch: Architecture, kv_dtype: str = "auto", tp: int = 1) -> float:
+    """Per GPU, at full attention's rate: every layer that keeps this token's K and V (or MLA
+    latent), with vLLM's heads per rank (floor of heads / TP, at least one)."""
+    return _layout(arch, kv_dtype, tp, 16).bytes_per_token
+
+
+def _layout(arch: Architecture, kv_dtype: str, tp: int, block_size: int | None) -> KvLayout:
+    serving = Serving(max_model_len=1, block_size=block_size, kv_dtype=kv_dtype, tp=tp)
+    return layout_for(arch, serving, PLATFORMS["cuda"])
 
 
 def blocks_for(tokens: float, block_size: int) -> int:
-    """Blocks one sequence of `tokens` occupies (the last one partly filled)."""
+    """Blocks one full-attention sequence of `tokens` occupies (the last one partly filled)."""
     if tokens < 0:
         raise SizingError(f"a sequence length cannot be negative ({tokens})")
+    if block_size < 1:
+        raise SizingError("block size must be at least 1")
     return math.ceil(tokens / block_size)
+
+
+def attention_flops(arch: Architecture, tokens: int) -> float:
+    """Score and value FLOPs of a prefill of `tokens`: each token attends to what its layer
+    keeps (all before it; its window; its chunk), 2 FLOPs a multiply-add."""
+    total = 0.0
+    t = tokens
+    for layer in arch.layers:
+        if isinstance(layer, AttentionLayer):
+            dims = arch.attention_heads * (layer.head_size + layer.head_size_v)
+            if layer.kind == "sliding" and layer.window:
+                w = layer.window
+                ctx = w * (w + 1) / 2 + max(0, t - w) * w if t > w else t * (t + 1) / 2
+            elif layer.kind == "chunked" and layer.window:
+                c = layer.window
+                full, rest = divmod(t, c)
+                ctx = full * c * (c + 1) / 2 + rest * (rest + 1) / 2
+            else:
+                ctx = t * (t + 1) / 2
+        elif isinstance(layer, MlaLayer):
+            dims = arch.attention_heads * (layer.qk_head_dim + layer.v_head_dim)
+            ctx = t * (t + 1) / 2
+        else:
+            continue
+        total += 2 * dims * ctx
+    return total
+
+
+def decode_step_s(arch: Architecture, gpu: Gpu, tp: int = 1) -> float | None:
+    """The decode step at the memory-bandwidth roofline: the active weights read once a step,
+    split over the TP ranks (KV reads left out: the seed's idealized step)."""
+    if gpu.hbm_bytes_per_s is None:
+        return None
+    return arch.params_active * arch.weight_bytes_per_param / tp / gpu.hbm_bytes_per_s
 
 
 @dataclass(frozen=True)
 class VictimCosts:
-    kv_bytes_per_token: int
+    kv_bytes_per_token: float
     block_bytes: int
     new_blocks_per_step: float
     recompute_flops: float
-    recompute_s: float
+    attention_flops: float
+    recompute_s: float | None
     swap_blocks: int
     swap_bytes: int
-    swap_s_each_way: float
+    swap_s_each_way: float | None
+    step_s: float | None
+    step_source: str
     regenerate_s: float | None
 
     def to_dict(self) -> dict[str, Any]:
@@ -175,31 +158,39 @@ class VictimCosts:
 
 
 def victim_costs(
-    model: ModelShape,
+    arch: Architecture,
     gpu: Gpu,
     running: float,
     victim_tokens: float,
-    block_size: int = 16,
-    kv_dtype: str = "bf16",
+    layout: KvLayout | None = None,
     tp: int = 1,
     step_s: float | None = None,
+    kv_dtype: str = "auto",
+    block_size: int = 16,
 ) -> VictimCosts:
     """What one preemption costs: recompute (V1) against swap (V0) against generating again."""
     if running < 0 or victim_tokens < 0:
         raise SizingError("running requests and victim length must not be negative")
-    bpt = kv_bytes_per_token(model, kv_dtype, tp)
-    bb = block_bytes(bpt, block_size)
-    flops = victim_tokens * 2 * model.params
-    swap_blocks = blocks_for(victim_tokens, block_size)
-    swap_bytes = swap_blocks * bb
+    layout = layout or _layout(arch, kv_dtype, tp, block_size)
+    t = math.ceil(victim_tokens)
+    flops = victim_tokens * 2 * arch.params_active
+    swap_blocks = layout.blocks_per_request(t)
+    swap_bytes = swap_blocks * layout.bytes_per_block
+    link = LINK_BYTES_PER_S.get(gpu.link or "")
+    source = "given"
+    if step_s is None:
+        step_s, source = decode_step_s(arch, gpu, tp), "roofline"
     return VictimCosts(
-        kv_bytes_per_token=bpt,
-        block_bytes=bb,
-        new_blocks_per_step=running / block_size,
+        kv_bytes_per_token=layout.bytes_per_token,
+        block_bytes=layout.bytes_per_block,
+        new_blocks_per_step=running * layout.growth_per_step(t),
         recompute_flops=flops,
-        recompute_s=flops / (gpu.bf16_flops * tp),
+        attention_flops=attention_flops(arch, t),
+        recompute_s=None if gpu.bf16_flops is None else flops / (gpu.bf16_flops * tp),
         swap_blocks=swap_blocks,
         swap_bytes=swap_bytes,
-        swap_s_each_way=swap_bytes / LINKS[gpu.link],
+        swap_s_each_way=None if link is None else swap_bytes / link,
+        step_s=step_s,
+        step_source=source,
         regenerate_s=None if step_s is None else victim_tokens * step_s,
     )

@@ -88,6 +88,8 @@ PLATFORMS = {
     "cuda": Platform("cuda", 16, 16, None, True, 8192, "bfloat16"),
     # Blackwell: FlashInfer's MLA kernels take 32 or 64; vLLM prefers 32.
     "cuda-blackwell": Platform("cuda-blackwell", 16, 16, 32, True, 16384, "bfloat16"),
+    # ROCm: taken with CUDA's rules (block 16, async); its AITER MLA backend is not modeled.
+    "rocm": Platform("rocm", 16, 16, None, True, 16384, "bfloat16"),
 }
 
 
@@ -257,7 +259,7 @@ class _Resolved:
 def resolve(arch: Architecture, serving: Serving, platform: Platform) -> _Resolved:
     """The settings vLLM ends up with: block size, KV dtype, in-flight tokens, manager."""
     notes: list[str] = []
-    kv = KV_DTYPE_BYTES[serving.kv_dtype] or int(arch.weight_bytes_per_param)
+    kv = KV_DTYPE_BYTES[serving.kv_dtype] or arch.dtype_bytes
     bs = platform.block_size(arch, serving.block_size)
     if arch.uses_mla and bs != (serving.block_size or bs):
         notes.append(f"vLLM's MLA backend on {platform.name} forces {bs}-token blocks")
@@ -324,7 +326,7 @@ def _layer_specs(
             specs.append(_Spec("mla", r.block_size, per_tok * r.block_size))
         elif isinstance(layer, StateLayer):
             conv, ssm = layer.shapes(tp)
-            page = conv * int(arch.weight_bytes_per_param) + ssm * r.state_dtype_bytes
+            page = conv * arch.dtype_bytes + ssm * r.state_dtype_bytes
             blocks = 2 + layer.checkpoint_blocks if r.mamba_align else 1
             specs.append(_Spec("state", r.block_size, page, None, blocks))
         else:

@@ -118,7 +118,6 @@ class Timeline:
             return None
         return inc / (pts[-1] - pts[0])
 
-
     def interval_rates(self, counter: str, window_s: float, now: float) -> list[float]:
         """The counter's per-second rate between each pair of successive points that ends
         inside the window (for a recent peak rate)."""

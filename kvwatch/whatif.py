@@ -1,0 +1,203 @@
+"""`kvwatch advise --what-if`: vLLM's KV figures for a model, GPU and settings not deployed yet.
+
+The plan is vLLM's own arithmetic (`kvplan`, checked against vLLM in tests/sizing): with
+`--kv-cache-memory-bytes` it is exact; from `--gpu-memory-utilization` the budget is the GPU's
+memory share less the weights per GPU, which leaves out vLLM's profiled activation peak and
+CUDA graphs (it says so). A load (`--concurrency`, `--prompt-len`, `--output-len`) adds the
+sizing advice and what one preemption costs on that model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kvwatch.sidecar.advice import Observed
+from kvwatch.sidecar.archconfig import Architecture
+from kvwatch.sidecar.kvmath import Gpu, VictimCosts, lookup_gpu, resolve_model, victim_costs
+from kvwatch.sidecar.kvplan import PLATFORMS, KvPlan, Serving, capacity_line, plan
+from kvwatch.sidecar.sizingerror import SizingError
+
+__all__ = ["WhatIfAnswer", "what_if", "render_what_if"]
+
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vLLM's default since 0.20
+
+
+@dataclass(frozen=True)
+class WhatIfAnswer:
+    model: Architecture
+    gpu: Gpu
+    serving: Serving
+    plan: KvPlan
+    budget: str  # how the KV budget was found
+    weights_bytes_per_gpu: float
+    observed: Observed | None
+    costs: VictimCosts | None
+
+    @property
+    def name(self) -> str:
+        par = f"TP{self.serving.tp}" + (f" PP{self.serving.pp}" if self.serving.pp > 1 else "")
+        return f"what-if {self.model.name} on {self.gpu.name} {par}"
+
+    def to_dict(self) -> dict[str, Any]:
+        p = self.plan
+        device = "CPU" if self.gpu.platform == "cpu" else "GPU"
+        return {
+            "model": self.model.name,
+            "architecture": self.model.architecture,
+            "layers": self.model.kinds(),
+            "gpu": self.gpu.name,
+            "platform": self.gpu.platform,
+            "serving": asdict(self.serving),
+            "num_gpu_blocks": p.num_gpu_blocks,
+            "block_size": p.layout.block_size,
+            "kv_cache_size_tokens": p.kv_cache_size_tokens,
+            "max_concurrency": p.max_concurrency,
+            "capacity_line": capacity_line(p, device),
+            "bytes_per_block": p.layout.bytes_per_block,
+            "kv_bytes_per_token": p.layout.bytes_per_token,
+            "kv_cache_memory_bytes": p.kv_cache_memory_bytes,
+            "budget": self.budget,
+            "weights_bytes_per_gpu": self.weights_bytes_per_gpu,
+            "groups": [asdict(g) for g in p.layout.groups],
+            "arithmetic": p.arithmetic,
+            "notes": list(self.model.notes) + list(p.layout.notes),
+            "params_total": self.model.params_total,
+            "params_active": self.model.params_active,
+            "victim": None if self.costs is None else self.costs.to_dict(),
+        }
+
+
+def what_if(ns: argparse.Namespace) -> WhatIfAnswer:
+    if not ns.model:
+        raise SizingError("a what-if needs --model (a preset like llama-3.1-8b, or a config.json)")
+    if not ns.gpu:
+        raise SizingError("a what-if needs --gpu (h100, h200, b200, a100, ..., or cpu)")
+    model, gpu = resolve_model(ns.model), lookup_gpu(ns.gpu)
+    max_len = ns.max_model_len or model.max_position_embeddings
+    if not max_len:
+        raise SizingError(
+            f"{model.name}: the config names no max_position_embeddings; give --max-model-len"
+        )
+    serving = Serving(
+        max_model_len=max_len,
+        block_size=ns.block_size,
+        kv_dtype=ns.kv_dtype,
+        tp=ns.tp,
+        pp=ns.pp,
+        max_num_batched_tokens=ns.max_num_batched_tokens
+        or gpu.batched_tokens * (ns.tp * ns.pp if gpu.platform == "cpu" else 1),
+        enable_prefix_caching=not ns.no_prefix_caching,
+    )
+    weights = model.weight_bytes / (ns.tp * ns.pp)
+    if ns.kv_cache_memory_bytes is not None:
+        if ns.kv_cache_memory_bytes <= 0:
+            raise SizingError("--kv-cache-memory-bytes must be positive")
+        budget, how = int(ns.kv_cache_memory_bytes), "--kv-cache-memory-bytes (exact)"
+    else:
+        util = ns.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
+        if not 0 < util <= 1:
+            raise SizingError("--gpu-memory-utilization must be in (0, 1]")
+        if gpu.memory_bytes is None:
+            raise SizingError(
+                "--gpu cpu: vLLM's CPU backend is sized by --kv-cache-memory-bytes; give it"
+            )
+        budget = int(gpu.memory_bytes * util - weights)
+        how = (
+            f"{util:g} x {gpu.memory_bytes / 1e9:.0f} GB - {weights / 1e9:.1f} GB of weights "
+            "per GPU; vLLM also subtracts its profiled activation peak and CUDA graphs, so a "
+            "little less in practice"
+        )
+        if budget <= 0:
+            raise SizingError(
+                f"{model.name} weights ({weights / 1e9:.0f} GB per GPU) do not fit in "
+                f"{util:g} x {gpu.memory_bytes / 1e9:.0f} GB; raise --tp or --pp"
+            )
+    p = plan(model, serving, PLATFORMS[gpu.platform], budget)
+    load = (ns.concurrency, ns.prompt_len, ns.output_len)
+    obs = costs = None
+    if any(x is not None for x in load):
+        if any(x is None for x in load):
+            raise SizingError("a load needs all of --concurrency, --prompt-len and --output-len")
+        if min(x or 0 for x in load) < 0:
+            raise SizingError("concurrency and lengths must not be negative")
+        seq = ns.prompt_len + ns.output_len
+        obs = Observed(
+            capacity_blocks=p.num_gpu_blocks,
+            block_size=p.layout.block_size,
+            kv_bytes_per_token=p.layout.bytes_per_token or 1.0,
+            peak_demand=ns.concurrency,
+            seq_len_p95=seq,
+            seq_len_max=seq,
+            gpu_memory_utilization=None
+            if ns.kv_cache_memory_bytes
+            else (ns.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION),
+            kv_cache_memory_bytes=budget,
+            kv_dtype=ns.kv_dtype,
+            source=f"what-if {model.name} on {gpu.name}",
+            layout=p.layout,
+        )
+        costs = victim_costs(
+            model,
+            gpu,
+            ns.concurrency,
+            ns.victim_tokens or seq,
+            layout=p.layout,
+            tp=ns.tp,
+            step_s=None if ns.step_ms is None else ns.step_ms / 1000,
+        )
+    return WhatIfAnswer(model, gpu, serving, p, how, weights, obs, costs)
+
+
+def _mib(b: float) -> str:
+    return f"{b / 2**20:,.0f} MiB" if b < 2**30 else f"{b / 2**30:,.2f} GiB"
+
+
+def render_what_if(a: WhatIfAnswer) -> list[str]:
+    p, m = a.plan, a.model
+    kinds = ", ".join(f"{n} {k}" for k, n in m.kinds().items())
+    device = "CPU" if a.gpu.platform == "cpu" else "GPU"
+    lines = [
+        f"  model: {m.architecture} ({kinds}; {m.params_total / 1e9:,.1f}B parameters"
+        + (f", {m.params_active / 1e9:,.1f}B active" if m.params_active < m.params_total else "")
+        + ")",
+        f"  KV budget: {p.kv_cache_memory_bytes:,} B = {_mib(p.kv_cache_memory_bytes)} "
+        f"({a.budget})",
+        f"  vLLM would print: {capacity_line(p, device)}",
+        f"  num_gpu_blocks {p.num_gpu_blocks:,}, block_size {p.layout.block_size}",
+        "  how vLLM gets there:",
+        *[f"    {x}" for x in p.arithmetic],
+    ]
+    notes = list(m.notes) + list(p.layout.notes)
+    if notes:
+        lines += ["  notes:", *[f"    {x}" for x in notes]]
+    v = a.costs
+    if v is not None:
+        lines += [
+            "  cost of one preemption:",
+            f"    {v.kv_bytes_per_token / 1024:,.0f} KiB per token, "
+            f"{v.block_bytes / 2**20:,.2f} MiB per block, "
+            f"{v.new_blocks_per_step:.2f} new blocks per decode step",
+            f"    recompute: {v.recompute_flops / 1e12:.1f} TFLOP"
+            + ("" if v.recompute_s is None else f" = {v.recompute_s * 1e3:.0f} ms at peak")
+            + f" (plus {v.attention_flops / 1e12:.2f} TFLOP of attention over the context)",
+            f"    swap: {v.swap_blocks} blocks = {v.swap_bytes / 2**20:,.0f} MiB"
+            + ("" if v.swap_s_each_way is None else f", {v.swap_s_each_way * 1e3:.1f} ms each way"),
+        ]
+        if v.regenerate_s is not None and v.step_s is not None:
+            how = (
+                "the decode step at the memory-bandwidth roofline: "
+                f"{m.params_active * m.weight_bytes_per_param / a.serving.tp / 1e9:.1f} GB of "
+                f"weights per step / {(a.gpu.hbm_bytes_per_s or 0) / 1e12:.2f} TB/s"
+                if v.step_source == "roofline"
+                else "--step-ms"
+            )
+            lines.append(
+                f"    generating it again: {v.regenerate_s:.1f} s "
+                f"({v.step_s * 1e3:.1f} ms a step, {how})"
+            )
+        if math.isfinite(v.new_blocks_per_step) and v.recompute_s is None:
+            lines.append("    (no FLOP/s figure for this device: recompute time not given)")
+    return lines
