@@ -10,7 +10,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from kvwatch.sidecar.advice import Advice, Observed, advise, kv_bytes_per_token_from
+from kvwatch.sidecar.advice import (
+    Advice,
+    Observed,
+    advise,
+    kv_bytes_per_token_from,
+    several_groups_note,
+)
 from kvwatch.sidecar.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
 from kvwatch.sidecar.kvmath import SizingError, lookup_gpu
 from kvwatch.sidecar.views import EngineView, engines_from_json
@@ -48,6 +54,9 @@ def observed_from_engines(
                     kv_cache_memory_bytes=mem,
                     kv_dtype=s.cache_dtype or "auto",
                     source=source,
+                    notes=several_groups_note(
+                        s.capacity_blocks, s.block_size, s.capacity_tokens, None
+                    ),
                 ),
             )
         )
@@ -108,6 +117,24 @@ def _run_what_if(ns: argparse.Namespace) -> int:
     return EXIT_FOUND if adv is not None and adv.options else 0
 
 
+def _with_model(obs: Observed, model: str) -> Observed:
+    """The engine's KV groups from its model, checked against the server's own figures."""
+    from dataclasses import replace
+
+    from kvwatch.sidecar.kvmath import resolve_model
+    from kvwatch.sidecar.kvplan import layout_for_engine
+
+    arch = resolve_model(model)
+    layout = layout_for_engine(
+        arch,
+        obs.block_size,
+        obs.kv_dtype,
+        obs.capacity_blocks,
+        obs.kv_cache_memory_bytes,
+    )
+    return replace(obs, layout=layout, source=f"{obs.source} (model {arch.name})")
+
+
 def _observed_dict(o: Observed) -> dict[str, Any]:
     d = {k: v for k, v in o.__dict__.items() if k != "layout"}
     d["layout"] = None if o.layout is None else [g.kind for g in o.layout.groups]
@@ -143,6 +170,8 @@ def run_advise(ns: argparse.Namespace) -> int:
         else:
             engines = asyncio.run(_watch_metrics(ns.metrics, ns.watch))
             items = observed_from_engines(engines, f"metrics {ns.metrics}")
+        if ns.model:
+            items = [(name, _with_model(obs, ns.model)) for name, obs in items]
         results = [(name, obs, advise(obs, ns.margin, gpu)) for name, obs in items]
     except SizingError as e:
         raise CliError(str(e)) from None

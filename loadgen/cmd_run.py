@@ -26,6 +26,7 @@ from kvwatch.sidecar.timeline import COUNTERS, counter_increase
 
 __all__ = ["run_command", "build_stages"]
 
+
 def _single_pattern(ns: argparse.Namespace) -> Pattern | None:
     given = [x is not None for x in (ns.rate, ns.concurrency, ns.ramp)]
     if sum(given) > 1:

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvwatch.sidecar.advice import Observed, kv_bytes_per_token_from
+from kvwatch.sidecar.advice import Observed, kv_bytes_per_token_from, several_groups_note
 from kvwatch.sidecar.kvmath import SizingError
 
 __all__ = [
@@ -126,4 +126,5 @@ def observed_from_run(run_dir: Path) -> Observed:
         kv_cache_memory_bytes=mem,
         kv_dtype=cache.get("cache_dtype") or "auto",
         source=f"run {run_dir}",
+        notes=several_groups_note(blocks, bs, cache.get("kv_tokens"), cache.get("sliding_window")),
     )

@@ -20,6 +20,7 @@ from pathlib import Path
 __all__ = [
     "TinyModelSpec",
     "DEFAULT_SPEC",
+    "SWA_SPEC",
     "default_cache_dir",
     "build_tiny_model",
     "model_dir_for",
@@ -50,9 +51,24 @@ class TinyModelSpec:
     vocab_size: int = 4096
     max_position_embeddings: int = 4096
     seed: int = 0
+    # Sliding-window attention: the window, and every how many layers one is full attention
+    # (0: every layer slides). Written as `sliding_window` and `layer_types`, which vLLM's
+    # llama.py reads per layer.
+    sliding_window: int | None = None
+    full_attention_every: int = 0
+
+    def layer_types(self) -> list[str] | None:
+        if self.sliding_window is None:
+            return None
+        every = self.full_attention_every
+        return [
+            "full_attention" if every and (i + 1) % every == 0 else "sliding_attention"
+            for i in range(self.num_hidden_layers)
+        ]
 
     @property
     def kv_bytes_per_token(self) -> int:
+        """At full attention's rate (a sliding-window layer holds only its window)."""
         head_dim = self.hidden_size // self.num_attention_heads
         return self.num_hidden_layers * 2 * self.num_key_value_heads * head_dim * 2
 
@@ -68,7 +84,10 @@ SMALL_SPEC = TinyModelSpec(
     num_attention_heads=16,
     num_key_value_heads=8,
 )
-SPECS = {"tiny": DEFAULT_SPEC, "small": SMALL_SPEC}
+# The tiny model with a 64-token sliding window on every other layer (Gemma/gpt-oss style
+# interleaving): two KV cache groups, a request holds its window's blocks in one of them.
+SWA_SPEC = TinyModelSpec(name="tiny-llama-30m-swa", sliding_window=64, full_attention_every=2)
+SPECS = {"tiny": DEFAULT_SPEC, "small": SMALL_SPEC, "tiny-swa": SWA_SPEC}
 
 
 def default_cache_dir() -> Path:
@@ -144,6 +163,11 @@ def _build_weights(spec: TinyModelSpec, out: Path, vocab_size: int) -> None:
     torch.manual_seed(spec.seed)
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(str(out), safe_serialization=True)
+    if spec.sliding_window is not None:
+        cfg_file = out / "config.json"
+        cfg = json.loads(cfg_file.read_text())
+        cfg |= {"sliding_window": spec.sliding_window, "layer_types": spec.layer_types()}
+        cfg_file.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
 def build_tiny_model(
@@ -156,7 +180,9 @@ def build_tiny_model(
     """
     target = model_dir_for(spec, cache_dir)
     marker = target / _MARKER
-    wanted = {"build_version": _BUILD_VERSION, "spec": asdict(spec)}
+    # fields at their "off" value are left out, so adding one does not rebuild older caches
+    fields = {k: v for k, v in asdict(spec).items() if v is not None and v != 0 or k == "seed"}
+    wanted = {"build_version": _BUILD_VERSION, "spec": fields}
     if not force and marker.exists():
         try:
             if json.loads(marker.read_text()) == wanted:

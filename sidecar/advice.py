@@ -17,7 +17,14 @@ from typing import Any
 from kvwatch.sidecar.kvmath import Gpu, SizingError, blocks_for
 from kvwatch.sidecar.kvplan import KvLayout
 
-__all__ = ["Observed", "Advice", "advise", "RESERVED_BLOCKS", "kv_bytes_per_token_from"]
+__all__ = [
+    "Observed",
+    "Advice",
+    "advise",
+    "RESERVED_BLOCKS",
+    "kv_bytes_per_token_from",
+    "several_groups_note",
+]
 
 RESERVED_BLOCKS = 1  # vLLM keeps one block back (the null block)
 MAX_GPU_MEMORY_UTILIZATION = 0.95  # above this vLLM leaves too little for activations
@@ -33,6 +40,25 @@ def kv_bytes_per_token_from(
     raise SizingError(
         f"the {source} does not say the KV bytes per token (no "
         "kv_cache_memory_bytes in cache_config_info); give --model"
+    )
+
+
+def several_groups_note(
+    blocks: int, block_size: int, kv_tokens: int | None, sliding_window: int | None
+) -> tuple[str, ...]:
+    """What vLLM's own figures say when its cache has several groups or sliding windows: its
+    KV cache size in tokens is not blocks x block size, or it names a window."""
+    if sliding_window is None and (kv_tokens is None or kv_tokens == blocks * block_size):
+        return ()
+    why = (
+        f"a sliding window of {sliding_window} tokens"
+        if sliding_window is not None
+        else f"{kv_tokens:,} tokens of KV for {blocks} blocks of {block_size}"
+    )
+    return (
+        f"vLLM reports {why}: this model keeps several KV groups (sliding windows or "
+        "states), and without --model every layer is taken as full attention, so the blocks "
+        "a request holds are a guess; give --model (its config.json) for vLLM's own grouping",
     )
 
 
@@ -55,6 +81,7 @@ class Observed:
     # the engine's KV groups (from the model, checked against vLLM): blocks a request holds
     # follow its sliding windows and states; None: one full-attention group
     layout: KvLayout | None = None
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for f in ("capacity_blocks", "block_size", "kv_bytes_per_token"):
@@ -175,6 +202,7 @@ def advise(obs: Observed, margin: float = 0.10, gpu: Gpu | None = None) -> Advic
         options=options,
         arithmetic=a,
         assumptions=[
+            *(obs.notes if layout is None else ()),
             f"the p95 request length ({obs.seq_len_p95:,.0f} tokens) is what each admitted "
             "request grows to; longer ones still need the margin",
             f"{margin:.0%} of blocks kept free for prompts arriving and lengths above p95",

@@ -26,6 +26,7 @@ __all__ = [
     "KvPlan",
     "resolve",
     "layout_for",
+    "layout_for_engine",
     "plan",
     "KV_DTYPE_BYTES",
     "capacity_line",
@@ -493,3 +494,34 @@ def capacity_line(p: KvPlan, device: str = "GPU") -> str:
         f"{device} KV cache size: {p.kv_cache_size_tokens:,} tokens, Maximum concurrency for "
         f"{p.max_model_len:,} tokens per request: {p.max_concurrency:.2f}x"
     )
+
+
+def layout_for_engine(
+    arch: Architecture,
+    block_size: int,
+    kv_dtype: str | None,
+    num_blocks: int,
+    kv_cache_memory_bytes: float | None,
+    enable_prefix_caching: bool | None = None,
+) -> KvLayout:
+    """The groups of a running engine from its model and what its cache_config_info says
+    (block size, dtype, blocks, memory), checked against those figures: a model that does not
+    match the server is an error, not a silent mis-sizing."""
+    platform = Platform("server", block_size, 1, None, False, 2048, "float32")
+    dtype = kv_dtype if kv_dtype in KV_DTYPE_BYTES else "auto"
+    serving = Serving(
+        max_model_len=1,
+        block_size=block_size,
+        kv_dtype=dtype,
+        enable_prefix_caching=True if enable_prefix_caching is None else enable_prefix_caching,
+    )
+    layout = layout_for(arch, serving, platform)
+    if kv_cache_memory_bytes and num_blocks:
+        made = int(kv_cache_memory_bytes // layout.bytes_per_block)
+        if made != num_blocks:
+            raise SizingError(
+                f"the model {arch.name} does not match the server: its layout has blocks of "
+                f"{layout.bytes_per_block:,} B, which make {made} from "
+                f"{kv_cache_memory_bytes:,.0f} B, but vLLM made {num_blocks}"
+            )
+    return layout

@@ -50,6 +50,7 @@ class CacheConfig:
     gpu_memory_utilization: float | None = None
     kv_cache_memory_bytes: int | None = None
     enable_prefix_caching: bool | None = None
+    sliding_window: int | None = None  # set only when every layer slides (vLLM 0.32)
 
     @classmethod
     def from_labels(cls, labels: dict[str, str]) -> CacheConfig:
@@ -60,6 +61,7 @@ class CacheConfig:
             tokens = block_size * blocks
         mem = _label_float(labels, "kv_cache_memory_bytes")
         prefix = labels.get("enable_prefix_caching")
+        window = _label_float(labels, "sliding_window")
         return cls(
             block_size=None if block_size is None else int(block_size),
             num_blocks=None if blocks is None else int(blocks),
@@ -68,6 +70,7 @@ class CacheConfig:
             gpu_memory_utilization=_label_float(labels, "gpu_memory_utilization"),
             kv_cache_memory_bytes=None if mem is None else int(mem),
             enable_prefix_caching=None if prefix is None else prefix == "True",
+            sliding_window=None if window is None else int(window),
         )
 
 
