@@ -61,6 +61,13 @@ def register(sub: Any) -> None:
     s.add_argument("--long-window", type=float, help="long rate window, s (60)")
     add_threshold_option(s, "override a detection threshold (see docs/detection.md); repeatable")
     s.add_argument(
+        "--model",
+        metavar="CONFIG|PRESET",
+        help="the served model (its config.json, model directory or a preset): block demand "
+        "follows its KV groups (sliding windows, MLA, states); checked against the server's "
+        "own figures, a mismatch shows as model_error in /api/state",
+    )
+    s.add_argument(
         "--db",
         default=str(_default_db()),
         metavar="FILE",
@@ -122,6 +129,14 @@ def _sidecar(ns: argparse.Namespace) -> int:
         overrides.append(f"short_window_s={ns.short_window}")
     if ns.long_window is not None:
         overrides.append(f"long_window_s={ns.long_window}")
+    model = None
+    if ns.model:
+        from kvwatch.sidecar.kvmath import resolve_model
+
+        try:
+            model = resolve_model(ns.model)
+        except ValueError as e:
+            raise CliError(f"--model: {e}") from None
     try:
         cfg = SidecarConfig(
             targets=tuple(ns.target),
@@ -135,6 +150,7 @@ def _sidecar(ns: argparse.Namespace) -> int:
             thresholds=thresholds_from(ns, overrides),
             db_path=Path(ns.db) if ns.db else None,
             receivers=tuple(load_receivers(ns.webhook, ns.webhook_config)),
+            model=model,
         )
     except ValueError as e:
         raise CliError(str(e)) from None

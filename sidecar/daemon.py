@@ -23,6 +23,7 @@ from typing import BinaryIO
 import httpx
 
 from kvwatch.sidecar.alerting import AlertTracker, active_alerts
+from kvwatch.sidecar.archconfig import Architecture
 from kvwatch.sidecar.dbfile import connect
 from kvwatch.sidecar.episodes import EpisodeStore
 from kvwatch.sidecar.follow import FileFollower, FollowStats, read_stream, run_and_read
@@ -53,6 +54,7 @@ class SidecarConfig:
     thresholds: Thresholds = field(default_factory=Thresholds)
     db_path: Path | None = None  # SQLite file for episodes; None keeps them in memory
     receivers: tuple[Receiver, ...] = ()
+    model: Architecture | None = None  # --model: the served model's KV groups
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -211,7 +213,11 @@ def run_sidecar(cfg: SidecarConfig, echo: BinaryIO | None = None) -> int:
 
     stale_after = max(10.0, 3 * (cfg.interval_s + cfg.timeout_s))
     state = SidecarState(
-        list(cfg.targets), cfg.thresholds, EpisodeStore(cfg.db_path), stale_after_s=stale_after
+        list(cfg.targets),
+        cfg.thresholds,
+        EpisodeStore(cfg.db_path),
+        stale_after_s=stale_after,
+        model=cfg.model,
     )
     server = serve(
         cfg.listen_host,

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvwatch.sidecar.archconfig import Architecture
 from kvwatch.sidecar.detect import Detector, Level, gather_evidence, judge
 from kvwatch.sidecar.episodes import Episode, EpisodeTracker
+from kvwatch.sidecar.kvplan import layout_for_engine
 from kvwatch.sidecar.observe import CacheConfig, EngineKey, EngineObservation
 from kvwatch.sidecar.signals import EngineSignals, derive
+from kvwatch.sidecar.sizingerror import SizingError
 from kvwatch.sidecar.thresholds import Thresholds
 from kvwatch.sidecar.timeline import COUNTERS, Timeline
 
@@ -45,8 +48,19 @@ class Judged:
 class EngineJudge:
     """One engine's history and judgement; `signals` are those of the last judged scrape."""
 
-    def __init__(self, target: str, key: EngineKey, th: Thresholds, episodes_before: int) -> None:
+    def __init__(
+        self,
+        target: str,
+        key: EngineKey,
+        th: Thresholds,
+        episodes_before: int,
+        model: Architecture | None = None,
+    ) -> None:
         self.target = target
+        self.model = model
+        self.model_error: str | None = None  # the model does not match the server's figures
+        self._layout_for: CacheConfig | None = None
+        self._growth: float | None = None
         self.key = key
         self.th = th
         self.timeline = Timeline()
@@ -54,6 +68,27 @@ class EngineJudge:
         self.episodes = EpisodeTracker(target, *key)
         self.episode_count = episodes_before
         self.signals: EngineSignals | None = None
+
+    def _growth_for(self, cache: CacheConfig | None) -> float | None:
+        """Blocks a running request adds per step under the model's groups, once per cache
+        configuration; a model that does not match the server leaves the plain estimate."""
+        if self.model is None or cache is None or not cache.block_size or not cache.num_blocks:
+            return None
+        if cache != self._layout_for:
+            self._layout_for = cache
+            try:
+                layout = layout_for_engine(
+                    self.model,
+                    cache.block_size,
+                    cache.cache_dtype,
+                    cache.num_blocks,
+                    cache.kv_cache_memory_bytes,
+                    cache.enable_prefix_caching,
+                )
+                self._growth, self.model_error = layout.steady_growth_per_step, None
+            except SizingError as e:
+                self._growth, self.model_error = None, str(e)
+        return self._growth
 
     @property
     def level(self) -> Level:
@@ -66,7 +101,7 @@ class EngineJudge:
         rejected = step is None
         if step is None:
             step = dict.fromkeys(COUNTERS, 0.0)
-        sig = derive(self.timeline, now, self.th, fallback)
+        sig = derive(self.timeline, now, self.th, fallback, self._growth_for(obs.cache or fallback))
         if sig is None:
             return Judged(rejected=rejected)
         self.signals = sig

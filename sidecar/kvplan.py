@@ -24,7 +24,6 @@ __all__ = [
     "GroupPlan",
     "KvLayout",
     "KvPlan",
-    "resolve",
     "layout_for",
     "layout_for_engine",
     "plan",
@@ -106,7 +105,7 @@ class Serving:
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True
     hybrid_kv_cache_manager: bool | None = None
-    # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE: 1 by default since vLLM 0.1x (envs.py)
+    # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE: 1 by default in 0.32 and 0.33 (envs.py)
     allow_chunked_local_hybrid: bool = True
     mamba_ssm_cache_dtype: str | None = None
 
@@ -212,6 +211,13 @@ class KvLayout:
         return (self.blocks_per_request(t + bs) - self.blocks_per_request(t)) / bs
 
     @property
+    def steady_growth_per_step(self) -> float:
+        """New blocks one long-running decoding request asks for per step: its full-attention
+        and MLA groups grow a block every block_size tokens (a chunked group too, freeing its
+        chunk when the next begins); windows and states stay the same size."""
+        return sum(1 / g.block_size for g in self.groups if g.kind in ("full", "mla", "chunked"))
+
+    @property
     def bytes_per_token(self) -> float:
         """KV bytes a token costs where every layer holds it (full attention's rate)."""
         return sum(g.page_bytes / g.block_size for g in self.groups if g.kind != "state")
@@ -257,7 +263,7 @@ class _Resolved:
     notes: tuple[str, ...]
 
 
-def resolve(arch: Architecture, serving: Serving, platform: Platform) -> _Resolved:
+def _resolve(arch: Architecture, serving: Serving, platform: Platform) -> _Resolved:
     """The settings vLLM ends up with: block size, KV dtype, in-flight tokens, manager."""
     notes: list[str] = []
     kv = KV_DTYPE_BYTES[serving.kv_dtype] or arch.dtype_bytes
@@ -432,7 +438,7 @@ def _stages(n_layers: int, pp: int) -> list[set[int]]:
 def layout_for(arch: Architecture, serving: Serving, platform: Platform) -> KvLayout:
     """The groups and the pool's bytes per block (every pipeline stage plans with the global
     groups over its own layers; the stage with the widest block has the fewest blocks)."""
-    r = resolve(arch, serving, platform)
+    r = _resolve(arch, serving, platform)
     specs = {i: s for i, s in enumerate(_layer_specs(arch, serving, r, platform)) if s}
     if not specs:
         raise SizingError(f"{arch.architecture}: no layer keeps a KV cache")

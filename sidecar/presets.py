@@ -11,7 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ModelPreset", "MODEL_PRESETS", "GpuSpec", "GPU_PRESETS", "LINK_BYTES_PER_S"]
+__all__ = [
+    "ModelPreset",
+    "MODEL_PRESETS",
+    "GpuSpec",
+    "GPU_PRESETS",
+    "GPU_ALIASES",
+    "LINK_BYTES_PER_S",
+]
 
 
 @dataclass(frozen=True)

@@ -55,8 +55,14 @@ class EngineSignals:
 
 
 def derive(
-    tl: Timeline, now: float, th: Thresholds, fallback: CacheConfig | None = None
+    tl: Timeline,
+    now: float,
+    th: Thresholds,
+    fallback: CacheConfig | None = None,
+    growth_per_request: float | None = None,
 ) -> EngineSignals | None:
+    """`growth_per_request`: blocks one running request adds per step, from the model's KV
+    groups (kvplan); None: one full-attention group, 1 / block_size."""
     latest = tl.latest
     if latest is None:
         return None
@@ -71,7 +77,12 @@ def derive(
     free_blocks = None if usage is None or blocks is None else blocks * max(0.0, 1.0 - usage)
     free_tokens = None if usage is None or tokens is None else tokens * max(0.0, 1.0 - usage)
     gen_rate = tl.rate("generation_tokens_total", th.short_window_s, now)
-    demand = None if obs.running is None or not block_size else obs.running / block_size
+    if obs.running is None or not block_size:
+        demand = None
+    elif growth_per_request is not None:
+        demand = obs.running * growth_per_request
+    else:
+        demand = obs.running / block_size
     exhaustion = None
     if free_tokens is not None and gen_rate:
         exhaustion = free_tokens / gen_rate

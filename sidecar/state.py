@@ -15,6 +15,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
+from kvwatch.sidecar.archconfig import Architecture
 from kvwatch.sidecar.episodes import Episode, EpisodeStore
 from kvwatch.sidecar.follow import FollowStats
 from kvwatch.sidecar.judging import EngineJudge, Transition
@@ -76,6 +77,7 @@ class TargetState:
                 episodes=ej.episode_count,
                 episode=None if ej.episodes.current is None else replace(ej.episodes.current),
                 signals=ej.signals,
+                model_error=ej.model_error,
             )
             for key, ej in self.engines.items()
             if ej.signals is not None
@@ -113,15 +115,18 @@ class SidecarState:
         store: EpisodeStore | None = None,
         wall_clock: Callable[[], float] = time.time,
         stale_after_s: float = 10.0,
+        model: Architecture | None = None,
     ) -> None:
         """`stale_after_s`: how long a target may go without a finished scrape before it shows
-        as down (the daemon sets it from its interval and timeout)."""
+        as down (the daemon sets it from its interval and timeout). `model`: the served
+        model's KV layout (`--model`), for block demand that follows its groups."""
         if not targets:
             raise ValueError("at least one target is needed")
         self.th = thresholds or Thresholds()
         self.store = store or EpisodeStore(None)
         self.wall_clock = wall_clock
         self.stale_after_s = stale_after_s
+        self.model = model
         self.loops = Supervisor(wall_clock)
         self.started_unix = wall_clock()
         self.store.close_dangling(self.started_unix)
@@ -170,7 +175,7 @@ class SidecarState:
                 ej = ts.engines.get(key)
                 if ej is None:
                     before = self._episode_counts.get((url, *key), 0)
-                    ej = ts.engines[key] = EngineJudge(url, key, self.th, before)
+                    ej = ts.engines[key] = EngineJudge(url, key, self.th, before, self.model)
                 judged = ej.observe(now, unix, obs, fallback)
                 if judged.rejected:
                     ts.rejected["implausible_jump"] += 1

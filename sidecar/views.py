@@ -38,6 +38,7 @@ class EngineView:
     episodes: int  # begun, across sidecar restarts
     episode: Episode | None  # the one open now (a copy)
     signals: EngineSignals
+    model_error: str | None = None  # --model does not match the server's own KV figures
 
     @property
     def state(self) -> str:
@@ -131,6 +132,7 @@ def engine_json(e: EngineView) -> dict[str, Any]:
         "episodes": e.episodes,
         "episode": None if e.episode is None else e.episode.to_dict(),
         "signals": e.signals.to_dict(),
+        "model_error": e.model_error,
     }
 
 
@@ -230,6 +232,7 @@ def _engine_from_json(e: object) -> EngineView:
             episodes=int(e.get("episodes") or 0),
             episode=None if episode is None else _typed(Episode, episode),
             signals=_typed(EngineSignals, e["signals"]),
+            model_error=None if e.get("model_error") is None else str(e["model_error"]),
         )
     except (KeyError, TypeError) as err:
         raise ValueError(f"an engine without a readable {err}") from None

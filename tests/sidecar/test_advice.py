@@ -2,11 +2,16 @@ from __future__ import annotations
 
 import pytest
 
-from kvwatch.sidecar.advice import Observed, advise
-from kvwatch.sidecar.kvmath import SizingError, lookup_gpu
+from kvwatch.sidecar.advice import Observed, advise, several_groups_note
+from kvwatch.sidecar.archconfig import architecture_from_config
+from kvwatch.sidecar.judging import EngineJudge
+from kvwatch.sidecar.kvmath import SizingError, lookup_gpu, lookup_model
+from kvwatch.sidecar.kvplan import KvLayout, layout_for_engine
+from kvwatch.sidecar.observe import CacheConfig
+from kvwatch.sidecar.thresholds import Thresholds
 
 
-def obs(**kw: float) -> Observed:
+def obs(**kw: object) -> Observed:
     base = dict(
         capacity_blocks=40,
         block_size=32,
@@ -62,3 +67,49 @@ class TestAdvise:
             obs(capacity_blocks=0)
         with pytest.raises(SizingError, match="margin"):
             advise(obs(), margin=1.5)
+
+
+class TestGroups:
+    """The tiny sliding-window Llama of tests/test_advice_proven_swa.py, by hand: 4 full and 4
+    64-token sliding layers, 32-token blocks of 4 layers x 32 x 4 heads x 128 x 2 B = 128 KiB."""
+
+    @staticmethod
+    def layout() -> KvLayout:
+        arch = architecture_from_config(
+            {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+             "num_hidden_layers": 8, "hidden_size": 512, "num_attention_heads": 8,
+             "num_key_value_heads": 4, "sliding_window": 64,
+             "layer_types": ["sliding_attention", "full_attention"] * 4}
+        )  # fmt: skip
+        return layout_for_engine(arch, 32, "auto", 80, 10 * 2**20)
+
+    def test_blocks_follow_the_groups(self) -> None:
+        lay = self.layout()
+        assert lay.bytes_per_block == 128 * 1024
+        # 330 tokens: 11 blocks of full attention, the window's 64 tokens span 3 blocks
+        a = advise(obs(capacity_blocks=80, kv_bytes_per_token=4096, peak_demand=8, layout=lay))
+        assert any("holds 3 (sliding 64) + 11 (full) blocks" in x for x in a.arithmetic)
+        # 8 x 14 = 112 blocks; ceil(112 / 0.9) + 1 = 126 blocks of 128 KiB
+        assert a.blocks_needed == 126 and a.kv_cache_memory_bytes == 126 * 128 * 1024
+        assert a.max_num_seqs == 5  # floor(79 x 0.9 / 14)
+
+    def test_without_the_model_a_note_says_so(self) -> None:
+        note = several_groups_note(80, 32, 1260, None)
+        a = advise(obs(capacity_blocks=80, kv_bytes_per_token=4096, peak_demand=8, notes=note))
+        assert "1,260 tokens of KV for 80 blocks of 32" in a.assumptions[0]
+        assert several_groups_note(40, 32, 1280, None) == ()  # one group: tokens = blocks x 32
+
+    def test_a_model_that_does_not_match_the_server(self) -> None:
+        arch = lookup_model("llama-3.1-8b")
+        with pytest.raises(SizingError, match="does not match the server.*vLLM made 40"):
+            layout_for_engine(arch, 32, "auto", 40, 10 * 2**20)
+
+    def test_the_sidecar_demand_follows_the_model(self) -> None:
+        judge = EngineJudge("t", ("m", "0"), Thresholds(), 0, model=lookup_model("gemma-3-27b"))
+        cache = CacheConfig(block_size=16, num_blocks=100, kv_cache_memory_bytes=1)
+        assert judge._growth_for(cache) is None and "does not match" in str(judge.model_error)
+        lay = layout_for_engine(lookup_model("gemma-3-27b"), 16, "auto", 0, None)
+        good = CacheConfig(block_size=16, num_blocks=1000,
+                           kv_cache_memory_bytes=1000 * lay.bytes_per_block)  # fmt: skip
+        # one full-attention group grows; the six sliding groups hold their windows
+        assert judge._growth_for(good) == pytest.approx(1 / 16) and judge.model_error is None

@@ -62,6 +62,16 @@ class TestSidecarArgs:
         p = kvwatch("sidecar", "--target", "http://x", "--log", "f", "--", "true")
         assert p.returncode == 2 and b"not both" in p.stderr
 
+    def test_a_model_it_cannot_read(self, tmp_path: Path) -> None:
+        p = kvwatch("sidecar", "--target", "http://x", "--model", "no-such-model")
+        assert p.returncode == 2 and b"--model: unknown model" in p.stderr
+        bad = tmp_path / "config.json"
+        odd = {"architectures": ["OddForCausalLM"], "num_hidden_layers": 2, "hidden_size": 8,
+               "num_attention_heads": 2, "kv_lora_rank": 4}  # fmt: skip
+        bad.write_text(json.dumps(odd))
+        p = kvwatch("sidecar", "--target", "http://x", "--model", str(bad))
+        assert p.returncode == 2 and b"OddForCausalLM" in p.stderr and b"Traceback" not in p.stderr
+
     def test_help_explains(self) -> None:
         p = kvwatch("sidecar", "--help")
         assert p.returncode == 0 and b"--target" in p.stdout and b"examples" in p.stdout

@@ -68,9 +68,9 @@ CASES = [
     Case("llama-fp8", "llama", extra={"kv_cache_dtype": "fp8"}),
     Case("llama-refused", "llama", max_model_len=4096),
     Case(
-        "qwen3-head-dim-64-blocks",
+        "qwen3-head-dim-128-block-64",
         "qwen3",
-        kv_bytes=12 * MIB,
+        kv_bytes=14 * MIB,
         max_model_len=2048,
         extra={"block_size": 64},
     ),
