@@ -151,9 +151,9 @@ def read_config(path: Path) -> dict[str, Any]:
     return cfg
 
 
-# Architectures whose every decoder layer is full attention unless the config says otherwise
-# through the fields read below; checked against vLLM where docs/sizing.md says so.
-_DENSE = {
+# Architectures whose layers kvwatch reads as vLLM's model files do (full attention unless the
+# fields read below say otherwise); tests/sizing/test_oracle.py runs vLLM on one of each kind.
+_KNOWN = {
     "LlamaForCausalLM",
     "MistralForCausalLM",
     "MixtralForCausalLM",
@@ -231,15 +231,15 @@ def architecture_from_config(cfg: dict[str, Any], name: str = "model") -> Archit
     text = _text_config(cfg)
     model_type = str(text.get("model_type") or cfg.get("model_type") or "")
     label = arch or model_type or name
-    if arch not in _DENSE:
+    if arch not in _KNOWN:
         odd = [k for k in _LAYOUT_FIELDS if text.get(k) not in (None, 0, [], False)]
         if odd:
             raise SizingError(
                 f"{label}: kvwatch does not model this architecture's KV layout (its config "
-                f"sets {', '.join(odd)}); known: {', '.join(sorted(_DENSE))}"
+                f"sets {', '.join(odd)}); known: {', '.join(sorted(_KNOWN))}"
             )
     notes: list[str] = []
-    if arch and arch not in _DENSE:
+    if arch and arch not in _KNOWN:
         notes.append(
             f"{arch} is not among the architectures checked against vLLM; its "
             "config names no sliding window, MLA or recurrent state, so every layer "
