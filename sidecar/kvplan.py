@@ -27,6 +27,7 @@ __all__ = [
     "layout_for",
     "layout_for_engine",
     "plan",
+    "longest_that_fits",
     "KV_DTYPE_BYTES",
     "capacity_line",
 ]
@@ -463,6 +464,26 @@ def layout_for(arch: Architecture, serving: Serving, platform: Platform) -> KvLa
     return KvLayout(tuple(plans), widest, r.in_flight_tokens, tuple(notes))
 
 
+def longest_that_fits(layout: KvLayout, kv_cache_memory_bytes: int, upper: int) -> int:
+    """vLLM's `_estimate_max_model_len_from_groups`: the longest max_model_len (up to `upper`)
+    whose reservation fits beside the null block; 0 if not even one token does."""
+    room = kv_cache_memory_bytes - layout.bytes_per_block
+
+    def fits(length: int) -> bool:
+        return layout.bytes_per_block * layout.max_blocks_per_request(length) <= room
+
+    if not fits(1):
+        return 0
+    lo, hi, best = 1, upper, 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
 def plan(
     arch: Architecture,
     serving: Serving,
@@ -476,10 +497,12 @@ def plan(
     blocks = kv_cache_memory_bytes // layout.bytes_per_block
     need = layout.max_blocks_per_request(serving.max_model_len)
     if blocks - 1 < need:
+        longest = longest_that_fits(layout, kv_cache_memory_bytes, serving.max_model_len)
         raise SizingError(
             f"{kv_cache_memory_bytes:,} B of KV make {blocks} blocks; one request of "
             f"{serving.max_model_len:,} tokens needs {need} plus the null block "
-            "(vLLM refuses to start: raise the KV memory or lower --max-model-len)"
+            "(vLLM refuses to start: raise the KV memory or lower --max-model-len; "
+            f"the estimated maximum model length is {longest})"
         )
     conc = blocks / need
     tokens = int(conc * serving.max_model_len)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +27,7 @@ import pytest
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig
 from kvwatch.loadgen.rundir import run_outcome
 from tests.loadgen.test_loadgen_live import run as loadgen_run
+from tests.sidecar.running import running_sidecar
 from tests.test_advice_proven import LENGTHS, _check, rerun
 
 pytestmark = pytest.mark.integration
@@ -101,3 +103,25 @@ def test_more_kv_memory_as_advised(before: dict, swa_model: Path, tmp_path: Path
     kv = before["advice"]["kv_cache_memory_bytes"]
     after = rerun(swa_model, tmp_path / "after", SWA_WORKLOAD, kv_cache_memory_bytes=kv)
     _check(f"--kv-cache-memory-bytes {kv} (sliding window)", before, after)
+
+
+def test_the_sidecar_takes_the_model(
+    swa_server: LocalVLLM, swa_model: Path, tiny_model: Path
+) -> None:
+    """The sidecar beside the sliding-window server: its model matches vLLM's own figures; the
+    dense tiny model (twice the bytes a block, so 40 blocks, not 80) does not, and says so."""
+    for model, error in ((swa_model, None), (tiny_model, "vLLM made 80")):
+        args = ["--target", swa_server.base_url, "--db", "", "--model", str(model)]
+        with running_sidecar(args) as side:
+            deadline = time.monotonic() + 20
+            while True:
+                state = httpx.get(side + "/api/state", timeout=5).json()
+                engines = state["targets"][0]["engines"]
+                if engines or time.monotonic() > deadline:
+                    break
+                time.sleep(0.3)
+        (engine,) = engines
+        if error is None:
+            assert engine["model_error"] is None
+        else:
+            assert error in engine["model_error"]

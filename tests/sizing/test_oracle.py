@@ -14,6 +14,7 @@ config served alone (`gemma3`), which is what vLLM sizes for the language model.
 
 from __future__ import annotations
 
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,9 +112,11 @@ def _kvwatch(case: Case, config: str | None = None) -> KvPlan:
 def test_kvwatch_equals_vllm(case: Case, oracle: dict[str, OracleResult]) -> None:
     truth = oracle[case.id]
     if truth.error is not None:
-        with pytest.raises(SizingError, match="refuses to start"):
+        with pytest.raises(SizingError, match="refuses to start") as refused:
             _kvwatch(case)
         assert "To serve at least one request" in truth.error
+        longest = re.search(r"estimated maximum model length is (\d+)", truth.error)
+        assert longest and f"maximum model length is {longest.group(1)})" in str(refused.value)
         return
     mine = _kvwatch(case)
     assert mine.num_gpu_blocks == truth.num_gpu_blocks
