@@ -19,7 +19,8 @@ from kvwatch.sidecar.advice import (
 )
 from kvwatch.sidecar.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
 from kvwatch.sidecar.kvmath import SizingError, lookup_gpu
-from kvwatch.sidecar.views import EngineView, engines_from_json
+from kvwatch.sidecar.levers import ServerInfo
+from kvwatch.sidecar.views import EngineView, engines_from_json, servers_from_json
 
 __all__ = ["run_advise", "observed_from_engines"]
 
@@ -65,10 +66,12 @@ def observed_from_engines(
     return out
 
 
-async def _watch_metrics(url: str, seconds: float) -> list[tuple[str, EngineView]]:
+async def _watch_metrics(
+    url: str, seconds: float
+) -> tuple[list[tuple[str, EngineView]], str | None]:
     import httpx
 
-    from kvwatch.sidecar.scrape import metrics_url, scrape_once
+    from kvwatch.sidecar.scrape import fetch_version, metrics_url, scrape_once
     from kvwatch.sidecar.state import SidecarState
     from kvwatch.sidecar.thresholds import Thresholds
 
@@ -81,15 +84,18 @@ async def _watch_metrics(url: str, seconds: float) -> list[tuple[str, EngineView
             if out.exposition is None:
                 raise CliError(f"cannot scrape {url}: {out.error}", EXIT_UNREACHABLE)
             if time.monotonic() >= end:
-                return [(t.target, e) for t in state.view().targets for e in t.engines]
+                version = await fetch_version(client, url, 5.0)
+                return [(t.target, e) for t in state.view().targets for e in t.engines], version
             await asyncio.sleep(1.0)
 
 
 def _render(name: str, obs: Observed, adv: Advice) -> str:
-    lines = [f"{name}: {adv.verdict}"]
+    lines = [f"{name}: {adv.verdict}", f"  advised for {adv.advised_for}"]
     if obs.preemptions:
         lines.append(f"  preemptions observed: {obs.preemptions:,.0f}")
     lines += ["  arithmetic:"] + [f"    {x}" for x in adv.arithmetic]
+    if adv.recommended:
+        lines.append(f"  recommended: {adv.recommended}")
     if adv.options:
         lines += ["  change one of:"] + [f"    {x}" for x in adv.options]
     lines += ["  assumptions:"] + [f"    {x}" for x in adv.assumptions]
@@ -100,7 +106,8 @@ def _run_what_if(ns: argparse.Namespace) -> int:
     from kvwatch.whatif import render_what_if, what_if
 
     a = what_if(ns)
-    adv = None if a.observed is None else advise(a.observed, ns.margin, a.gpu)
+    server = ServerInfo(version=ns.vllm_version)
+    adv = None if a.observed is None else advise(a.observed, ns.margin, a.gpu, server)
     if ns.json:
         item: dict[str, Any] = {"name": a.name, "what_if": a.to_dict()}
         if a.observed is not None and adv is not None:
@@ -146,10 +153,12 @@ def run_advise(ns: argparse.Namespace) -> int:
         if ns.what_if:
             return _run_what_if(ns)
         gpu = lookup_gpu(ns.gpu) if ns.gpu else None
+        server = ServerInfo()  # one server's version, where the source tells it
         if ns.run:
-            from kvwatch.loadgen.rundir import observed_from_run
+            from kvwatch.loadgen.rundir import observed_from_run, server_from_run
 
             items = [(str(ns.run), observed_from_run(ns.run))]
+            server = server_from_run(ns.run)
         elif ns.sidecar:
             import httpx
 
@@ -163,16 +172,20 @@ def run_advise(ns: argparse.Namespace) -> int:
             except ValueError as e:
                 raise CliError(f"{url}: {e}") from None
             items = observed_from_engines(engines, f"sidecar {ns.sidecar}")
+            servers = servers_from_json(doc)
+            if len(servers) == 1:
+                server = next(iter(servers.values()))
         elif ns.prometheus:
             from kvwatch.sidecar.prom_source import observed_from_prometheus
 
             items = observed_from_prometheus(ns.prometheus, ns.window, ns.step)
         else:
-            engines = asyncio.run(_watch_metrics(ns.metrics, ns.watch))
+            engines, version = asyncio.run(_watch_metrics(ns.metrics, ns.watch))
             items = observed_from_engines(engines, f"metrics {ns.metrics}")
+            server = ServerInfo(version=version)
         if ns.model:
             items = [(name, _with_model(obs, ns.model)) for name, obs in items]
-        results = [(name, obs, advise(obs, ns.margin, gpu)) for name, obs in items]
+        results = [(name, obs, advise(obs, ns.margin, gpu, server)) for name, obs in items]
     except SizingError as e:
         raise CliError(str(e)) from None
     if ns.json:

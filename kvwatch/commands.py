@@ -115,6 +115,11 @@ def _register_advise(sub: Any) -> None:
         "--kv-dtype", default="auto", help="auto (the model's dtype), bf16, fp16 or fp8 (auto)"
     )
     m.add_argument(
+        "--vllm-version",
+        metavar="V",
+        help="the release to advise flags for (default: the newest kvwatch knows, 0.33)",
+    )
+    m.add_argument(
         "--no-prefix-caching",
         action="store_true",
         help="as vLLM's --no-enable-prefix-caching (Mamba states then keep one block)",

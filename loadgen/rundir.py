@@ -19,9 +19,11 @@ from typing import Any
 
 from kvwatch.sidecar.advice import Observed, kv_bytes_per_token_from, several_groups_note
 from kvwatch.sidecar.kvmath import SizingError
+from kvwatch.sidecar.levers import ServerInfo, valid_version
 
 __all__ = [
     "write_run", "read_records", "read_jsonl", "write_jsonl", "run_outcome", "observed_from_run",
+    "server_from_run",
 ]  # fmt: skip
 
 
@@ -79,6 +81,17 @@ def _peak_overlap(intervals: list[tuple[float, float]]) -> int:
     return peak
 
 
+def server_from_run(run_dir: Path) -> ServerInfo:
+    """The server's version as the run recorded it before the load (None: not recorded)."""
+    try:
+        spec = json.loads((run_dir / "spec.json").read_text())
+    except (OSError, ValueError):
+        return ServerInfo()
+    before = spec.get("server_before") if isinstance(spec, dict) else None
+    version = before.get("version") if isinstance(before, dict) else None
+    return ServerInfo(version=valid_version(version))
+
+
 def observed_from_run(run_dir: Path) -> Observed:
     """What a recorded run says about the load, as `kvwatch advise` reads it."""
     try:
@@ -109,6 +122,8 @@ def observed_from_run(run_dir: Path) -> Observed:
         if r["sent_at"] is not None and r["finished_at"] is not None
     ]
     p95 = lengths[min(len(lengths) - 1, math.ceil(0.95 * len(lengths)) - 1)]
+    prompts = sorted(r["prompt_tokens"] or r["expected_input_tokens"] or 0 for r in records)
+    prompt_p95 = prompts[min(len(prompts) - 1, math.ceil(0.95 * len(prompts)) - 1)]
     mem = cache.get("kv_cache_memory_bytes")
     blocks, bs = cache["num_blocks"], cache["block_size"]
     server = json.loads((run_dir / "summary.json").read_text()).get("server") or {}
@@ -126,5 +141,6 @@ def observed_from_run(run_dir: Path) -> Observed:
         kv_cache_memory_bytes=mem,
         kv_dtype=cache.get("cache_dtype") or "auto",
         source=f"run {run_dir}",
+        prompt_len_p95=prompt_p95,
         notes=several_groups_note(blocks, bs, cache.get("kv_tokens"), cache.get("sliding_window")),
     )

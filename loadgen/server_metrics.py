@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from kvwatch.sidecar.observe import EngineKey, EngineObservation, observe
-from kvwatch.sidecar.scrape import scrape_once
+from kvwatch.sidecar.scrape import fetch_version, scrape_once
 from kvwatch.sidecar.timeline import COUNTERS
 from kvwatch.sidecar.views import engines_from_json
 
@@ -55,9 +55,12 @@ def summarize_engines(engines: dict[EngineKey, EngineObservation]) -> dict[str, 
 async def server_snapshot(
     client: httpx.AsyncClient, base_url: str, headers: Mapping[str, str] | None = None
 ) -> dict[str, Any] | None:
-    """None when the server has no readable vLLM /metrics."""
+    """None when the server has no readable vLLM /metrics. Carries the server's version
+    (`GET /version`) where it answers, so advice can name the flags that version has."""
     engines = await _engines(client, base_url, headers)
-    return summarize_engines(engines) if engines else None
+    if not engines:
+        return None
+    return {**summarize_engines(engines), "version": await fetch_version(client, base_url, 5.0)}
 
 
 async def _engines(

@@ -16,6 +16,8 @@ from typing import Any
 
 from kvwatch.sidecar.kvmath import Gpu, SizingError, blocks_for
 from kvwatch.sidecar.kvplan import KvLayout
+from kvwatch.sidecar.levers import ServerInfo, has_flag
+from kvwatch.sidecar.presets import LINK_BYTES_PER_S
 
 __all__ = [
     "Observed",
@@ -78,6 +80,7 @@ class Observed:
     kv_cache_memory_bytes: float | None = None
     kv_dtype: str = "auto"
     source: str = ""
+    prompt_len_p95: float | None = None  # prompt tokens (p95): what admission must fit
     # the engine's KV groups (from the model, checked against vLLM): blocks a request holds
     # follow its sliding windows and states; None: one full-attention group
     layout: KvLayout | None = None
@@ -95,11 +98,16 @@ class Observed:
 @dataclass
 class Advice:
     verdict: str
-    max_num_seqs: int | None
+    max_num_seqs: int | None  # the admission cap, under `concurrency_flag`
     blocks_needed: int
     kv_cache_memory_bytes: int
     gpu_memory_utilization: float | None
     fp8_suffices: bool
+    concurrency_flag: str = "--max-num-seqs"
+    watermark: float | None = None
+    kv_offloading_gib: float | None = None
+    recommended: str | None = None  # the lever that fixes this load at the least cost, and why
+    advised_for: str = ""  # the server version and settings the flags were chosen for
     options: list[str] = field(default_factory=list)
     arithmetic: list[str] = field(default_factory=list)
     assumptions: list[str] = field(default_factory=list)
@@ -112,8 +120,85 @@ def _mib(b: float) -> str:
     return f"{b / 2**20:,.2f} MiB" if b < 2**30 else f"{b / 2**30:,.2f} GiB"
 
 
-def advise(obs: Observed, margin: float = 0.10, gpu: Gpu | None = None) -> Advice:
-    """Both levers for the observed load. `margin` is the share of blocks kept free."""
+def _watermark(
+    obs: Observed, usable: int, admit: int, layout: KvLayout | None, a: list[str]
+) -> float | None:
+    """The free share at which vLLM admits `admit` requests at their prompt and no more: the
+    running batch then has the rest to grow into (vLLM: watermark_blocks = int(F x blocks))."""
+    if obs.prompt_len_p95 is None:
+        return None
+    prompt = obs.prompt_len_p95
+    p = max(1, layout.blocks_per_request(prompt) if layout else blocks_for(prompt, obs.block_size))
+    keep = usable - admit * p  # free blocks left once `admit` prompts are in
+    if keep <= 0:
+        return None
+    share = math.floor(keep / obs.capacity_blocks * 1000) / 1000
+    if share <= 0 or share >= 1:
+        return None
+    a.append(
+        f"watermark = floor(({usable} - {admit} x {p} prompt blocks) / {obs.capacity_blocks}, "
+        f"3 places) = {share:g}"
+    )
+    return share
+
+
+def _offload_gib(
+    peak: int, usable: int, block_b: float, per_seq: int, gpu: Gpu | None, a: list[str]
+) -> float | None:
+    """A CPU tier that holds the blocks the peak does not fit on the GPU, and what moving one
+    victim costs over the host link (the seed's swap arithmetic)."""
+    over = peak - usable
+    if over <= 0:
+        return None
+    gib = math.ceil(over * block_b / 2**30 * 10) / 10
+    line = (
+        f"kv-offloading-size = ceil({over} blocks over x {_mib(block_b)}) = {gib:g} GiB; one "
+        f"victim moves {per_seq} blocks = {_mib(per_seq * block_b)}"
+    )
+    link = LINK_BYTES_PER_S.get(gpu.link or "") if gpu is not None else None
+    if link:
+        line += f", {per_seq * block_b / link * 1e3:.1f} ms each way over {gpu.link}"  # type: ignore[union-attr]
+    a.append(line)
+    return gib
+
+
+def _recommend(
+    obs: Observed,
+    util: float | None,
+    gpu: Gpu | None,
+    fp8: bool,
+    cap_flag: str,
+    cap: int,
+) -> str:
+    """The lever that fixes this load at the least throughput cost, and why."""
+    if util is not None or gpu is None:
+        return (
+            "more KV memory: it ends the preemption and costs no throughput (more requests fit "
+            "in the batch, so it usually raises it)"
+            + ("" if util is not None else "; if the GPU has no room for it, the next lever")
+        )
+    if fp8:
+        return (
+            "--kv-cache-dtype fp8: the memory lever within the same GPU memory, at a small "
+            "accuracy cost and no throughput cost"
+        )
+    return (
+        f"{cap_flag} {cap}: the GPU has no room for the KV the peak needs; capping admission "
+        "queues the excess instead of recomputing it (costs latency in the peak; throughput "
+        "only under sustained saturation)"
+    )
+
+
+def advise(
+    obs: Observed,
+    margin: float = 0.10,
+    gpu: Gpu | None = None,
+    server: ServerInfo | None = None,
+) -> Advice:
+    """Every lever for the observed load, ranked, with the flags the server's version has.
+    `margin` is the share of blocks kept free."""
+    server = server or ServerInfo()
+    version = server.parsed
     if not 0 <= margin < 1:
         raise SizingError("the safety margin must be in [0, 1)")
     bs = obs.block_size
@@ -146,7 +231,12 @@ def advise(obs: Observed, margin: float = 0.10, gpu: Gpu | None = None) -> Advic
         f" vs {usable} usable",
     ]
     max_seqs = max(1, math.floor(usable * (1 - margin) / per_seq))
-    a.append(f"max-num-seqs = floor({usable} x (1 - {margin:g}) / {per_seq}) = {max_seqs}")
+    cap_flag = (
+        "--max-num-active-seqs"
+        if has_flag("--max-num-active-seqs", version)
+        else ("--max-num-seqs")
+    )
+    a.append(f"{cap_flag[2:]} = floor({usable} x (1 - {margin:g}) / {per_seq}) = {max_seqs}")
     needed = math.ceil(peak_blocks / (1 - margin)) + RESERVED_BLOCKS
     kv_bytes = int(needed * block_b)
     a.append(
@@ -157,6 +247,8 @@ def advise(obs: Observed, margin: float = 0.10, gpu: Gpu | None = None) -> Advic
     fp8 = obs.kv_dtype in ("auto", "bf16", "fp16") and 2 * usable * (1 - margin) >= peak_blocks
     options: list[str] = []
     util = None
+    watermark: float | None = None
+    offload: float | None = None
     if fits:
         verdict = "fits: the observed peak stays inside the cache with the margin"
     else:
@@ -184,11 +276,40 @@ def advise(obs: Observed, margin: float = 0.10, gpu: Gpu | None = None) -> Advic
                 f"about {2 * usable} usable blocks in the same memory)"
             )
         options.append(
-            f"--max-num-seqs {max_seqs} (no preemption even if every admitted request reaches "
+            f"{cap_flag} {max_seqs} (no preemption even if every admitted request reaches "
             f"the p95 length; spikes queue instead of thrashing, at no throughput cost while the "
             f"server has compute to spare between them; under sustained saturation it admits "
             f"fewer at once and decode throughput falls: then prefer the memory lever)"
+            + (
+                "; unlike --max-num-seqs it leaves the runner's buffers and CUDA graphs as they are"
+                if cap_flag == "--max-num-active-seqs"
+                else ""
+            )
         )
+        watermark = _watermark(obs, usable, max_seqs, layout, a)
+        if watermark is not None and has_flag("--watermark", version):
+            options.append(
+                f"--watermark {watermark:g} (admit a waiting or preempted request only while "
+                f"{watermark:.0%} of the blocks stay free for the running batch to grow into; "
+                "it stops re-admitted victims being preempted again, but admits nothing until "
+                "a batch has mostly finished: it serializes batches under steady load)"
+            )
+        else:
+            watermark = None
+        if server.arg("scheduler_reserve_full_isl") == "False":
+            options.append(
+                "--scheduler-reserve-full-isl (back on: this server admits a request when only "
+                "its first prefill chunk fits, which over-admits long prompts into preemption)"
+            )
+        offload = _offload_gib(peak_blocks, usable, block_b, per_seq, gpu, a)
+        if offload is not None and has_flag("--kv-offloading-size", version):
+            options.append(
+                f"--kv-offloading-size {offload:g} (a CPU tier for the blocks that do not fit: "
+                "preempted and evicted blocks can come back over the host link instead of "
+                "being recomputed; it costs host memory and transfer time, not GPU memory)"
+            )
+        else:
+            offload = None
         options.append(
             "on GPUs: --tensor-parallel-size 2 (splits weights and KV heads: more KV room)"
         )
@@ -198,6 +319,11 @@ def advise(obs: Observed, margin: float = 0.10, gpu: Gpu | None = None) -> Advic
         blocks_needed=needed,
         kv_cache_memory_bytes=kv_bytes,
         gpu_memory_utilization=util,
+        concurrency_flag=cap_flag,
+        watermark=watermark,
+        kv_offloading_gib=offload,
+        recommended=None if fits else _recommend(obs, util, gpu, fp8, cap_flag, max_seqs),
+        advised_for=server.describe(),
         fp8_suffices=fp8,
         options=options,
         arithmetic=a,

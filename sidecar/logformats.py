@@ -5,7 +5,9 @@
   fields, `N Engines Aggregated`, with or without the `Engine 000:` prefix);
 - V0 periodic stats line (Swapped/Pending, GPU and CPU KV usage);
 - startup capacity: `<dev> KV cache size: N tokens` and `Maximum concurrency for L tokens per
-  request: Cx` (one line or two, by era), and V0's `# GPU blocks: N, # CPU blocks: M`.
+  request: Cx` (one line or two, by era), and V0's `# GPU blocks: N, # CPU blocks: M`;
+- the server's version (the startup banner's `version X`, older `vLLM API server version X`)
+  and its `non-default args: {...}` (0.9+), so advice names only the flags that version has.
 
 Most lines of a busy log are access-log lines. `parse_text` finds candidate lines with plain
 substring search over a whole chunk and runs a regex only on those, so unknown lines cost almost
@@ -14,6 +16,7 @@ nothing (bench/bench_logs.py).
 
 from __future__ import annotations
 
+import ast
 import math
 import re
 from collections.abc import Iterator
@@ -21,9 +24,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 __all__ = [
-    "PreemptionWarning", "StatsLine", "Capacity", "Malformed", "LogEvent", "parse_line",
-    "parse_text",
-    "event_to_dict",
+    "PreemptionWarning", "StatsLine", "Capacity", "ServerStart", "Malformed", "LogEvent",
+    "parse_line", "parse_text", "event_to_dict",
 ]  # fmt: skip
 
 _TIME = re.compile(r"(?:INFO|WARNING|DEBUG|ERROR|WARN)\s+(\d\d-\d\d \d\d:\d\d:\d\d)")
@@ -53,10 +55,14 @@ _V0_STATS = re.compile(
 _CAP_SIZE = re.compile(rf"(?P<device>\w+) KV cache size: {_NUM} tokens")
 _CAP_CONC = re.compile(rf"Maximum concurrency for {_NUM} tokens per request: (?P<conc>[\d.]+)x")
 _CAP_BLOCKS = re.compile(r"# (?P<device>\w+) blocks: (?P<n>\d+)(?:, # CPU blocks: (?P<cpu>\d+))?")
+_VERSION = re.compile(r"(?:vLLM API server version|\u2588\s+version)\s+(?P<v>\d+\.\d+[\w.+-]*)")
+_ARGS = re.compile(r"non-default args: (?P<args>\{.*\})\s*$")
+_SECRET = re.compile(r"key|token|secret|password|auth", re.IGNORECASE)  # never kept in clear
+_MAX_ARGS_CHARS = 20_000  # a launch line longer than this is not read (literal_eval is costly)
 
 # Substrings that every line we parse contains; chosen to be rare in other lines.
 _NEEDLES = ("is preempted by", "KV cache usage:", "KV cache size:", "Maximum concurrency for",
-            " blocks: ")  # fmt: skip
+            " blocks: ", "API server version", "\u2588  version", "non-default args: ")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +113,17 @@ class Capacity:
 
 
 @dataclass(frozen=True, slots=True)
+class ServerStart:
+    """A server (re)starting: its version from the banner, or the settings it was given beyond
+    vLLM's defaults (one line each in the log; None where this line does not say)."""
+
+    version: str | None = None
+    args: tuple[tuple[str, str], ...] | None = None  # (name, value as written), sorted
+    logged_at: str | None = None
+    kind: str = "server_start"
+
+
+@dataclass(frozen=True, slots=True)
 class Malformed:
     """A line in one of the shapes kvwatch reads whose numbers do not parse, or say the
     impossible (KV usage above 100%): skipped, and counted by whoever reads the events."""
@@ -116,7 +133,7 @@ class Malformed:
     kind: str = "malformed"
 
 
-LogEvent = PreemptionWarning | StatsLine | Capacity | Malformed
+LogEvent = PreemptionWarning | StatsLine | Capacity | ServerStart | Malformed
 
 
 def _int(s: str) -> int:
@@ -163,7 +180,33 @@ def _impossible(ev: LogEvent) -> str | None:
     return None
 
 
+def _server_start(line: str) -> LogEvent | None:
+    m = _VERSION.search(line)
+    if m:
+        return ServerStart(version=m["v"], logged_at=_stamp(line, m.start()))
+    m = _ARGS.search(line)
+    if m is None:
+        return None
+    text = m["args"]
+    if len(text) > _MAX_ARGS_CHARS:
+        return Malformed("non-default args too long to read", _stamp(line, m.start()))
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return Malformed("non-default args that are not a literal", _stamp(line, m.start()))
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        return Malformed("non-default args that are not a mapping", _stamp(line, m.start()))
+    args = tuple(
+        sorted((k, "<redacted>" if _SECRET.search(k) else repr(v)[:200]) for k, v in value.items())
+    )
+    return ServerStart(args=args, logged_at=_stamp(line, m.start()))
+
+
 def _parse_line(line: str) -> LogEvent | None:
+    if "version" in line or "non-default args: " in line:
+        ev = _server_start(line)
+        if ev is not None:
+            return ev
     if "is preempted by" in line:
         m = _PREEMPT.search(line)
         if m:

@@ -6,7 +6,13 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, fields, replace
 
-from kvwatch.sidecar.logformats import Capacity, LogEvent, PreemptionWarning, StatsLine
+from kvwatch.sidecar.logformats import (
+    Capacity,
+    LogEvent,
+    PreemptionWarning,
+    ServerStart,
+    StatsLine,
+)
 from kvwatch.sidecar.observe import CacheConfig
 
 __all__ = ["LogState"]
@@ -22,6 +28,8 @@ class LogState:
     warnings: int = 0
     max_cumulative: int = 0
     warned_ids: OrderedDict[str, int] = field(default_factory=OrderedDict)
+    version: str | None = None  # the latest startup banner's
+    server_args: tuple[tuple[str, str], ...] = ()  # the latest `non-default args`
 
     def take(self, ev: LogEvent) -> None:
         self.events[ev.kind] += 1
@@ -32,6 +40,11 @@ class LogState:
                 self.capacity = ev
             else:  # two-line eras: merge the fields each line carries
                 self.capacity = _merge(self.capacity, ev)
+        elif isinstance(ev, ServerStart):
+            if ev.version is not None:
+                self.version = ev.version
+            if ev.args is not None:
+                self.server_args = ev.args
         elif isinstance(ev, PreemptionWarning):
             self.warnings += 1
             self.max_cumulative = max(self.max_cumulative, ev.cumulative)

@@ -14,6 +14,7 @@ from kvwatch.sidecar.logformats import (
     LogEvent,
     Malformed,
     PreemptionWarning,
+    ServerStart,
     StatsLine,
     event_to_dict,
 )
@@ -46,6 +47,8 @@ class LogSummary:
     warned: dict[str, int] = field(default_factory=dict)
     interval_preemptions: int = 0
     malformed: int = 0  # lines of a known shape with broken or impossible numbers, skipped
+    version: str | None = None  # the latest startup banner's
+    server_args: dict[str, str] = field(default_factory=dict)  # secrets hidden
     # (minute, engine): engines are kept apart (two engines at 100 tok/s are not one at 100)
     minutes: dict[tuple[str, str], _Minute] = field(default_factory=dict)
 
@@ -53,6 +56,8 @@ class LogSummary:
         repeat = {k: v for k, v in self.warned.items() if v > 1}
         return {
             "lines": self.lines,
+            "vllm_version": self.version,
+            "server_args": self.server_args,
             "capacity": self.capacity,
             "stats_lines": self.stats_lines,
             "eras": sorted(self.eras),
@@ -85,6 +90,10 @@ def summarize(events: Iterable[LogEvent], lines: int = 0) -> LogSummary:
             s.capacity = {**(s.capacity or {}), **given}
         elif isinstance(ev, Malformed):
             s.malformed += 1
+        elif isinstance(ev, ServerStart):
+            s.version = ev.version or s.version
+            if ev.args is not None:
+                s.server_args = dict(ev.args)
         elif isinstance(ev, PreemptionWarning):
             s.warnings += 1
             s.max_cumulative = max(s.max_cumulative, ev.cumulative)
@@ -109,6 +118,12 @@ def render_summary(s: LogSummary) -> str:
     out = [f"lines read: {s.lines:,}"]
     if s.malformed:
         out.append(f"skipped: {s.malformed:,} lines with broken or impossible numbers")
+    if s.version or s.server_args:
+        given = ", ".join(f"{k}={v}" for k, v in s.server_args.items())
+        out.append(
+            f"server: vLLM {s.version or '(version not logged)'}"
+            + (f"; non-default args: {given}" if given else "")
+        )
     if s.capacity:
         cap = s.capacity
         parts = []

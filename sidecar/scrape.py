@@ -14,8 +14,17 @@ from dataclasses import dataclass
 import httpx
 
 from kvwatch.sidecar.exposition import Exposition, parse_exposition
+from kvwatch.sidecar.levers import valid_version
 
-__all__ = ["metrics_url", "scrape_once", "ScrapeOutcome", "MAX_BODY_BYTES", "ACCEPT"]
+__all__ = [
+    "metrics_url",
+    "version_url",
+    "scrape_once",
+    "fetch_version",
+    "ScrapeOutcome",
+    "MAX_BODY_BYTES",
+    "ACCEPT",
+]
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 # Ask for the classic text format: with OpenMetrics, prometheus-client 0.23-0.26 writes `vllm_`
@@ -39,6 +48,26 @@ def metrics_url(target: str) -> str:
     if url.path in ("", "/"):
         return str(url.copy_with(path="/metrics"))
     return target
+
+
+def version_url(target: str) -> str:
+    """vLLM's `GET /version` beside the target's metrics path."""
+    return str(httpx.URL(metrics_url(target)).copy_with(path="/version", query=None))
+
+
+async def fetch_version(client: httpx.AsyncClient, target: str, timeout_s: float) -> str | None:
+    """The server's vLLM version from `GET /version` (`{"version": "0.32.0"}`), or None when it
+    does not say (an older server, a proxy, a body that is not that): never raises."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            r = await client.get(version_url(target), timeout=timeout_s)
+        if r.status_code != 200 or len(r.content) > 4096:
+            return None
+        doc = r.json()
+    except (TimeoutError, httpx.HTTPError, ValueError):
+        return None
+    v = doc.get("version") if isinstance(doc, dict) else None
+    return valid_version(v)
 
 
 async def scrape_once(

@@ -59,6 +59,18 @@ class TargetState:
     engines: dict[EngineKey, EngineJudge] = field(default_factory=dict)
     present: set[EngineKey] = field(default_factory=set)
     log: LogState = field(default_factory=LogState)
+    api_version: str | None = None  # from GET /version
+    version_asked_at: float | None = None  # monotonic
+
+    def wants_version(self, now: float, retry_s: float = 60.0) -> bool:
+        """Ask `/version` when the target is up and the answer is unknown (again after a
+        failed scrape: a restart may bring another release), at most once a `retry_s`."""
+        if not self.up:
+            self.api_version = None if self.up is False else self.api_version
+            return False
+        if self.api_version is not None:
+            return False
+        return self.version_asked_at is None or now - self.version_asked_at >= retry_s
 
     def view(self, now: float, stale_after_s: float) -> TargetView:
         """As of monotonic `now`: a target whose last scrape ended over `stale_after_s` ago is
@@ -96,6 +108,8 @@ class TargetState:
             vllm_metrics_present=self.vllm_metrics_present,
             metrics_missing_since_unix=self.metrics_missing_since_unix,
             engines=engines,
+            vllm_version=self.api_version or log.version,
+            server_args=log.server_args,
             log=LogView(
                 capacity=log.capacity,
                 events=dict(log.events),
@@ -186,6 +200,17 @@ class SidecarState:
             # last: a scrape whose recording raised never counts as ended, so the target goes
             # stale (down) instead of showing its old figures as up
             ts.last_scrape_at = now
+
+    def wants_version(self, url: str, now: float) -> bool:
+        with self._lock:
+            return self.targets[url].wants_version(now)
+
+    def record_version(self, url: str, now: float, version: str | None) -> None:
+        """What `GET /version` answered (None: nothing usable)."""
+        with self._lock:
+            ts = self.targets[url]
+            ts.version_asked_at = now
+            ts.api_version = version
 
     def record_log_lines(self, lines: list[str]) -> None:
         events = [ev for ev in map(parse_line, lines) if ev is not None]

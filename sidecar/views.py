@@ -14,6 +14,7 @@ from kvwatch.sidecar.detect import Level
 from kvwatch.sidecar.episodes import Episode
 from kvwatch.sidecar.follow import FollowStats
 from kvwatch.sidecar.judging import Transition
+from kvwatch.sidecar.levers import ServerInfo, valid_version
 from kvwatch.sidecar.logformats import Capacity, StatsLine, event_to_dict
 from kvwatch.sidecar.outbox import DeliveryStats
 from kvwatch.sidecar.signals import EngineSignals
@@ -25,6 +26,7 @@ _D = TypeVar("_D")
 __all__ = [
     "EngineView", "LogView", "TargetView", "FiringAlert", "AlertingView", "LoadEvent",
     "LogSourceView", "StateView", "state_json", "engine_json", "engines_from_json",
+    "servers_from_json",
 ]  # fmt: skip
 
 
@@ -70,6 +72,8 @@ class TargetView:
     metrics_missing_since_unix: float | None  # answering without engine series since then
     engines: tuple[EngineView, ...]
     log: LogView
+    vllm_version: str | None = None  # GET /version, else the log's startup banner
+    server_args: tuple[tuple[str, str], ...] = ()  # the log's `non-default args` (secrets hidden)
 
 
 @dataclass(frozen=True)
@@ -150,6 +154,8 @@ def _target_json(t: TargetView) -> dict[str, Any]:
         "last_success_unix": t.last_success_unix,
         "vllm_metrics_present": t.vllm_metrics_present,
         "metrics_missing_since_unix": t.metrics_missing_since_unix,
+        "vllm_version": t.vllm_version,
+        "server_args": dict(t.server_args),
         "engines": [engine_json(e) for e in t.engines],
         "log": {
             "capacity": None if log.capacity is None else event_to_dict(log.capacity),
@@ -214,6 +220,25 @@ def engines_from_json(doc: object) -> list[tuple[str, EngineView]]:
             raise ValueError("a target without its URL")
         for e in t.get("engines") or []:
             out.append((t["target"], _engine_from_json(e)))
+    return out
+
+
+def servers_from_json(doc: object) -> dict[str, ServerInfo]:
+    """Each target's vLLM version and non-default args from an `/api/state` document (fields a
+    sidecar before 0.x did not write are left unknown)."""
+    out: dict[str, ServerInfo] = {}
+    if not isinstance(doc, dict) or not isinstance(doc.get("targets"), list):
+        return out
+    for t in doc["targets"]:
+        if not isinstance(t, dict) or not isinstance(t.get("target"), str):
+            continue
+        args = t.get("server_args")
+        pairs = (
+            tuple(sorted((str(k), str(v)[:200]) for k, v in args.items()))
+            if isinstance(args, dict)
+            else ()
+        )
+        out[t["target"]] = ServerInfo(valid_version(t.get("vllm_version")), pairs)
     return out
 
 

@@ -76,8 +76,9 @@ def check_log_line(line: str) -> None:
         assert 0 <= ev.kv_usage <= 1 and ev.running >= 0 and ev.waiting >= 0, line
         assert math.isfinite(ev.generation_tps) and math.isfinite(ev.prompt_tps), line
         assert ev.prefix_hit_rate is None or 0 <= ev.prefix_hit_rate <= 1, line
-    assert ev is None or isinstance(ev, Malformed) or ev.kind in ("stats", "capacity",
-                                                                   "preemption_warning")
+    assert ev is None or isinstance(ev, Malformed) or ev.kind in (
+        "stats", "capacity", "preemption_warning", "server_start"
+    )  # fmt: skip
 
 
 def check_splitter(data: bytes, cuts: list[int]) -> None:

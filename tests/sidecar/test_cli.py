@@ -38,7 +38,9 @@ class TestLogsCommand:
     def test_json_events_then_summary(self, data_dir: Path) -> None:
         p = kvwatch("logs", "--json", str(data_dir / "vllm-0.32-cpu-server.log"))
         rows = [json.loads(x) for x in p.stdout.decode().splitlines()]
-        assert rows[0]["kind"] == "capacity" and rows[-1]["kind"] == "summary"
+        kinds = [r["kind"] for r in rows]
+        assert kinds[:3] == ["server_start", "server_start", "capacity"] and kinds[-1] == "summary"
+        assert rows[0]["version"] == "0.32.0" and rows[-1]["vllm_version"] == "0.32.0"
         assert rows[-1]["lines"] == 239 and sum(r["kind"] == "stats" for r in rows) == 39
 
     def test_missing_file_is_a_clear_error(self, tmp_path: Path) -> None:

@@ -1,0 +1,125 @@
+"""Every lever, with the flags the server's version has: versions from `/version` and the log's
+banner, the `non-default args` line (secrets hidden), and the advice built on them."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvwatch.sidecar.advice import Observed, advise
+from kvwatch.sidecar.kvmath import lookup_gpu
+from kvwatch.sidecar.levers import ServerInfo, has_flag, parse_version, valid_version
+from kvwatch.sidecar.logformats import Malformed, ServerStart, parse_line
+from kvwatch.sidecar.logstate import LogState
+from kvwatch.sidecar.views import servers_from_json
+
+BANNER = "(APIServer pid=1) INFO 11-29 09:01:28 [api_utils.py:347]  ▄▄ ▄█ █     █  version 0.32.0"
+OLD = "INFO 07-01 10:00:00 [api_server.py:1043] vLLM API server version 0.9.2"
+ARGS = (
+    "(APIServer pid=1) INFO 11-29 09:01:28 [api_utils.py:286] non-default args: {'port': 8000, "
+    "'max_num_seqs': 64, 'scheduler_reserve_full_isl': False, 'api_key': ['sk-secret']}"
+)
+
+
+def spikes(**kw: object) -> Observed:
+    """The fixture's spikes: 8 requests of 30 + 300 tokens on 40 blocks of 32."""
+    base: dict[str, object] = dict(
+        capacity_blocks=40, block_size=32, kv_bytes_per_token=8192, peak_demand=8,
+        seq_len_p95=330, seq_len_max=330, prompt_len_p95=30, kv_cache_memory_bytes=10 * 2**20,
+    )  # fmt: skip
+    return Observed(**(base | kw))  # type: ignore[arg-type]
+
+
+class TestVersions:
+    def test_parse(self) -> None:
+        assert parse_version("0.32.0") == (0, 32, 0)
+        assert parse_version("0.10.1.1") == (0, 10, 1)
+        assert parse_version("0.11.0rc2+cu128") == (0, 11, 0)
+        assert parse_version("dev") is None and parse_version(None) is None
+        assert valid_version("0.32.0") == "0.32.0"
+        assert valid_version("0.3; rm -rf") is None and valid_version(32) is None
+
+    def test_flags_by_release(self) -> None:
+        assert has_flag("--max-num-active-seqs", (0, 31, 0))
+        assert not has_flag("--max-num-active-seqs", (0, 30, 0))
+        assert has_flag("--watermark", (0, 26, 0)) and not has_flag("--watermark", (0, 20, 0))
+        assert has_flag("--max-num-active-seqs", None)  # unknown: the newest kvwatch knows
+
+    def test_log_lines(self) -> None:
+        assert parse_line(BANNER) == ServerStart("0.32.0", None, "11-29 09:01:28")
+        assert parse_line(OLD) == ServerStart("0.9.2", None, "07-01 10:00:00")
+        ev = parse_line(ARGS)
+        assert isinstance(ev, ServerStart) and ev.args is not None
+        args = dict(ev.args)
+        assert args["api_key"] == "<redacted>" and "sk-secret" not in repr(ev)
+        assert args["scheduler_reserve_full_isl"] == "False" and args["max_num_seqs"] == "64"
+
+    @pytest.mark.parametrize(
+        "line",
+        [
+            "INFO x non-default args: {'a': __import__('os')}",
+            "INFO x non-default args: {1: 2}",
+            "INFO x non-default args: {" + "'a': 1, " * 5000 + "}",
+        ],
+    )
+    def test_hostile_args_are_skipped(self, line: str) -> None:
+        assert isinstance(parse_line(line), Malformed)
+
+    def test_log_state_keeps_the_latest(self) -> None:
+        log = LogState()
+        for line in (OLD, ARGS, BANNER):
+            ev = parse_line(line)
+            assert ev is not None
+            log.take(ev)
+        assert log.version == "0.32.0" and dict(log.server_args)["port"] == "8000"
+
+    def test_state_documents(self) -> None:
+        doc = {"targets": [
+            {"target": "a", "vllm_version": "0.30.0", "server_args": {"watermark": "0.1"}},
+            {"target": "b", "vllm_version": "<script>", "server_args": ["x"]},
+            {"target": "c"},
+        ]}  # fmt: skip
+        s = servers_from_json(doc)
+        assert s["a"] == ServerInfo("0.30.0", (("watermark", "0.1"),))
+        assert s["b"] == ServerInfo() and s["c"] == ServerInfo()
+        assert servers_from_json([1]) == {}
+
+
+class TestLevers:
+    def test_the_cap_flag_follows_the_version(self) -> None:
+        new = advise(spikes(), server=ServerInfo("0.32.0"))
+        old = advise(spikes(), server=ServerInfo("0.30.1"))
+        assert new.concurrency_flag == "--max-num-active-seqs"
+        assert any(o.startswith("--max-num-active-seqs 3 ") for o in new.options)
+        assert old.concurrency_flag == "--max-num-seqs"
+        assert not any("--max-num-active-seqs" in o for o in old.options)
+        assert (
+            new.advised_for == "vLLM 0.32.0"
+            and "advised for 0.33.0" in advise(spikes()).advised_for
+        )
+
+    def test_watermark_admits_the_cap(self) -> None:
+        a = advise(spikes(), server=ServerInfo("0.32.0"))
+        # 3 requests fit at the p95 length; 39 usable - 3 prompt blocks = 36 free = 0.9 of 40
+        assert a.watermark == 0.9 and any(o.startswith("--watermark 0.9 ") for o in a.options)
+        assert int(a.watermark * 40) > 39 - 4 * 1  # a 4th prompt is refused
+        assert advise(spikes(), server=ServerInfo("0.20.0")).watermark is None  # no such flag
+
+    def test_reserve_full_isl_when_it_is_off(self) -> None:
+        off = ServerInfo("0.32.0", (("scheduler_reserve_full_isl", "False"),))
+        assert any(
+            o.startswith("--scheduler-reserve-full-isl")
+            for o in advise(spikes(), server=off).options
+        )
+        assert not any("reserve-full-isl" in o for o in advise(spikes()).options)
+
+    def test_offloading_holds_what_does_not_fit(self) -> None:
+        a = advise(spikes(), gpu=lookup_gpu("h100"), server=ServerInfo("0.32.0"))
+        # 8 x 11 = 88 blocks at the peak, 39 usable: 49 blocks of 256 KiB = 0.012 GiB -> 0.1
+        assert a.kv_offloading_gib == 0.1
+        assert any("ms each way over pcie5" in x for x in a.arithmetic)
+
+    def test_recommendation(self) -> None:
+        a = advise(spikes(), server=ServerInfo("0.32.0"))
+        assert a.recommended is not None and a.recommended.startswith("more KV memory")
+        fits = advise(spikes(peak_demand=2))
+        assert fits.recommended is None and fits.options == []
