@@ -2,7 +2,8 @@
 
 Read from the released wheels' `config/scheduler.py` and `engine/arg_utils.py` (docs/sizing.md):
 advice names a flag only when the server's version has it, and says which version it advised
-for. A server whose version is unknown is advised for the newest release kvwatch knows, and the
+for. Flags every release kvwatch reads has (--max-num-seqs, --gpu-memory-utilization, ...) are
+not listed. A server whose version is unknown is advised for the newest release kvwatch knows, and the
 advice says so.
 """
 
@@ -47,21 +48,16 @@ def parse_version(text: str | None) -> Version | None:
 @dataclass(frozen=True)
 class Flag:
     name: str
-    since: Version  # the first release whose wheel has it (bounds where not pinned: see docs)
+    since: Version  # the first release whose wheel has it
 
 
 FLAGS = {
     f.name: f
     for f in (
-        Flag("--max-num-seqs", (0, 1, 0)),
-        Flag("--kv-cache-memory-bytes", (0, 10, 0)),
-        Flag("--gpu-memory-utilization", (0, 1, 0)),
-        Flag("--kv-cache-dtype", (0, 3, 0)),
-        Flag("--tensor-parallel-size", (0, 1, 0)),
-        Flag("--max-num-batched-tokens", (0, 1, 0)),
-        Flag("--kv-offloading-size", (0, 12, 0)),
-        Flag("--scheduler-reserve-full-isl", (0, 20, 0)),
-        Flag("--watermark", (0, 26, 0)),
+        # pinned by reading the wheels of 0.12, 0.15-0.26, 0.30, 0.31 and 0.33
+        Flag("--kv-offloading-size", (0, 12, 0)),  # present in 0.12.0 (vllm-facts: 0.12+)
+        Flag("--scheduler-reserve-full-isl", (0, 19, 0)),
+        Flag("--watermark", (0, 24, 0)),
         Flag("--max-num-active-seqs", (0, 31, 0)),
     )
 }

@@ -41,7 +41,9 @@ class TestVersions:
     def test_flags_by_release(self) -> None:
         assert has_flag("--max-num-active-seqs", (0, 31, 0))
         assert not has_flag("--max-num-active-seqs", (0, 30, 0))
-        assert has_flag("--watermark", (0, 26, 0)) and not has_flag("--watermark", (0, 20, 0))
+        assert has_flag("--watermark", (0, 24, 0)) and not has_flag("--watermark", (0, 23, 0))
+        assert has_flag("--scheduler-reserve-full-isl", (0, 19, 0))
+        assert not has_flag("--scheduler-reserve-full-isl", (0, 18, 0))
         assert has_flag("--max-num-active-seqs", None)  # unknown: the newest kvwatch knows
 
     def test_log_lines(self) -> None:
