@@ -3,8 +3,8 @@
 Read from the released wheels' `config/scheduler.py` and `engine/arg_utils.py` (docs/sizing.md):
 advice names a flag only when the server's version has it, and says which version it advised
 for. Flags every release kvwatch reads has (--max-num-seqs, --gpu-memory-utilization, ...) are
-not listed. A server whose version is unknown is advised for the newest release kvwatch knows, and the
-advice says so.
+not listed. A server whose version is unknown is advised for the newest release kvwatch knows,
+and the advice says so.
 """
 
 from __future__ import annotations
