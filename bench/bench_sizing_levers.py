@@ -1,8 +1,9 @@
-"""Both sizing levers, proven the way tests/test_advice_proven.py does, on two workloads.
+"""The sizing levers, proven the way tests/test_advice_proven.py does, on two workloads.
 
 For each workload: run it on the tiny-model vLLM (CPU, 40 blocks of 32 tokens), ask
-`kvwatch advise --run` for both levers, restart vLLM with each advised setting and rerun the same
-seeded workload. Prints one markdown row per server setting.
+`kvwatch advise --run` for the levers (more KV memory, --max-num-seqs, --max-num-active-seqs,
+--watermark), restart vLLM with each advised setting and rerun the same seeded workload. Prints
+one markdown row per server setting.
 
   spikes     8 requests of 30 + 300 tokens at once every 12 s (what the test runs)
   saturated  32 requests of 30 + 300 tokens, all in flight (closed loop): the server never idles
@@ -58,8 +59,13 @@ def main() -> None:
             mem = rerun(model, work / "memory", load, kv_cache_memory_bytes=kv)
             print(_row(workload, f"`--kv-cache-memory-bytes {kv}`", mem, base), flush=True)
             n = advice["max_num_seqs"]
-            seqs = rerun(model, work / "seqs", load, extra_args=("--max-num-seqs", str(n)))
-            print(_row(workload, f"`--max-num-seqs {n}`", seqs, base), flush=True)
+            for flag in ("--max-num-seqs", advice["concurrency_flag"]):
+                o = rerun(model, work / flag.strip("-"), load, extra_args=(flag, str(n)))
+                print(_row(workload, f"`{flag} {n}`", o, base), flush=True)
+            w = advice["watermark"]
+            if w is not None:
+                o = rerun(model, work / "watermark", load, extra_args=("--watermark", str(w)))
+                print(_row(workload, f"`--watermark {w}`", o, base), flush=True)
 
 
 if __name__ == "__main__":

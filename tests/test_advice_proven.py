@@ -3,8 +3,9 @@ same seeded thrashing workload, and compare preemptions and completed-token thro
 
 The workload is traffic spikes: 8 requests of 30 + 300 tokens at once every 12 s. Each spike
 needs 88 blocks of the fixture's 40 and thrashes; between spikes the server has compute to spare.
-That is where the concurrency lever belongs: with it, a spike queues instead of thrashing. Under
-sustained saturation it costs throughput instead (bench/bench_sizing_levers.py, docs/sizing.md).
+That is where the admission levers belong (--max-num-active-seqs, --watermark): with them, a spike
+queues instead of thrashing. Under sustained saturation they cost throughput instead
+(bench/bench_sizing_levers.py, docs/sizing.md).
 """
 
 from __future__ import annotations
@@ -70,7 +71,20 @@ def test_more_kv_memory_as_advised(before: dict, tiny_model: Path, tmp_path: Pat
     _check(f"--kv-cache-memory-bytes {kv}", before, after)
 
 
-def test_fewer_sequences_as_advised(before: dict, tiny_model: Path, tmp_path: Path) -> None:
-    n = before["advice"]["max_num_seqs"]
-    after = rerun(tiny_model, tmp_path / "after", extra_args=("--max-num-seqs", str(n)))
-    _check(f"--max-num-seqs {n}", before, after)
+def test_fewer_active_sequences_as_advised(before: dict, tiny_model: Path, tmp_path: Path) -> None:
+    """vLLM 0.32 has --max-num-active-seqs (0.31+): the run recorded the server's version, so
+    the advice names it, not --max-num-seqs, which would also shrink the runner's buffers."""
+    adv = before["advice"]
+    flag, n = adv["concurrency_flag"], adv["max_num_seqs"]
+    assert flag == "--max-num-active-seqs" and adv["advised_for"].startswith("vLLM 0.32")
+    after = rerun(tiny_model, tmp_path / "after", extra_args=(flag, str(n)))
+    _check(f"{flag} {n}", before, after)
+
+
+def test_watermark_as_advised(before: dict, tiny_model: Path, tmp_path: Path) -> None:
+    """--watermark F keeps F of the blocks free when admitting: the advised share admits as
+    many as fit at the p95 length and makes the rest wait, so nobody is preempted."""
+    w = before["advice"]["watermark"]
+    assert w is not None and 0 < w < 1
+    after = rerun(tiny_model, tmp_path / "after", extra_args=("--watermark", str(w)))
+    _check(f"--watermark {w}", before, after)
