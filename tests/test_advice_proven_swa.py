@@ -108,8 +108,9 @@ def test_more_kv_memory_as_advised(before: dict, swa_model: Path, tmp_path: Path
 def test_the_sidecar_takes_the_model(
     swa_server: LocalVLLM, swa_model: Path, tiny_model: Path
 ) -> None:
-    """The sidecar beside the sliding-window server: its model matches vLLM's own figures; the
-    dense tiny model (twice the bytes a block, so 40 blocks, not 80) does not, and says so."""
+    """The sidecar beside the sliding-window server: it learns the server's version, its model
+    matches vLLM's own figures, and the dense tiny model (twice the bytes a block, so 40 blocks,
+    not 80) does not, and says so."""
     for model, error in ((swa_model, None), (tiny_model, "vLLM made 80")):
         args = ["--target", swa_server.base_url, "--db", "", "--model", str(model)]
         with running_sidecar(args) as side:
@@ -117,10 +118,13 @@ def test_the_sidecar_takes_the_model(
             while True:
                 state = httpx.get(side + "/api/state", timeout=5).json()
                 engines = state["targets"][0]["engines"]
-                if engines or time.monotonic() > deadline:
+                if (engines and state["targets"][0]["vllm_version"]) or (
+                    time.monotonic() > deadline
+                ):
                     break
                 time.sleep(0.3)
         (engine,) = engines
+        assert state["targets"][0]["vllm_version"] == "0.32.0"  # from GET /version
         if error is None:
             assert engine["model_error"] is None
         else:
