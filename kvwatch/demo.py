@@ -217,7 +217,7 @@ def _write_extras(run_dir: Path, state: dict[str, Any], alerts: list[dict[str, A
 def _print_summary(
     run_dir: Path, state: dict[str, Any], view: _LiveView, alerts: list[dict[str, Any]]
 ) -> None:
-    from kvwatch.loadgen.rundir import observed_from_run
+    from kvwatch.loadgen.rundir import observed_from_run, server_from_run
     from kvwatch.loadgen.summary import render_table
     from kvwatch.sidecar.advice import advise
     from kvwatch.sidecar.kvmath import SizingError
@@ -245,7 +245,7 @@ def _print_summary(
         f"(peak {view.peak_rate:.1f}/s); alerts delivered to the webhook: {len(alerts)}"
     )
     try:
-        adv = advise(observed_from_run(run_dir))
+        adv = advise(observed_from_run(run_dir), server=server_from_run(run_dir))
     except SizingError as e:
         print(f"advice: not enough seen ({e})")
     else:

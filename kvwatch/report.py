@@ -143,7 +143,7 @@ def _pcts(d: dict[str, Any] | None, unit: str = "s") -> str:
 
 
 def _advice_html(run_dir: Path) -> tuple[str, str | None]:
-    from kvwatch.loadgen.rundir import observed_from_run
+    from kvwatch.loadgen.rundir import observed_from_run, server_from_run
     from kvwatch.sidecar.advice import advise
     from kvwatch.sidecar.kvmath import SizingError
 
@@ -151,8 +151,13 @@ def _advice_html(run_dir: Path) -> tuple[str, str | None]:
         obs = observed_from_run(run_dir)
     except SizingError as e:
         return f"<p class='note'>No advice: {escape(str(e))}</p>", None
-    adv = advise(obs)
-    parts = [f"<p><b>{escape(adv.verdict)}</b></p>"]
+    adv = advise(obs, server=server_from_run(run_dir))
+    parts = [
+        f"<p><b>{escape(adv.verdict)}</b></p>",
+        f"<p>Advised for {escape(adv.advised_for)}.</p>",
+    ]
+    if adv.recommended:
+        parts.append(f"<p>Recommended: {escape(adv.recommended)}</p>")
     if adv.options:
         parts.append("<p>Change one of:</p><ul>")
         parts += [f"<li><code>{escape(o)}</code></li>" for o in adv.options]
