@@ -155,27 +155,21 @@ def _offload_gib(
         f"kv-offloading-size = ceil({over} blocks over x {_mib(block_b)}) = {gib:g} GiB; one "
         f"victim moves {per_seq} blocks = {_mib(per_seq * block_b)}"
     )
-    link = LINK_BYTES_PER_S.get(gpu.link or "") if gpu is not None else None
-    if link:
-        line += f", {per_seq * block_b / link * 1e3:.1f} ms each way over {gpu.link}"  # type: ignore[union-attr]
+    if gpu is not None and gpu.link in LINK_BYTES_PER_S:
+        link = LINK_BYTES_PER_S[gpu.link]
+        line += f", {per_seq * block_b / link * 1e3:.1f} ms each way over {gpu.link}"
     a.append(line)
     return gib
 
 
-def _recommend(
-    obs: Observed,
-    util: float | None,
-    gpu: Gpu | None,
-    fp8: bool,
-    cap_flag: str,
-    cap: int,
-) -> str:
-    """The lever that fixes this load at the least throughput cost, and why."""
-    if util is not None or gpu is None:
+def _recommend(no_room: bool, fp8: bool, cap_flag: str, cap: int) -> str:
+    """The lever that fixes this load at the least throughput cost, and why. `no_room`: the
+    utilization the memory lever needs is past what vLLM can run with on this GPU."""
+    if not no_room:
         return (
             "more KV memory: it ends the preemption and costs no throughput (more requests fit "
-            "in the batch, so it usually raises it)"
-            + ("" if util is not None else "; if the GPU has no room for it, the next lever")
+            "in the batch, so it usually raises it); where the GPU has no room for it, the "
+            "next option"
         )
     if fp8:
         return (
@@ -249,6 +243,7 @@ def advise(
     util = None
     watermark: float | None = None
     offload: float | None = None
+    no_room = False  # the memory lever needs more of the GPU than vLLM can use
     if fits:
         verdict = "fits: the observed peak stays inside the cache with the margin"
     else:
@@ -268,7 +263,7 @@ def advise(
             if util <= MAX_GPU_MEMORY_UTILIZATION:
                 options.append(f"--gpu-memory-utilization {math.ceil(util * 100) / 100:.2f}")
             else:
-                util = None
+                util, no_room = None, True
                 a.append(f"above {MAX_GPU_MEMORY_UTILIZATION}: not reachable by utilization alone")
         if fp8:
             options.append(
@@ -322,7 +317,7 @@ def advise(
         concurrency_flag=cap_flag,
         watermark=watermark,
         kv_offloading_gib=offload,
-        recommended=None if fits else _recommend(obs, util, gpu, fp8, cap_flag, max_seqs),
+        recommended=None if fits else _recommend(no_room, fp8, cap_flag, max_seqs),
         advised_for=server.describe(),
         fp8_suffices=fp8,
         options=options,

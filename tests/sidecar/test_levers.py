@@ -125,3 +125,17 @@ class TestLevers:
         assert a.recommended is not None and a.recommended.startswith("more KV memory")
         fits = advise(spikes(peak_demand=2))
         assert fits.recommended is None and fits.options == []
+
+    def test_without_room_on_the_gpu_the_next_lever(self) -> None:
+        # the L4 at 0.94 cannot give the KV 8 x 11 blocks of 8 MiB need: no room for memory
+        big = spikes(kv_bytes_per_token=256 * 1024, gpu_memory_utilization=0.94,
+                     kv_cache_memory_bytes=40 * 8 * 2**20)  # fmt: skip
+        a = advise(big, gpu=lookup_gpu("l4"), server=ServerInfo("0.32.0"))
+        assert a.gpu_memory_utilization is None and a.recommended is not None
+        assert a.recommended.startswith("--max-num-active-seqs 3")
+        half = advise(spikes(kv_bytes_per_token=256 * 1024, gpu_memory_utilization=0.94,
+                             kv_cache_memory_bytes=40 * 8 * 2**20, peak_demand=6),
+                      gpu=lookup_gpu("l4"))  # fmt: skip
+        # 6 x 11 = 66 blocks: past 0.95 of the L4 too, but half-size blocks fit (2 x 39 x 0.9)
+        assert half.fp8_suffices and half.recommended is not None
+        assert half.recommended.startswith("--kv-cache-dtype fp8")
