@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 __all__ = [
-    "PreemptionWarning", "StatsLine", "Capacity", "ServerStart", "Malformed", "LogEvent",
+    "PreemptionWarning", "StatsLine", "IterationLine", "Capacity", "ServerStart", "Malformed",
+    "LogEvent",
     "parse_line", "parse_text", "event_to_dict",
 ]  # fmt: skip
 
@@ -41,6 +42,8 @@ _V1_STATS = re.compile(
     r"Avg generation throughput: (?P<gen>[\d.]+) tokens/s, "
     r"Running: (?P<running>\d+) reqs, Waiting: (?P<waiting>\d+) reqs"
     r"(?:, Deferred: (?P<deferred>\d+) reqs)?"
+    r"(?:, KV fetch: (?P<fetch_wait>\d+) waiting to start, (?P<fetch_run>\d+) in progress, "
+    r"(?P<fetch_done>\d+) completed waiting)?"
     r"(?:, Preemptions: (?P<preempt>\d+))?"
     r", (?P<device>\w+) KV cache usage: (?P<kv>[\d.]+)%"
     r"(?:, Prefix cache hit rate: (?P<hit>[\d.]+)%)?"
@@ -51,6 +54,14 @@ _V0_STATS = re.compile(
     r"Running: (?P<running>\d+) reqs, Swapped: (?P<swapped>\d+) reqs, "
     r"Pending: (?P<waiting>\d+) reqs, GPU KV cache usage: (?P<kv>[\d.]+)%, "
     r"CPU KV cache usage: (?P<cpukv>[\d.]+)%"
+)
+# 0.33 `--enable-logging-iteration-details`: one line per engine step
+_ITERATION = re.compile(
+    r"(?:Engine (?P<engine>\d+): )?Iteration\((?P<index>\d+)\): "
+    r"(?P<ctx_reqs>\d+) context requests, (?P<ctx_tokens>\d+) context tokens, "
+    r"(?P<gen_reqs>\d+) generation requests, (?P<gen_tokens>\d+) generation tokens, "
+    r"iteration elapsed time: (?P<ms>[\d.]+) ms(?P<dummy> \(dummy\))?, "
+    r"(?P<device>\w+) KV cache usage: (?P<kv>[\d.]+)%"
 )
 _CAP_SIZE = re.compile(rf"(?P<device>\w+) KV cache size: {_NUM} tokens")
 _CAP_CONC = re.compile(rf"Maximum concurrency for {_NUM} tokens per request: (?P<conc>[\d.]+)x")
@@ -94,8 +105,28 @@ class StatsLine:
     swapped: int | None = None  # V0
     cpu_kv_usage: float | None = None  # V0
     engines: int = 1
+    # 0.33 with a KV connector: requests fetching KV (waiting to start, in progress, done)
+    kv_fetch: tuple[int, int, int] | None = None
     logged_at: str | None = None
     kind: str = "stats"
+
+
+@dataclass(frozen=True, slots=True)
+class IterationLine:
+    """0.33's per-step line (`--enable-logging-iteration-details`): KV usage every step."""
+
+    engine: str | None
+    index: int
+    context_requests: int
+    context_tokens: int
+    generation_requests: int
+    generation_tokens: int
+    elapsed_ms: float
+    dummy: bool
+    device: str
+    kv_usage: float
+    logged_at: str | None = None
+    kind: str = "iteration"
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +164,7 @@ class Malformed:
     kind: str = "malformed"
 
 
-LogEvent = PreemptionWarning | StatsLine | Capacity | ServerStart | Malformed
+LogEvent = PreemptionWarning | StatsLine | IterationLine | Capacity | ServerStart | Malformed
 
 
 def _int(s: str) -> int:
@@ -171,6 +202,11 @@ def _impossible(ev: LogEvent) -> str | None:
         fractions = (ev.kv_usage, ev.prefix_hit_rate, ev.cpu_kv_usage)
         if any(f is not None and not 0.0 <= f <= 1.0 for f in fractions):
             return "a usage or hit rate above 100%"
+    elif isinstance(ev, IterationLine):
+        if not 0.0 <= ev.kv_usage <= 1.0:
+            return "a usage or hit rate above 100%"
+        if not math.isfinite(ev.elapsed_ms):
+            return "a step time that is not finite"
     elif (
         isinstance(ev, Capacity)
         and ev.max_concurrency is not None
@@ -215,6 +251,22 @@ def _parse_line(line: str) -> LogEvent | None:
             )
         return None
     if "KV cache usage:" in line:
+        if "Iteration(" in line:
+            m = _ITERATION.search(line)
+            if m:
+                return IterationLine(
+                    engine=m["engine"],
+                    index=int(m["index"]),
+                    context_requests=int(m["ctx_reqs"]),
+                    context_tokens=int(m["ctx_tokens"]),
+                    generation_requests=int(m["gen_reqs"]),
+                    generation_tokens=int(m["gen_tokens"]),
+                    elapsed_ms=float(m["ms"]),
+                    dummy=m["dummy"] is not None,
+                    device=m["device"],
+                    kv_usage=float(m["kv"]) / 100.0,
+                    logged_at=_stamp(line, m.start()),
+                )
         m = _V1_STATS.search(line)
         if m:
             agg = m["agg"]
@@ -231,6 +283,9 @@ def _parse_line(line: str) -> LogEvent | None:
                 preemptions=_opt_int(m["preempt"]),
                 prefix_hit_rate=None if m["hit"] is None else float(m["hit"]) / 100.0,
                 engines=int(agg) if agg else 1,
+                kv_fetch=None
+                if m["fetch_wait"] is None
+                else (int(m["fetch_wait"]), int(m["fetch_run"]), int(m["fetch_done"])),
                 logged_at=_stamp(line, m.start()),
             )
         m = _V0_STATS.search(line)

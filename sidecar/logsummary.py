@@ -11,6 +11,7 @@ from typing import Any
 
 from kvwatch.sidecar.logformats import (
     Capacity,
+    IterationLine,
     LogEvent,
     Malformed,
     PreemptionWarning,
@@ -47,6 +48,8 @@ class LogSummary:
     warned: dict[str, int] = field(default_factory=dict)
     interval_preemptions: int = 0
     malformed: int = 0  # lines of a known shape with broken or impossible numbers, skipped
+    iteration_lines: int = 0  # 0.33's per-step lines
+    iteration_kv_max: float = 0.0
     version: str | None = None  # the latest startup banner's
     server_args: dict[str, str] = field(default_factory=dict)  # secrets hidden
     # (minute, engine): engines are kept apart (two engines at 100 tok/s are not one at 100)
@@ -57,6 +60,8 @@ class LogSummary:
         return {
             "lines": self.lines,
             "vllm_version": self.version,
+            "iteration_lines": self.iteration_lines,
+            "iteration_kv_max": self.iteration_kv_max,
             "server_args": self.server_args,
             "capacity": self.capacity,
             "stats_lines": self.stats_lines,
@@ -90,6 +95,9 @@ def summarize(events: Iterable[LogEvent], lines: int = 0) -> LogSummary:
             s.capacity = {**(s.capacity or {}), **given}
         elif isinstance(ev, Malformed):
             s.malformed += 1
+        elif isinstance(ev, IterationLine):
+            s.iteration_lines += 1
+            s.iteration_kv_max = max(s.iteration_kv_max, ev.kv_usage)
         elif isinstance(ev, ServerStart):
             s.version = ev.version or s.version
             if ev.args is not None:
@@ -118,6 +126,11 @@ def render_summary(s: LogSummary) -> str:
     out = [f"lines read: {s.lines:,}"]
     if s.malformed:
         out.append(f"skipped: {s.malformed:,} lines with broken or impossible numbers")
+    if s.iteration_lines:
+        out.append(
+            f"iteration lines (0.33 step details): {s.iteration_lines:,}, KV usage at most "
+            f"{s.iteration_kv_max:.0%}"
+        )
     if s.version or s.server_args:
         given = ", ".join(f"{k}={v}" for k, v in s.server_args.items())
         out.append(

@@ -77,7 +77,7 @@ def check_log_line(line: str) -> None:
         assert math.isfinite(ev.generation_tps) and math.isfinite(ev.prompt_tps), line
         assert ev.prefix_hit_rate is None or 0 <= ev.prefix_hit_rate <= 1, line
     assert ev is None or isinstance(ev, Malformed) or ev.kind in (
-        "stats", "capacity", "preemption_warning", "server_start"
+        "stats", "capacity", "preemption_warning", "server_start", "iteration"
     )  # fmt: skip
 
 

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from kvwatch.sidecar.logformats import (
     Capacity,
+    IterationLine,
+    Malformed,
     PreemptionWarning,
     StatsLine,
     parse_line,
@@ -159,10 +161,42 @@ class TestParseText:
     def test_random_text_never_raises(self, text: str) -> None:
         for ev in parse_text(text):
             assert ev.kind in ("stats", "capacity", "preemption_warning", "server_start",
-                               "malformed")  # fmt: skip
+                               "iteration", "malformed")  # fmt: skip
 
     @settings(max_examples=200, deadline=None)
     @given(st.sampled_from([V0_WARNING, V0_STATS, V1_DEFERRED, CAP_CPU, CAP_V0]),
            st.integers(0, 400), st.text(max_size=20))  # fmt: skip
     def test_mangled_real_lines_never_raise(self, line: str, cut: int, junk: str) -> None:
         list(parse_text(line[:cut] + junk + line[cut:]))
+
+
+class TestVllm033:
+    """0.33's variants, from tests/data/vllm-0.33-composed.log (composed from 0.33.0's source:
+    no CPU build of 0.33 exists to capture one)."""
+
+    def test_every_line_is_read(self, data_dir: Path) -> None:
+        text = (data_dir / "vllm-0.33-composed.log").read_text()
+        events = list(parse_text(text))
+        kinds = [e.kind for e in events]
+        assert kinds == ["server_start", "server_start", "capacity", "iteration", "iteration",
+                         "iteration", "stats", "stats"]  # fmt: skip
+
+    def test_iteration_details(self, data_dir: Path) -> None:
+        text = (data_dir / "vllm-0.33-composed.log").read_text()
+        its = [e for e in parse_text(text) if isinstance(e, IterationLine)]
+        assert [i.index for i in its] == [1, 2, 3] and its[1].dummy and not its[0].dummy
+        assert its[0].context_tokens == 2048 and its[2].kv_usage == pytest.approx(0.974)
+        assert its[0].engine == "000" and its[0].device == "GPU" and its[0].elapsed_ms == 35.21
+
+    def test_stats_line_with_kv_fetch(self, data_dir: Path) -> None:
+        text = (data_dir / "vllm-0.33-composed.log").read_text()
+        stats = [e for e in parse_text(text) if isinstance(e, StatsLine)]
+        assert stats[0].kv_fetch == (1, 2, 0) and stats[0].deferred == 1
+        assert stats[0].waiting == 2 and stats[0].prefix_hit_rate == pytest.approx(0.125)
+        assert stats[1].kv_fetch == (0, 1, 3) and stats[1].kv_usage == pytest.approx(0.6)
+
+    def test_an_impossible_iteration_is_malformed(self) -> None:
+        line = ("Engine 000: Iteration(9): 1 context requests, 1 context tokens, 0 generation "
+                "requests, 0 generation tokens, iteration elapsed time: 1.00 ms, GPU KV cache "
+                "usage: 140.0%")  # fmt: skip
+        assert isinstance(parse_line(line), Malformed)
