@@ -65,10 +65,7 @@ class TargetState:
     def wants_version(self, now: float, retry_s: float = 60.0) -> bool:
         """Ask `/version` when the target is up and the answer is unknown (again after a
         failed scrape: a restart may bring another release), at most once a `retry_s`."""
-        if not self.up:
-            self.api_version = None if self.up is False else self.api_version
-            return False
-        if self.api_version is not None:
+        if not self.up or self.api_version is not None:
             return False
         return self.version_asked_at is None or now - self.version_asked_at >= retry_s
 
@@ -167,6 +164,7 @@ class SidecarState:
             exp = outcome.exposition
             if exp is None:
                 ts.up = False
+                ts.api_version = None  # it may come back as another release
                 ts.scrape_errors[outcome.error_reason or "unknown"] += 1
                 ts.last_error = outcome.error
                 ts.present = set()

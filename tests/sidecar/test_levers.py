@@ -139,3 +139,19 @@ class TestLevers:
         # 6 x 11 = 66 blocks: past 0.95 of the L4 too, but half-size blocks fit (2 x 39 x 0.9)
         assert half.fp8_suffices and half.recommended is not None
         assert half.recommended.startswith("--kv-cache-dtype fp8")
+
+
+def test_the_sidecar_asks_the_version_when_a_target_comes_up() -> None:
+    from kvwatch.sidecar.scrape import ScrapeOutcome
+    from kvwatch.sidecar.state import SidecarState
+
+    state = SidecarState(["http://t"])
+    assert not state.wants_version("http://t", 0.0)  # not scraped yet
+    state.targets["http://t"].up = True
+    assert state.wants_version("http://t", 0.0)
+    state.record_version("http://t", 0.0, None)  # it did not say
+    assert not state.wants_version("http://t", 30.0) and state.wants_version("http://t", 60.0)
+    state.record_version("http://t", 60.0, "0.32.0")
+    assert not state.wants_version("http://t", 999.0)
+    state.record_scrape("http://t", 1000.0, ScrapeOutcome(0.1, error_reason="connect", error="x"))
+    assert state.targets["http://t"].api_version is None  # down: a restart may change it
