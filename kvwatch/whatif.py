@@ -14,7 +14,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kvwatch.sidecar.advice import Observed
+from kvwatch.sidecar.advice import Observed, byte_size
 from kvwatch.sidecar.archconfig import Architecture
 from kvwatch.sidecar.kvmath import Gpu, VictimCosts, lookup_gpu, resolve_model, victim_costs
 from kvwatch.sidecar.kvplan import PLATFORMS, KvPlan, Serving, capacity_line, plan
@@ -151,10 +151,6 @@ def what_if(ns: argparse.Namespace) -> WhatIfAnswer:
     return WhatIfAnswer(model, gpu, serving, p, how, weights, obs, costs)
 
 
-def _mib(b: float) -> str:
-    return f"{b / 2**20:,.0f} MiB" if b < 2**30 else f"{b / 2**30:,.2f} GiB"
-
-
 def render_what_if(a: WhatIfAnswer) -> list[str]:
     p, m = a.plan, a.model
     kinds = ", ".join(f"{n} {k}" for k, n in m.kinds().items())
@@ -163,7 +159,7 @@ def render_what_if(a: WhatIfAnswer) -> list[str]:
         f"  model: {m.architecture} ({kinds}; {m.params_total / 1e9:,.1f}B parameters"
         + (f", {m.params_active / 1e9:,.1f}B active" if m.params_active < m.params_total else "")
         + ")",
-        f"  KV budget: {p.kv_cache_memory_bytes:,} B = {_mib(p.kv_cache_memory_bytes)} "
+        f"  KV budget: {p.kv_cache_memory_bytes:,} B = {byte_size(p.kv_cache_memory_bytes)} "
         f"({a.budget})",
         f"  vLLM would print: {capacity_line(p, device)}",
         f"  num_gpu_blocks {p.num_gpu_blocks:,}, block_size {p.layout.block_size}",

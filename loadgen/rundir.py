@@ -81,6 +81,11 @@ def _peak_overlap(intervals: list[tuple[float, float]]) -> int:
     return peak
 
 
+def _p95(ordered: list[int]) -> int:
+    """The 95th percentile of sorted, non-empty values (the nearest rank)."""
+    return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
+
+
 def server_from_run(run_dir: Path) -> ServerInfo:
     """The server's version as the run recorded it before the load (None: not recorded)."""
     try:
@@ -121,9 +126,10 @@ def observed_from_run(run_dir: Path) -> Observed:
         for r in records
         if r["sent_at"] is not None and r["finished_at"] is not None
     ]
-    p95 = lengths[min(len(lengths) - 1, math.ceil(0.95 * len(lengths)) - 1)]
-    prompts = sorted(r["prompt_tokens"] or r["expected_input_tokens"] or 0 for r in records)
-    prompt_p95 = prompts[min(len(prompts) - 1, math.ceil(0.95 * len(prompts)) - 1)]
+    p95 = _p95(lengths)
+    prompt_p95 = _p95(
+        sorted(r["prompt_tokens"] or r["expected_input_tokens"] or 0 for r in records)
+    )
     mem = cache.get("kv_cache_memory_bytes")
     blocks, bs = cache["num_blocks"], cache["block_size"]
     server = json.loads((run_dir / "summary.json").read_text()).get("server") or {}

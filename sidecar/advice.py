@@ -26,6 +26,7 @@ __all__ = [
     "RESERVED_BLOCKS",
     "kv_bytes_per_token_from",
     "several_groups_note",
+    "byte_size",
 ]
 
 RESERVED_BLOCKS = 1  # vLLM keeps one block back (the null block)
@@ -116,7 +117,7 @@ class Advice:
         return asdict(self)
 
 
-def _mib(b: float) -> str:
+def byte_size(b: float) -> str:
     return f"{b / 2**20:,.2f} MiB" if b < 2**30 else f"{b / 2**30:,.2f} GiB"
 
 
@@ -152,8 +153,8 @@ def _offload_gib(
         return None
     gib = math.ceil(over * block_b / 2**30 * 10) / 10
     line = (
-        f"kv-offloading-size = ceil({over} blocks over x {_mib(block_b)}) = {gib:g} GiB; one "
-        f"victim moves {per_seq} blocks = {_mib(per_seq * block_b)}"
+        f"kv-offloading-size = ceil({over} blocks over x {byte_size(block_b)}) = {gib:g} GiB; one "
+        f"victim moves {per_seq} blocks = {byte_size(per_seq * block_b)}"
     )
     if gpu is not None and gpu.link in LINK_BYTES_PER_S:
         link = LINK_BYTES_PER_S[gpu.link]
@@ -201,7 +202,7 @@ def advise(
     if layout is None or (len(layout.groups) == 1 and layout.groups[0].kind in ("full", "mla")):
         per_seq = max(1, blocks_for(obs.seq_len_p95, bs))
         block_b = layout.bytes_per_block if layout else obs.kv_bytes_per_token * bs
-        a = [f"block = {bs} tokens x {obs.kv_bytes_per_token:,.0f} B/token = {_mib(block_b)}"]
+        a = [f"block = {bs} tokens x {obs.kv_bytes_per_token:,.0f} B/token = {byte_size(block_b)}"]
     else:
         per_seq = max(1, layout.blocks_per_request(obs.seq_len_p95))
         block_b = layout.bytes_per_block
@@ -212,7 +213,7 @@ def advise(
             for g in layout.groups
         )
         a = [
-            f"block = {_mib(block_b)} ({len(layout.groups)} KV groups share the pool)",
+            f"block = {byte_size(block_b)} ({len(layout.groups)} KV groups share the pool)",
             f"a request of {obs.seq_len_p95:,.0f} tokens holds {held} blocks",
         ]
     demand = math.ceil(obs.peak_demand)
@@ -235,7 +236,7 @@ def advise(
     kv_bytes = int(needed * block_b)
     a.append(
         f"blocks needed = ceil({peak_blocks} / (1 - {margin:g})) + {RESERVED_BLOCKS}"
-        f" = {needed} = {_mib(kv_bytes)} of KV"
+        f" = {needed} = {byte_size(kv_bytes)} of KV"
     )
     fits = peak_blocks <= usable * (1 - margin)
     fp8 = obs.kv_dtype in ("auto", "bf16", "fp16") and 2 * usable * (1 - margin) >= peak_blocks
@@ -258,7 +259,7 @@ def advise(
             util = obs.gpu_memory_utilization + extra / gpu.memory_bytes
             a.append(
                 f"gpu-memory-utilization = {obs.gpu_memory_utilization:g} + "
-                f"{_mib(extra)} / {_mib(gpu.memory_bytes)} = {util:.3f}"
+                f"{byte_size(extra)} / {byte_size(gpu.memory_bytes)} = {util:.3f}"
             )
             if util <= MAX_GPU_MEMORY_UTILIZATION:
                 options.append(f"--gpu-memory-utilization {math.ceil(util * 100) / 100:.2f}")

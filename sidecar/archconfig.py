@@ -397,11 +397,14 @@ def _build_layer(kind: str, text: Mapping[str, Any], label: str, heads: int, hid
         conv = _int(text, "linear_conv_kernel_dim", label)
         return StateLayer("gdn", kd * kh * 2 + vd * vh, conv - 1, vh, vd, kd)
     if kind == "mamba2":
+        # the mixer's intermediate size: expand x hidden (Granite 4), heads x head dim (NemotronH)
+        if "mamba_expand" in text or "mamba_d_head" in text:
+            channels = _int(text, "mamba_expand", label, 2) * hidden
+        else:
+            channels = _int(text, "mamba_num_heads", label) * _int(text, "mamba_head_dim", label)
         return StateLayer(
             "mamba2",
-            conv_channels=_int(text, "mamba_expand", label, 2) * hidden
-            if "mamba_d_head" in text or "mamba_expand" in text
-            else _int(text, "mamba_num_heads", label) * _int(text, "mamba_head_dim", label),
+            conv_channels=channels,
             conv_len=_int(text, "mamba_d_conv", label, _int(text, "conv_kernel", label, 4)) - 1,
             ssm_heads=_int(text, "mamba_n_heads", label, text.get("mamba_num_heads")),
             ssm_a=_int(text, "mamba_d_head", label, text.get("mamba_head_dim")),

@@ -12,7 +12,7 @@ Gen5), 16 GB of weights read per step / 3.35 TB/s = 4.8 ms, about 7.2 s to gener
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +58,6 @@ def lookup_model(name: str) -> Architecture:
 
 
 def _with_params(arch: Architecture, total: float, active: float | None) -> Architecture:
-    from dataclasses import replace
-
     return replace(arch, params_total=total, params_active=active or total)
 
 

@@ -135,6 +135,8 @@ class _Spec:
     page_bytes: int  # one block of this one layer
     window: int | None = None
     state_blocks: int = 1  # state layers: blocks per request (1, or 2 + checkpoint in align)
+    # part of the spec's identity, as vLLM's page_size_padded is: a padded page does not group
+    # with an unpadded one of the same size
     padded: bool = False
 
 

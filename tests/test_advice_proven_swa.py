@@ -14,9 +14,6 @@ for the smallest memory that works is bench/bench_sizing_sliding.py (docs/sizing
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +26,7 @@ from kvwatch.loadgen.rundir import run_outcome
 from tests.loadgen.test_loadgen_live import run as loadgen_run
 from tests.sidecar.running import running_sidecar
 from tests.test_advice_proven import LENGTHS, _check, rerun
+from tests.test_advise_sources import advise
 
 pytestmark = pytest.mark.integration
 
@@ -37,15 +35,8 @@ SWA_WORKLOAD = ["--stage", "burst:size=8,every=12@48s", *LENGTHS]
 
 
 def advise_json(*args: str) -> tuple[int, dict]:
-    p = subprocess.run(
-        [sys.executable, "-m", "kvwatch", "advise", "--json", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert p.returncode in (0, 1), p.stderr
-    (item,) = json.loads(p.stdout)
-    return p.returncode, item
+    rc, (item,) = advise(*args)
+    return rc, item
 
 
 @pytest.fixture(scope="module")
