@@ -40,7 +40,10 @@ __all__ = [
     "KV_CACHE_FREE_TOKENS", "REQUESTS_RUNNING", "REQUESTS_WAITING", "REQUESTS_WAITING_CAPACITY",
     "BLOCK_DEMAND_PER_STEP", "SECONDS_TO_KV_EXHAUSTION", "GENERATION_TOKENS_PER_SECOND",
     "PROMPT_TOKENS_PER_SECOND", "PREEMPTIONS_PER_SECOND_SHORT", "PREEMPTIONS_PER_SECOND_LONG",
-    "REPEAT_PREEMPTED_REQUESTS", "ALERTS_FIRING", "WEBHOOK_PENDING", "WEBHOOK_DELIVERED",
+    "REPEAT_PREEMPTED_REQUESTS", "PROMPT_CACHE_HIT_RATIO", "KV_OFFLOAD_LOAD_BYTES_PER_SECOND",
+    "KV_OFFLOAD_STORE_BYTES_PER_SECOND", "KV_OFFLOAD_ALLOCATION_FAILURES",
+    "KV_OFFLOAD_CPU_PINNED_RATIO", "ADMISSION_REJECTIONS", "ALERTS_FIRING", "WEBHOOK_PENDING",
+    "WEBHOOK_DELIVERED",
     "WEBHOOK_DROPPED", "LOAD_STAGE", "INTERNAL_ERRORS", "LOG_LINES", "LOG_OVERSIZED_LINES",
     "LOG_ROTATIONS",
     "REC_KV_USAGE", "REC_RUNNING", "REC_WAITING", "REC_PREEMPTION_RATE", "REC_REPEAT_PREEMPTED",
@@ -155,6 +158,32 @@ REPEAT_PREEMPTED_REQUESTS = _g(
     "kvwatch_repeat_preempted_requests", E,
     "finished requests preempted 2+ times in the long window",
 )  # fmt: skip
+# From families vLLM 0.32+ exports; absent where the server has no such family (older releases,
+# no --kv-offloading-size), never written as 0 for "unknown".
+PROMPT_CACHE_HIT_RATIO = _g(
+    "kvwatch_prompt_cache_hit_ratio", E,
+    "share of prompt tokens whose KV came from a cache, short window (0.32+)",
+)  # fmt: skip
+KV_OFFLOAD_LOAD_BYTES_PER_SECOND = _g(
+    "kvwatch_kv_offload_load_bytes_per_second", E,
+    "bytes per second loaded from the CPU offload tier into the KV cache, short window",
+)  # fmt: skip
+KV_OFFLOAD_STORE_BYTES_PER_SECOND = _g(
+    "kvwatch_kv_offload_store_bytes_per_second", E,
+    "bytes per second stored from the KV cache into the CPU offload tier, short window",
+)  # fmt: skip
+KV_OFFLOAD_ALLOCATION_FAILURES = _g(
+    "kvwatch_kv_offload_allocation_failures", E,
+    "offload stores that found the CPU tier full, in the long window",
+)  # fmt: skip
+KV_OFFLOAD_CPU_PINNED_RATIO = _g(
+    "kvwatch_kv_offload_cpu_pinned_ratio", E,
+    "share of the CPU offload tier pinned by transfers in flight (not its occupancy)",
+)  # fmt: skip
+ADMISSION_REJECTIONS = _g(
+    "kvwatch_admission_rejections", E,
+    "requests vLLM refused at its queue limits in the long window (booked on engine 0)",
+)  # fmt: skip
 ALERTS_FIRING = _g("kvwatch_alerts_firing", ("alertname",), "the sidecar's own alerts now firing")
 WEBHOOK_PENDING = _g("kvwatch_webhook_pending", ("receiver",), "notifications not yet delivered")
 WEBHOOK_DELIVERED = _c("kvwatch_webhook_delivered", ("receiver",), "notifications delivered")
@@ -193,6 +222,12 @@ ENGINE_GAUGES: tuple[tuple[Metric, str], ...] = (
     (PREEMPTIONS_PER_SECOND_SHORT, "preemptions_per_s_short"),
     (PREEMPTIONS_PER_SECOND_LONG, "preemptions_per_s_long"),
     (REPEAT_PREEMPTED_REQUESTS, "repeat_preempted_long"),
+    (PROMPT_CACHE_HIT_RATIO, "prompt_cache_hit_share"),
+    (KV_OFFLOAD_LOAD_BYTES_PER_SECOND, "offload_load_bytes_per_s"),
+    (KV_OFFLOAD_STORE_BYTES_PER_SECOND, "offload_store_bytes_per_s"),
+    (KV_OFFLOAD_ALLOCATION_FAILURES, "offload_allocation_failures_long"),
+    (KV_OFFLOAD_CPU_PINNED_RATIO, "offload_cpu_pinned"),
+    (ADMISSION_REJECTIONS, "admission_rejections_long"),
 )
 
 METRICS: tuple[Metric, ...] = (

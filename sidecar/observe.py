@@ -11,12 +11,21 @@ from dataclasses import dataclass
 
 from kvwatch.sidecar.exposition import Exposition, Sample
 from kvwatch.sidecar.vocabulary import (
+    ADMISSION_REJECTIONS,
     CACHE_CONFIG,
     GENERATION_TOKENS,
+    KV_OFFLOAD_ALLOCATION_FAILURES,
+    KV_OFFLOAD_CPU_CACHE_USAGE,
+    KV_OFFLOAD_LOAD_BYTES,
+    KV_OFFLOAD_STORE_BYTES,
+    KV_OFFLOAD_TRANSFER_BYTES,
     KV_USAGE,
     MAX_COUNT,
+    OFFLOAD_LOAD,
+    OFFLOAD_STORE,
     PREEMPTIONS,
     PROMPT_TOKENS,
+    PROMPT_TOKENS_BY_SOURCE,
     REQUEST_GENERATION_TOKENS,
     REQUEST_PREEMPTIONS,
     REQUEST_PROMPT_TOKENS,
@@ -103,6 +112,17 @@ class EngineObservation:
     output_len_buckets: Buckets = ()  # per-request generated tokens
     preemption_buckets: Buckets = ()  # preemptions per finished request
     cache: CacheConfig | None = None
+    # 0.32+: where prompt KV came from (prompt_tokens_by_source)
+    prompt_tokens_computed_total: float | None = None
+    prompt_tokens_cached_total: float | None = None  # prefix cache + external transfer
+    # --kv-offloading-size: traffic with the CPU tier and the stores it had no room for
+    offload_load_bytes_total: float | None = None
+    offload_store_bytes_total: float | None = None
+    offload_allocation_failures_total: float | None = None
+    offload_cpu_pinned: float | None = None
+    # vLLM counts these per model in the API server; they are booked on the model's first
+    # engine so that one count is not multiplied by the engines of a data-parallel server
+    admission_rejections_total: float | None = None
 
 
 def _key(s: Sample) -> EngineKey:
@@ -151,8 +171,14 @@ def observe(exp: Exposition) -> dict[EngineKey, EngineObservation]:
         s.labels.get("engine", ""): CacheConfig.from_labels(s.labels)
         for s in exp.family(CACHE_CONFIG)
     }
+    by_source = _by_label(exp.family(PROMPT_TOKENS_BY_SOURCE), "source")
+    cached = _add(by_source.get("local_cache_hit", {}), by_source.get("external_kv_transfer", {}))
+    load, store = _offload_bytes(exp)
+    failures = _gauge(exp, KV_OFFLOAD_ALLOCATION_FAILURES)
+    pinned = _gauge(exp, KV_OFFLOAD_CPU_CACHE_USAGE)
 
     keys = set(kv) | set(running) | set(waiting) | set(preempt) | set(gen)
+    rejected = _per_first_engine(_gauge(exp, ADMISSION_REJECTIONS), keys)
     out: dict[EngineKey, EngineObservation] = {}
     for k in keys:
         fin = finished.get(k)
@@ -172,7 +198,48 @@ def observe(exp: Exposition) -> dict[EngineKey, EngineObservation]:
             output_len_buckets=output_len.get(k, ()),
             preemption_buckets=per_request.get(k, ()),
             cache=caches.get(k[1]),
+            prompt_tokens_computed_total=by_source.get("local_compute", {}).get(k),
+            prompt_tokens_cached_total=cached.get(k),
+            offload_load_bytes_total=load.get(k),
+            offload_store_bytes_total=store.get(k),
+            offload_allocation_failures_total=failures.get(k),
+            offload_cpu_pinned=pinned.get(k),
+            admission_rejections_total=rejected.get(k),
         )
+    return out
+
+
+def _by_label(samples: list[Sample], label: str) -> dict[str, dict[EngineKey, float]]:
+    out: dict[str, dict[EngineKey, float]] = {}
+    for s in samples:
+        if s.suffix == "" and not math.isnan(s.value):
+            d = out.setdefault(s.labels.get(label, ""), {})
+            d[_key(s)] = d.get(_key(s), 0.0) + s.value
+    return out
+
+
+def _add(a: dict[EngineKey, float], b: dict[EngineKey, float]) -> dict[EngineKey, float]:
+    return {k: a.get(k, 0.0) + b.get(k, 0.0) for k in set(a) | set(b)}
+
+
+def _offload_bytes(exp: Exposition) -> tuple[dict[EngineKey, float], dict[EngineKey, float]]:
+    """(loaded, stored) bytes per engine: the flat families where the server writes them, else
+    the older kv_offload_total_bytes by transfer_type (0.33 writes both: never add them)."""
+    legacy = _by_label(exp.family(KV_OFFLOAD_TRANSFER_BYTES), "transfer_type")
+    load = _gauge(exp, KV_OFFLOAD_LOAD_BYTES) or legacy.get(OFFLOAD_LOAD, {})
+    store = _gauge(exp, KV_OFFLOAD_STORE_BYTES) or legacy.get(OFFLOAD_STORE, {})
+    return load, store
+
+
+def _per_first_engine(
+    per_model: dict[EngineKey, float], engines: set[EngineKey]
+) -> dict[EngineKey, float]:
+    """A per-model count (engine label "") on the model's lowest-numbered engine."""
+    out: dict[EngineKey, float] = {}
+    for (model, _), value in per_model.items():
+        mine = sorted((k for k in engines if k[0] == model), key=lambda k: (len(k[1]), k[1]))
+        if mine:
+            out[mine[0]] = value
     return out
 
 

@@ -8,6 +8,10 @@
 - Preemption rate: reset-corrected increase of the preemption counter over a window, per second.
 - Repeat preemptions: finished requests that were preempted 2+ times, in the long window (from the
   per-request preemption histogram, vLLM 0.30+).
+- Prompt cache share: prompt tokens whose KV came from a cache (prefix cache or a connector) over
+  all prompt tokens, short window (prompt_tokens_by_source, 0.32+).
+- Offload traffic: bytes per second between the GPU and the CPU tier each way, short window; its
+  allocation failures and admission rejections counted over the long window.
 """
 
 from __future__ import annotations
@@ -49,6 +53,13 @@ class EngineSignals:
     kv_cache_memory_bytes: int | None
     gpu_memory_utilization: float | None
     cache_dtype: str | None
+    # None where the server lacks the family (older releases, no offloading): absent, not zero
+    prompt_cache_hit_share: float | None = None
+    offload_load_bytes_per_s: float | None = None
+    offload_store_bytes_per_s: float | None = None
+    offload_allocation_failures_long: float | None = None
+    offload_cpu_pinned: float | None = None
+    admission_rejections_long: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,4 +123,20 @@ def derive(
         kv_cache_memory_bytes=cache.kv_cache_memory_bytes,
         gpu_memory_utilization=cache.gpu_memory_utilization,
         cache_dtype=cache.cache_dtype,
+        prompt_cache_hit_share=_cache_share(tl, th.short_window_s, now),
+        offload_load_bytes_per_s=tl.rate("offload_load_bytes_total", th.short_window_s, now),
+        offload_store_bytes_per_s=tl.rate("offload_store_bytes_total", th.short_window_s, now),
+        offload_allocation_failures_long=tl.increase(
+            "offload_allocation_failures_total", th.long_window_s, now
+        ),
+        offload_cpu_pinned=obs.offload_cpu_pinned,
+        admission_rejections_long=tl.increase("admission_rejections_total", th.long_window_s, now),
     )
+
+
+def _cache_share(tl: Timeline, window_s: float, now: float) -> float | None:
+    cached = tl.increase("prompt_tokens_cached_total", window_s, now)
+    computed = tl.increase("prompt_tokens_computed_total", window_s, now)
+    if cached is None or computed is None or cached + computed <= 0:
+        return None
+    return cached / (cached + computed)

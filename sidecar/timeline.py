@@ -20,6 +20,12 @@ COUNTERS = (
     "generation_tokens_total",
     "finished_requests_total",
     "repeat_preempted_total",
+    "prompt_tokens_computed_total",
+    "prompt_tokens_cached_total",
+    "offload_load_bytes_total",
+    "offload_store_bytes_total",
+    "offload_allocation_failures_total",
+    "admission_rejections_total",
 )
 # Faster than any server counts (one engine: ~1e5 tokens/s of prefill on the biggest GPUs): a
 # point whose counter rose faster since the last one is a broken exporter, not load.
@@ -29,6 +35,12 @@ MAX_RATE_PER_S = {
     "generation_tokens_total": 1e9,
     "finished_requests_total": 1e6,
     "repeat_preempted_total": 1e6,
+    "prompt_tokens_computed_total": 1e9,
+    "prompt_tokens_cached_total": 1e9,
+    "offload_load_bytes_total": 1e13,  # past any host link (PCIe 6 x16 is 1.3e11 B/s)
+    "offload_store_bytes_total": 1e13,
+    "offload_allocation_failures_total": 1e7,
+    "admission_rejections_total": 1e7,
 }
 
 

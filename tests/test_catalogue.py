@@ -71,10 +71,13 @@ class TestNamesComeFromTheCatalogue:
 
 
 def _busy_state(tmp_path: Path) -> SidecarState:
-    body = (ROOT / "tests" / "data" / "vllm-0.32-metrics-busy.txt").read_text()
-    later = re.sub(  # a second scrape a second later, 100 tokens on: rates have two points
-        r"^(vllm:generation_tokens_total\{.*\} )(\S+)$",
-        lambda m: f"{m[1]}{float(m[2]) + 100}",
+    # the real 0.32 busy body with the offload families composed from 0.33's source, so that
+    # every engine gauge has something to say
+    body = (ROOT / "tests" / "data" / "vllm-0.33-metrics-offload-composed.txt").read_text()
+    later = re.sub(  # a second scrape a second later, every counter on: rates have two points
+        r"^(vllm:(generation_tokens|prompt_tokens_by_source|kv_offload_(load|store)_bytes"
+        r"|kv_offload_allocation_failure|admission_rejections)_total\{.*\} )(\S+)$",
+        lambda m: f"{m[1]}{float(m[4]) + 100}",
         body,
         flags=re.M,
     )
