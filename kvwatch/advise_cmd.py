@@ -58,6 +58,10 @@ def observed_from_engines(
                     notes=several_groups_note(
                         s.capacity_blocks, s.block_size, s.capacity_tokens, None
                     ),
+                    admission_rejections=s.admission_rejections_long,
+                    offload_allocation_failures=s.offload_allocation_failures_long,
+                    kv_offloading_gib=s.kv_offloading_gib,
+                    prompt_cache_hit_share=s.prompt_cache_hit_share,
                 ),
             )
         )

@@ -20,6 +20,7 @@ from typing import Any
 from kvwatch.sidecar.advice import Observed, kv_bytes_per_token_from, several_groups_note
 from kvwatch.sidecar.kvmath import SizingError
 from kvwatch.sidecar.levers import ServerInfo, valid_version
+from kvwatch.sidecar.signals import cached_share
 
 __all__ = [
     "write_run", "read_records", "read_jsonl", "write_jsonl", "run_outcome", "observed_from_run",
@@ -149,4 +150,10 @@ def observed_from_run(run_dir: Path) -> Observed:
         source=f"run {run_dir}",
         prompt_len_p95=prompt_p95,
         notes=several_groups_note(blocks, bs, cache.get("kv_tokens"), cache.get("sliding_window")),
+        admission_rejections=server.get("admission_rejections"),
+        offload_allocation_failures=server.get("offload_allocation_failures"),
+        kv_offloading_gib=cache.get("kv_offloading_gib"),
+        prompt_cache_hit_share=cached_share(
+            server.get("prompt_tokens_cached"), server.get("prompt_tokens_computed")
+        ),
     )

@@ -86,6 +86,11 @@ class Observed:
     # follow its sliding windows and states; None: one full-attention group
     layout: KvLayout | None = None
     notes: tuple[str, ...] = ()
+    # from the families vLLM 0.32+ exports; None where the source has none
+    admission_rejections: float | None = None  # refused at --max-num-queued-reqs/-tokens
+    offload_allocation_failures: float | None = None  # stores the CPU tier had no room for
+    kv_offloading_gib: float | None = None  # the server's --kv-offloading-size
+    prompt_cache_hit_share: float | None = None  # prompt tokens served from a cache
 
     def __post_init__(self) -> None:
         for f in ("capacity_blocks", "block_size", "kv_bytes_per_token"):
@@ -161,6 +166,40 @@ def _offload_gib(
         line += f", {per_seq * block_b / link * 1e3:.1f} ms each way over {gpu.link}"
     a.append(line)
     return gib
+
+
+def _offload_grown(obs: Observed, sized: float | None, a: list[str]) -> float | None:
+    """A CPU tier that refused stores is too small: at least twice what the server has."""
+    have, failed = obs.kv_offloading_gib, obs.offload_allocation_failures
+    if not have or not failed:
+        return sized
+    grown = max(sized or 0.0, 2 * have)
+    a.append(
+        f"the CPU tier of {have:g} GiB refused {failed:,.0f} stores (vLLM's "
+        f"kv_offload_allocation_failure): kv-offloading-size = max({sized or 0:g}, 2 x {have:g})"
+        f" = {grown:g} GiB"
+    )
+    return grown
+
+
+def _sharing_assumption(obs: Observed) -> str:
+    worst = "every request's blocks are counted as its own (worst case)"
+    if obs.prompt_cache_hit_share is None:
+        return f"prefix caching shares nothing: {worst}; shared prefixes need fewer blocks"
+    return (
+        f"the prefix cache served {obs.prompt_cache_hit_share:.0%} of prompt tokens "
+        f"(vLLM's prompt_tokens_by_source); still {worst}"
+    )
+
+
+def _admission_assumption(obs: Observed) -> list[str]:
+    if not obs.admission_rejections:
+        return []
+    return [
+        f"vLLM refused {obs.admission_rejections:,.0f} requests at its queue limits "
+        "(--max-num-queued-reqs / --max-num-queued-tokens): the demand seen is what was "
+        "admitted, the offered load was higher"
+    ]
 
 
 def _recommend(no_room: bool, fp8: bool, cap_flag: str, cap: int) -> str:
@@ -298,6 +337,7 @@ def advise(
                 "its first prefill chunk fits, which over-admits long prompts into preemption)"
             )
         offload = _offload_gib(peak_blocks, usable, block_b, per_seq, gpu, a)
+        offload = _offload_grown(obs, offload, a)
         if offload is not None and has_flag("--kv-offloading-size", version):
             options.append(
                 f"--kv-offloading-size {offload:g} (a CPU tier for the blocks that do not fit: "
@@ -328,7 +368,8 @@ def advise(
             f"the p95 request length ({obs.seq_len_p95:,.0f} tokens) is what each admitted "
             "request grows to; longer ones still need the margin",
             f"{margin:.0%} of blocks kept free for prompts arriving and lengths above p95",
-            "prefix caching shares nothing (worst case); shared prefixes need fewer blocks",
+            _sharing_assumption(obs),
+            *_admission_assumption(obs),
             "never lower --gpu-memory-utilization against preemption: it shrinks the cache",
         ],
     )

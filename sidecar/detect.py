@@ -5,7 +5,9 @@ Values come from sidecar/thresholds.py:
 - saturated: the cache ran out in the short window (peak KV usage >= saturated_kv, or any
   preemption: vLLM preempts only when a running request cannot get a block, and on a short spike
   the sampled usage misses that moment), and requests waiting (now or within counter_lag_s: the
-  preemption counter rises only when the victim runs again, by when the queue may be empty);
+  preemption counter rises only when the victim runs again, by when the queue may be empty) or
+  refused at vLLM's queue limits in the short window (--max-num-queued-reqs keeps the queue
+  short by turning requests away, 0.32+);
 - thrashing: saturated, a sustained preemption stream (rate and count in the short window), and
   evidence that work is redone: finished requests preempted 2+ times (per-request histogram),
   running requests collapsed below a fraction of their recent peak while others wait, or
@@ -54,6 +56,9 @@ class Evidence:
     repeat_preempted_long: float | None
     generation_rate: float | None
     peak_generation_rate_long: float | None
+    # 0.32+ families; None where the server has none
+    rejected_short: float | None = None  # admission rejections (queue limits)
+    offload_failures_short: float | None = None  # stores the CPU offload tier had no room for
 
 
 def gather_evidence(tl: Timeline, sig: EngineSignals, now: float, th: Thresholds) -> Evidence:
@@ -71,6 +76,10 @@ def gather_evidence(tl: Timeline, sig: EngineSignals, now: float, th: Thresholds
         repeat_preempted_long=sig.repeat_preempted_long,
         generation_rate=sig.generation_tokens_per_s,
         peak_generation_rate_long=max(rates, default=None),
+        rejected_short=tl.increase("admission_rejections_total", th.short_window_s, now),
+        offload_failures_short=tl.increase(
+            "offload_allocation_failures_total", th.short_window_s, now
+        ),
     )
 
 
@@ -82,8 +91,10 @@ def judge(ev: Evidence, th: Thresholds, current: Level = Level.OK) -> tuple[Leve
     waiting = max(ev.waiting or 0.0, ev.peak_waiting_recent or 0.0)
     rate = ev.preemption_rate_short or 0.0
     count = ev.preemptions_short or 0.0
+    rejected = ev.rejected_short or 0.0
     ran_out = peak >= th.saturated_kv or count > 0
-    saturated = ran_out and waiting >= th.saturated_waiting
+    saturated = ran_out and (waiting >= th.saturated_waiting or rejected > 0)
+    context = _context(ev)
     stream = rate >= th.thrashing_preemptions_per_s and count >= th.thrashing_min_preemptions
     if saturated and stream:
         redone = []
@@ -112,18 +123,32 @@ def judge(ev: Evidence, th: Thresholds, current: Level = Level.OK) -> tuple[Leve
             )
         if redone:
             reasons.append(f"{rate:.1f} preemptions/s ({count:.0f} in the short window)")
-            return Level.THRASHING, reasons + redone
+            return Level.THRASHING, reasons + redone + context
     if saturated:
         full = (
             f"KV usage peaked at {peak:.0%}"
             if peak >= th.saturated_kv
             else f"{count:.0f} preemptions (the cache ran out; sampled KV peak {peak:.0%})"
         )
-        return Level.SATURATED, [f"{full} with up to {waiting:.0f} waiting"]
+        queued = f"up to {waiting:.0f} waiting"
+        if rejected > 0:
+            queued += f", {rejected:.0f} refused at the queue limit"
+        return Level.SATURATED, [f"{full} with {queued}", *context]
     limit = th.pressure_exit_kv if current >= Level.PRESSURE else th.pressure_kv
     if kv >= limit:
         return Level.PRESSURE, [f"KV usage {kv:.0%}"]
     return Level.OK, []
+
+
+def _context(ev: Evidence) -> list[str]:
+    """What the newer families add to a saturated or thrashing engine's reasons."""
+    out = []
+    if (ev.offload_failures_short or 0) > 0:
+        out.append(
+            f"{ev.offload_failures_short:.0f} stores found the CPU offload tier full "
+            "(--kv-offloading-size too small)"
+        )
+    return out
 
 
 @dataclass

@@ -60,6 +60,7 @@ class CacheConfig:
     kv_cache_memory_bytes: int | None = None
     enable_prefix_caching: bool | None = None
     sliding_window: int | None = None  # set only when every layer slides (vLLM 0.32)
+    kv_offloading_gib: float | None = None  # --kv-offloading-size: the CPU tier, GiB
 
     @classmethod
     def from_labels(cls, labels: dict[str, str]) -> CacheConfig:
@@ -80,6 +81,7 @@ class CacheConfig:
             kv_cache_memory_bytes=None if mem is None else int(mem),
             enable_prefix_caching=None if prefix is None else prefix == "True",
             sliding_window=None if window is None else int(window),
+            kv_offloading_gib=_label_float(labels, "kv_offloading_size"),
         )
 
 

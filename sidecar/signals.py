@@ -23,7 +23,7 @@ from kvwatch.sidecar.observe import CacheConfig, bucket_quantile
 from kvwatch.sidecar.thresholds import Thresholds
 from kvwatch.sidecar.timeline import Timeline
 
-__all__ = ["EngineSignals", "derive"]
+__all__ = ["EngineSignals", "derive", "cached_share"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,7 @@ class EngineSignals:
     offload_allocation_failures_long: float | None = None
     offload_cpu_pinned: float | None = None
     admission_rejections_long: float | None = None
+    kv_offloading_gib: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -131,12 +132,19 @@ def derive(
         ),
         offload_cpu_pinned=obs.offload_cpu_pinned,
         admission_rejections_long=tl.increase("admission_rejections_total", th.long_window_s, now),
+        kv_offloading_gib=cache.kv_offloading_gib,
     )
 
 
 def _cache_share(tl: Timeline, window_s: float, now: float) -> float | None:
-    cached = tl.increase("prompt_tokens_cached_total", window_s, now)
-    computed = tl.increase("prompt_tokens_computed_total", window_s, now)
+    return cached_share(
+        tl.increase("prompt_tokens_cached_total", window_s, now),
+        tl.increase("prompt_tokens_computed_total", window_s, now),
+    )
+
+
+def cached_share(cached: float | None, computed: float | None) -> float | None:
+    """Prompt tokens served from a cache over all prompt tokens; None without any."""
     if cached is None or computed is None or cached + computed <= 0:
         return None
     return cached / (cached + computed)

@@ -59,6 +59,25 @@ class TestJudge:
         # the same figures without a single preemption: only what the gauges say
         assert judge(ev(**spike), TH)[0] is Level.OK
 
+    def test_refusals_at_the_queue_limit_count_as_waiting(self) -> None:
+        # --max-num-queued-reqs keeps the queue short by refusing requests: a full cache that
+        # turns requests away is saturated though almost nothing waits
+        full = dict(kv_usage=0.99, peak_kv_short=1.0, waiting=0, peak_waiting_recent=0)
+        assert judge(ev(**full), TH)[0] is Level.PRESSURE
+        lvl, why = judge(ev(**full, rejected_short=12), TH)
+        assert lvl is Level.SATURATED and "12 refused at the queue limit" in why[0]
+        # refusals on a cache with room are a queue limit, not KV pressure
+        assert judge(ev(rejected_short=12), TH)[0] is Level.OK
+
+    def test_a_full_offload_tier_is_named(self) -> None:
+        full = dict(kv_usage=0.97, peak_kv_short=1.0, waiting=20)
+        stream = dict(preemptions_short=20, preemption_rate_short=2.0, repeat_preempted_long=3)
+        lvl, why = judge(ev(**full, **stream, offload_failures_short=4), TH)
+        assert lvl is Level.THRASHING and any("CPU offload tier full" in r for r in why)
+        lvl, why = judge(ev(**full, offload_failures_short=4), TH)
+        assert lvl is Level.SATURATED and "offload" in why[-1]
+        assert not any("offload" in r for r in judge(ev(**full, **stream), TH)[1])
+
     def test_pressure_hysteresis_in_the_rule(self) -> None:
         assert judge(ev(kv_usage=0.87, peak_kv_short=0.87), TH)[0] is Level.OK
         assert judge(ev(kv_usage=0.87, peak_kv_short=0.87), TH, Level.PRESSURE)[0] is Level.PRESSURE

@@ -120,6 +120,26 @@ class TestLevers:
         assert a.kv_offloading_gib == 0.1
         assert any("ms each way over pcie5" in x for x in a.arithmetic)
 
+    def test_a_cpu_tier_that_refused_stores_is_grown(self) -> None:
+        obs = spikes(kv_offloading_gib=0.5, offload_allocation_failures=3)
+        a = advise(obs, server=ServerInfo("0.32.0"))
+        assert a.kv_offloading_gib == 1.0  # twice the 0.5 GiB that ran out
+        assert any("refused 3 stores" in x for x in a.arithmetic)
+        assert any(o.startswith("--kv-offloading-size 1 ") for o in a.options)
+        # a tier that never refused keeps the sizing from the peak alone
+        assert (
+            advise(spikes(kv_offloading_gib=0.5), server=ServerInfo("0.32.0")).kv_offloading_gib
+            == 0.1
+        )
+
+    def test_what_the_newer_families_say_goes_into_the_assumptions(self) -> None:
+        plain = advise(spikes()).assumptions
+        assert any(x.startswith("prefix caching shares nothing") for x in plain)
+        assert not any("refused" in x for x in plain)
+        told = advise(spikes(prompt_cache_hit_share=0.4, admission_rejections=12)).assumptions
+        assert any("prefix cache served 40% of prompt tokens" in x for x in told)
+        assert any("vLLM refused 12 requests at its queue limits" in x for x in told)
+
     def test_recommendation(self) -> None:
         a = advise(spikes(), server=ServerInfo("0.32.0"))
         assert a.recommended is not None and a.recommended.startswith("more KV memory")
