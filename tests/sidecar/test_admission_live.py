@@ -1,0 +1,73 @@
+"""A real vLLM with a queue limit (--max-num-queued-reqs) refuses requests under a spike: its own
+`vllm:admission_rejections_total` counts them, the load generator records each refusal, and the
+sidecar exports the refusals and shows them in /api/state beside its judgement of the cache
+the admitted requests outgrew. (That refusals on a full cache count as waiting is the detector's
+unit test: here the admitted eight preempt anyway.) One extra server, about 20 s to start."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig
+from kvwatch.sidecar.exposition import parse_exposition
+from kvwatch.sidecar.vocabulary import ADMISSION_REJECTIONS
+from tests.sidecar.running import running_sidecar
+
+pytestmark = pytest.mark.integration
+
+
+def _vllm_rejections(base: str) -> float:
+    exp = parse_exposition(httpx.get(base + "/metrics", timeout=10).text)
+    return sum(s.value for s in exp.family(ADMISSION_REJECTIONS))
+
+
+def test_refusals_at_the_queue_limit(tiny_model: Path, tmp_path: Path) -> None:
+    cfg = ServerConfig(model=tiny_model, nice=10, extra_args=("--max-num-queued-reqs", "8"))
+    with LocalVLLM(cfg, log_path=tmp_path / "vllm.log") as srv:
+        base = srv.base_url
+        assert _vllm_rejections(base) == 0
+        with running_sidecar(["--target", base, "--interval", "0.5", "--db", ""]) as side:
+            records = loadgen_run_allowing_failures(base, tmp_path / "run")
+            refused = [r for r in records if not r["ok"]]
+            assert refused, "a 32-request spike into a queue of 2 must be refused in part"
+            # vLLM's count is what the client saw refused
+            assert _vllm_rejections(base) == len(refused)
+            seen: dict = {}
+            states: set[str] = set()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                state = httpx.get(side + "/api/state", timeout=5).json()
+                (engine,) = state["targets"][0]["engines"]
+                states.add(engine["state"])
+                seen = engine["signals"]
+                if seen.get("admission_rejections_long") == len(refused):
+                    break
+                time.sleep(0.5)
+            assert seen["admission_rejections_long"] == len(refused)
+            text = httpx.get(side + "/metrics", timeout=5).text
+            assert "kvwatch_admission_rejections{" in text
+            share = seen["prompt_cache_hit_share"]
+            assert share is None or 0 <= share <= 1
+            # 8 admitted requests of 11 blocks each outgrow 39 usable blocks: the cache ran out
+            assert states & {"saturated", "thrashing"}, states
+
+
+def loadgen_run_allowing_failures(base: str, run_dir: Path) -> list[dict]:
+    """The spike of the thrashing tests; refused requests fail, so the run exits 1."""
+    import json
+    import subprocess
+    import sys
+
+    p = subprocess.run(
+        [sys.executable, "-m", "kvwatch", "loadgen", "run", "--url", base, "--run-dir",
+         str(run_dir), "--no-progress", "--stage", "concurrency:n=32#32",
+         "--input-len", "30", "--output-len", "300", "--seed", "13"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert p.returncode in (0, 1), p.stdout + p.stderr
+    with (run_dir / "requests.jsonl").open() as fh:
+        return [json.loads(line) for line in fh]
