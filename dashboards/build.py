@@ -32,7 +32,15 @@ from kvwatch.sidecar import catalogue as cat
 from kvwatch.sidecar.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from kvwatch.sidecar.vocabulary import E2E, GENERATION_TOKENS, ITL, PROMPT_TOKENS, TTFT
 
-__all__ = ["DASHBOARDS", "kv_pressure", "fleet", "build", "render", "write_all"]
+__all__ = ["DASHBOARDS", "OFFLOAD_PANELS", "kv_pressure", "fleet", "build", "render", "write_all"]
+
+# Panels that only a server with --kv-offloading-size fills (vLLM's CPU backend cannot offload,
+# so the live test checks them against the body composed from 0.33's source)
+OFFLOAD_PANELS = ("KV offload traffic", "KV offload tier full")
+_NO_OFFLOAD = (
+    " Empty on servers without --kv-offloading-size (vLLM's CPU backend cannot offload) and "
+    "on releases without the offloading connector's metrics."
+)
 
 _DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 _STATE_COLORS = ("green", "yellow", "orange", "red")
@@ -332,6 +340,45 @@ def kv_pressure(th: Thresholds = DEFAULT_THRESHOLDS) -> dashboard.Dashboard:
         (q.token_rate(PROMPT_TOKENS), "prefilled {{instance}} e{{engine}}"),
     ).axis_label("tokens/s")
 
+    sources = _series(
+        "Prompt tokens by source",
+        "Where prompt KV came from, tokens per second: computed (prefill), the prefix cache, "
+        "or a KV connector (vllm:prompt_tokens_by_source). Cache hits are prompts the cache "
+        "did not have to hold twice. Empty on releases before the family (seen on 0.32).",
+        "short",
+        (q.prompt_tokens_by_source(), "{{source}} {{instance}} e{{engine}}"),
+        width=8,
+    ).axis_label("tokens/s")
+    refused = _series(
+        "Requests refused at the queue limit",
+        "Requests vLLM refused at --max-num-queued-reqs or --max-num-queued-tokens, per "
+        "second (vllm:admission_rejections, per model: it has no engine label). Refusals keep "
+        "the queue short, so a full cache that refuses is saturated though little waits. "
+        "Zero without those flags; empty on releases before the family (seen on 0.32).",
+        "reqps",
+        (q.admission_rejections(), "{{reason}} {{instance}}"),
+        width=8,
+    )
+    offload = _series(
+        OFFLOAD_PANELS[0],
+        "Bytes per second between the KV cache and its CPU offload tier: stored (evicted or "
+        "preempted blocks going out) and loaded (coming back instead of being recomputed)."
+        + _NO_OFFLOAD,
+        "Bps",
+        (q.offload_bytes("store"), "stored {{instance}} e{{engine}}"),
+        (q.offload_bytes("load"), "loaded {{instance}} e{{engine}}"),
+        width=4,
+    )
+    offload_full = _series(
+        OFFLOAD_PANELS[1],
+        "Offload stores that found no room in the CPU tier (vllm:kv_offload_allocation_failure):"
+        " the tier is too small for what the GPU cache evicts; raise --kv-offloading-size."
+        + _NO_OFFLOAD,
+        "short",
+        (q.offload_failures(), "{{instance}} e{{engine}}"),
+        width=4,
+    )
+
     def latency(title: str, family: Any, what: str) -> timeseries.Panel:
         return _series(
             title,
@@ -361,6 +408,7 @@ def kv_pressure(th: Thresholds = DEFAULT_THRESHOLDS) -> dashboard.Dashboard:
         _annotations(_variables(d)),
         ("KV cache", [kv, capacity, demand, exhaustion]),
         ("Preemption and thrashing", [state, preempt, recomputed, per_request, episodes, queue]),
+        ("Prompt sources, refusals and offload", [sources, refused, offload, offload_full]),
         (
             "Load and latency",
             [

@@ -10,8 +10,14 @@ from __future__ import annotations
 
 from kvwatch.sidecar.catalogue import STATE_LEVEL, Metric
 from kvwatch.sidecar.vocabulary import (
+    ADMISSION_REJECTIONS,
+    KV_OFFLOAD_ALLOCATION_FAILURES,
+    KV_OFFLOAD_LOAD_BYTES,
+    KV_OFFLOAD_STORE_BYTES,
+    KV_OFFLOAD_TRANSFER_BYTES,
     KV_USAGE,
     PREEMPTIONS,
+    PROMPT_TOKENS_BY_SOURCE,
     REQUEST_PREEMPTIONS,
     RUNNING,
     WAITING,
@@ -23,11 +29,14 @@ from kvwatch.sidecar.vocabulary import (
 __all__ = [
     "VLLM_FILTER", "SIDECAR_FILTER", "BY", "vllm", "sidecar", "kv_usage", "preemption_rate",
     "running", "waiting", "waiting_by_reason", "token_rate", "latency_quantile",
-    "preemptions_per_request", "state_level", "label_values", "QUANTILES",
+    "preemptions_per_request", "state_level", "label_values", "QUANTILES", "MODEL_FILTER",
+    "prompt_tokens_by_source", "admission_rejections", "offload_bytes", "offload_failures",
 ]  # fmt: skip
 
 VLLM_FILTER = 'model_name=~"$model_name", instance=~"$instance", engine=~"$engine"'
 SIDECAR_FILTER = 'model_name=~"$model_name", engine=~"$engine"'
+# vLLM's API server counts admission rejections per model: no engine label to filter on
+MODEL_FILTER = 'model_name=~"$model_name", instance=~"$instance"'
 BY = "instance, model_name, engine"
 QUANTILES = (0.5, 0.9, 0.99)
 
@@ -83,3 +92,30 @@ def state_level(matchers: str = SIDECAR_FILTER) -> str:
 def label_values(label: str, matchers: str = "") -> str:
     """A Grafana variable query: the label's values on vLLM's KV usage series."""
     return f"label_values({vllm(KV_USAGE, matchers=matchers)}, {label})"
+
+
+def prompt_tokens_by_source() -> str:
+    """Prompt tokens per second by where their KV came from (computed, prefix cache, connector)."""
+    return f"sum by ({BY}, source) (rate({vllm(PROMPT_TOKENS_BY_SOURCE)}[$__rate_interval]))"
+
+
+def admission_rejections() -> str:
+    sel = vllm(ADMISSION_REJECTIONS, matchers=MODEL_FILTER)
+    return f"sum by (instance, model_name, reason) (rate({sel}[$__rate_interval]))"
+
+
+def offload_bytes(direction: str) -> str:
+    """Bytes per second to (`store`) or from (`load`) the CPU tier, in either spelling: the flat
+    family, or the older total by transfer_type (0.33 writes both: the flat one wins)."""
+    flat = vllm(KV_OFFLOAD_STORE_BYTES if direction == "store" else KV_OFFLOAD_LOAD_BYTES)
+    transfer = "GPU_to_CPU" if direction == "store" else "CPU_to_GPU"
+    legacy = vllm(KV_OFFLOAD_TRANSFER_BYTES, matchers=f'{VLLM_FILTER}, transfer_type="{transfer}"')
+    return (
+        f"sum by ({BY}) (rate({flat}[$__rate_interval])) or "
+        f"sum by ({BY}) (rate({legacy}[$__rate_interval]))"
+    )
+
+
+def offload_failures() -> str:
+    sel = vllm(KV_OFFLOAD_ALLOCATION_FAILURES)
+    return f"sum by ({BY}) (increase({sel}[$__rate_interval]))"

@@ -1,18 +1,24 @@
 """Every panel of every dashboard returns data from a real Prometheus that scraped the real vLLM
 fixture and a sidecar through a load that goes from healthy into thrashing, once with the
-spelling Prometheus stores on its own and once with the other one (`vllm:` vs `vllm_`)."""
+spelling Prometheus stores on its own and once with the other one (`vllm:` vs `vllm_`).
+
+The offload panels are the exception: vLLM's CPU backend cannot offload, so they must be empty
+on the fixture (as their descriptions say) and full from a fake server that serves the body
+composed from vLLM 0.33's source, its counters rising scrape by scrape."""
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import time
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import httpx
 import pytest
 
-from kvwatch.dashboards.build import DASHBOARDS, build
+from kvwatch.dashboards.build import DASHBOARDS, OFFLOAD_PANELS, build
 from kvwatch.dashboards.live import (
     annotation_queries,
     fill_variables,
@@ -22,6 +28,7 @@ from kvwatch.dashboards.live import (
 )
 from kvwatch.dashboards.preview import spans_from, write_preview
 from kvwatch.loadgen.local_server import LocalVLLM
+from tests.http_server import serving
 from tests.loadgen.test_loadgen_live import run as loadgen_run
 from tests.prometheus import running_prometheus, wait_for_series
 from tests.sidecar.running import running_sidecar
@@ -68,7 +75,66 @@ def test_every_panel_returns_data_in_both_spellings(vllm_server: LocalVLLM, tmp_
     assert not problems, "\n".join(problems)
 
 
-def _check_all(prom: str, spelling: str, start: float, end: float, write: bool) -> list[str]:
+_COMPOSED = Path(__file__).resolve().parents[1] / "data" / "vllm-0.33-metrics-offload-composed.txt"
+_RISING = re.compile(
+    r"^(vllm:(kv_offload_(load|store|total)_bytes|kv_offload_allocation_failure)_total"
+    r"\{.*\} )(\S+)$",
+    re.M,
+)
+
+
+class FakeOffloadingServer(BaseHTTPRequestHandler):
+    """FAKE vLLM /metrics: the composed 0.33 body, offload counters 1 MiB (failures 1) higher
+    at every scrape. Stands in only for what no server here can do: offload KV."""
+
+    scrapes = 0
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        FakeOffloadingServer.scrapes += 1
+        n = FakeOffloadingServer.scrapes
+
+        def bump(m: re.Match[str]) -> str:
+            step = 1 if m[2] == "kv_offload_allocation_failure" else 2**20
+            return f"{m[1]}{float(m[4]) + n * step}"
+
+        body = _RISING.sub(bump, _COMPOSED.read_text()).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_offload_panels_fill_from_a_server_that_offloads() -> None:
+    with serving(FakeOffloadingServer) as fake:
+        targets = {"vllm": [fake.removeprefix("http://")]}
+        with running_prometheus(targets) as prom_a:
+            rename = ("vllm:(.*)", "vllm_$1")
+            with running_prometheus(targets, rename=rename) as prom_b:
+                start = time.time()
+                wait_for_series(prom_b, KV)
+                time.sleep(8)  # rates need a few scrapes
+                end = time.time()
+                problems = []
+                for prom, spelling in ((prom_a, "vllm:"), (prom_b, "vllm_")):
+                    problems += _check_all(prom, spelling, start, end, write=False,
+                                           only=OFFLOAD_PANELS)  # fmt: skip
+    assert not problems, "\n".join(problems)
+
+
+def _check_all(
+    prom: str,
+    spelling: str,
+    start: float,
+    end: float,
+    write: bool,
+    only: tuple[str, ...] | None = None,
+) -> list[str]:
+    """Problems with the panels; `only` names the panels to check, else all but the offload
+    ones, which must then be empty (the fixture's CPU backend has no offloading)."""
     problems = []
     with httpx.Client(timeout=10) as client:
         for name in sorted(DASHBOARDS):
@@ -81,11 +147,18 @@ def _check_all(prom: str, spelling: str, start: float, end: float, write: bool) 
 
             results: dict[str, list] = {}
             for pq in panel_queries(doc):
+                if only is not None and pq.panel not in only:
+                    continue
                 series = query(pq.expr, pq.instant)
                 finite = [v for s in series for _, v in s.points if math.isfinite(v)]
-                if not finite:
+                if only is None and pq.panel in OFFLOAD_PANELS:
+                    if finite:
+                        problems.append(f"{spelling} {name}: {pq.panel} has data on CPU vLLM")
+                elif not finite:
                     problems.append(f"{spelling} {name}: {pq.panel} {pq.ref} empty: {pq.expr}")
                 results.setdefault(pq.panel, []).append((pq, series))
+            if only is not None:
+                continue
             spans = []
             for title, expr in annotation_queries(doc).items():
                 series = query(expr, False)
