@@ -17,6 +17,8 @@ import yaml
 from kvwatch.sidecar import catalogue as cat
 from kvwatch.sidecar.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from kvwatch.sidecar.vocabulary import (
+    ADMISSION_REJECTIONS,
+    KV_OFFLOAD_ALLOCATION_FAILURES,
     KV_USAGE,
     PREEMPTIONS,
     REQUEST_PREEMPTIONS,
@@ -110,6 +112,17 @@ def rule_groups(
     finished = (
         f"sum by ({_BY}) (increase({promql_selector(REQUEST_PREEMPTIONS, suffix='count')}[5m]))"
     )
+    ran_out = (
+        f"({cat.REC_KV_USAGE.name} >= {th.saturated_kv:g} or on({_BY}) "
+        f"{cat.REC_PREEMPTION_RATE.name} > 0)"
+    )
+    refused = (
+        "sum by (instance, model_name) "
+        f"(increase({promql_selector(ADMISSION_REJECTIONS)}[1m]))"
+    )
+    offload_full = (
+        f"sum by ({_BY}) (increase({promql_selector(KV_OFFLOAD_ALLOCATION_FAILURES)}[5m])) > 0"
+    )
     le1 = promql_selector(REQUEST_PREEMPTIONS, 'le=~"1|1.0"', suffix="bucket")
     once = f"sum by ({_BY}) (increase({le1}[5m]))"
     recording = {
@@ -129,8 +142,10 @@ def rule_groups(
         # waited. A spike fills the cache between scrapes, and the preemption counter
         # rises when the victim runs again, after the queue has drained: so waiting
         # counts over the same minute as the preemptions.
-        "saturated": f"({cat.REC_KV_USAGE.name} >= {th.saturated_kv:g} or on({_BY}) "
-        f"{cat.REC_PREEMPTION_RATE.name} > 0) and on({_BY}) {waited} >= {th.saturated_waiting:g}",
+        # Requests refused at --max-num-queued-reqs count as waiting; vLLM counts them per
+        # model (no engine label), so they match on instance and model.
+        "saturated": f"({ran_out} and on({_BY}) {waited} >= {th.saturated_waiting:g}) or "
+        f"({ran_out} and on(instance, model_name) {refused} > 0)",
         "preempting": f"{cat.REC_PREEMPTION_RATE.name} > {th.thrashing_preemptions_per_s:g}",
     }
     a = _alert
@@ -143,6 +158,7 @@ def rule_groups(
             a("VllmPreemptionRateHigh", st["preempting"], th, _VLLM_INSTANCE, s),
             a("VllmRepeatedPreemptions", f"{cat.REC_REPEAT_PREEMPTED.name} > 0", th,
               _VLLM_INSTANCE, s),
+            a("VllmKvOffloadTierFull", offload_full, th, _VLLM_INSTANCE, s),
             a("VllmMetricsAbsent", f"absent({promql_selector(KV_USAGE)})", th, None, s),
         ],
     }  # fmt: skip

@@ -374,7 +374,8 @@ ALERTS: tuple[Alert, ...] = (
         "VllmKvCacheSaturated", "critical",
         "vLLM KV cache full with requests waiting on {where}",
         "The KV cache ran out (usage at or above {pct[saturated_kv]}, or requests preempted) "
-        "while requests waited, minute after minute for 5 minutes.",
+        "while requests waited or were refused at the queue limit, minute after minute for 5 "
+        "minutes.",
         RULES, for_="5m",
     ),
     Alert(
@@ -389,6 +390,14 @@ ALERTS: tuple[Alert, ...] = (
         "vLLM requests preempted again and again on {where}",
         "{value} requests finished in the last 5 minutes after being preempted twice or more: "
         "the same work is being redone.",
+        RULES, for_="5m",
+    ),
+    Alert(
+        "VllmKvOffloadTierFull", "warning",
+        "vLLM's CPU KV offload tier is full on {where}",
+        "{value} KV offload stores found no room in the CPU tier in the last 5 minutes, for 5 "
+        "minutes: evicted and preempted blocks are dropped and recomputed instead of loaded "
+        "back. Raise --kv-offloading-size.",
         RULES, for_="5m",
     ),
     Alert(
@@ -409,8 +418,8 @@ ALERTS: tuple[Alert, ...] = (
         "KvwatchKvCacheSaturated", "critical",
         "vLLM KV cache full with requests waiting on {target} ({model_name}, engine {engine})",
         "The kvwatch sidecar judges this engine saturated: the cache ran out (usage at or above "
-        "{pct[saturated_kv]}, or a preemption) while requests waited, for "
-        "{th.enter_after_s:g} s.",
+        "{pct[saturated_kv]}, or a preemption) while requests waited or were refused at the "
+        "queue limit, for {th.enter_after_s:g} s.",
         WEBHOOK, for_threshold="enter_after_s", level=Level.SATURATED,
     ),
     Alert(
