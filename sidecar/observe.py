@@ -152,10 +152,7 @@ def observe(exp: Exposition) -> dict[EngineKey, EngineObservation]:
     preempt = _gauge(exp, PREEMPTIONS)
     prompt = _gauge(exp, PROMPT_TOKENS)
     gen = _gauge(exp, GENERATION_TOKENS)
-    by_reason: dict[str, dict[EngineKey, float]] = {}
-    for s in exp.family(WAITING_BY_REASON):
-        d = by_reason.setdefault(s.labels.get("reason", ""), {})
-        d[_key(s)] = d.get(_key(s), 0.0) + s.value
+    by_reason = _by_label(exp.family(WAITING_BY_REASON), "reason")
     finished: dict[EngineKey, float] = {}
     le1: dict[EngineKey, float] = {}
     for s in exp.family(REQUEST_PREEMPTIONS):
