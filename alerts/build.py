@@ -168,6 +168,7 @@ def rule_groups(
             a("KvwatchThrashing", cat.STATE.select('state="thrashing"') + " == 1", th,
               _TARGET_INSTANCE, s),
             a("KvwatchTargetDown", f"{cat.TARGET_UP.select()} == 0", th, _TARGET_INSTANCE, s),
+            a("KvwatchEngineDead", f"{cat.ENGINE_ALIVE.select()} == 0", th, _TARGET_INSTANCE, s),
             a("KvwatchVllmMetricsMissing", f"{cat.VLLM_METRICS_PRESENT.select()} == 0", th,
               _TARGET_INSTANCE, s),
             a("KvwatchSidecarDown", f'up{{job="{sidecar_job}"}} == 0', th, None, s),

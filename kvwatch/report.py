@@ -281,6 +281,7 @@ def render_report(run_dir: Path) -> str:
         body.append(bar_chart("Requests by how often vLLM preempted them", buckets))
     else:
         body.append("<p class='note'>The server exported no per-request preemption histogram.</p>")
+    body += _incidents_section(d["summary"].get("sidecar"))
     if d["alerts"]:
         body.append("<h2>Alerts delivered</h2><pre>")
         body.append(escape("\n".join(json.dumps(a) for a in d["alerts"])))
@@ -291,6 +292,36 @@ def render_report(run_dir: Path) -> str:
         f"<title>kvwatch report: {escape(run_dir.name)}</title><style>{_CSS}</style></head>"
         "<body>" + "".join(head + body) + "</body></html>\n"
     )
+
+
+def _incidents_section(side: Any) -> list[str]:
+    """What the sidecar's followed log told of, and its engines' status at the run's end."""
+    out = ["<h2>Incidents</h2>"]
+    if not isinstance(side, dict) or not side:
+        return [*out, "<p class='note'>No sidecar was given to this run (--sidecar).</p>"]
+    engines = side.get("engines")
+    rows = [
+        (f"engine of {t} at the end", escape(
+            f"{e.get('status', '?')}" + (f": {e['reason']}" if e.get("reason") else "")
+        ))
+        for t, e in (engines.items() if isinstance(engines, dict) else ())
+        if isinstance(e, dict)
+    ]  # fmt: skip
+    if rows:
+        out.append(_table(rows))
+    incidents = [i for i in side.get("incidents") or [] if isinstance(i, dict)]
+    if not incidents:
+        out.append(
+            "<p class='note'>The sidecar's log told of no incident (or it follows no log: "
+            "--log).</p>"
+        )
+        return out
+    out.append("<table><tr><th>at</th><th>what</th><th>detail</th><th>cause</th></tr>")
+    for i in incidents:
+        cells = (i.get("at"), i.get("what"), i.get("detail"), i.get("cause"))
+        out.append("<tr>" + "".join(f"<td>{escape(str(c or ''))}</td>" for c in cells) + "</tr>")
+    out.append("</table>")
+    return out
 
 
 def _f(v: Any) -> float:

@@ -18,7 +18,7 @@ from kvwatch.loadgen.client import served_model
 from kvwatch.loadgen.records import StallRule
 from kvwatch.loadgen.runner import Progress, RunOptions, run_loop, run_stages
 from kvwatch.loadgen.schedule import Stage, StageSpecError, parse_stage, sweep_stages
-from kvwatch.loadgen.server_metrics import TimelineRecorder, server_snapshot
+from kvwatch.loadgen.server_metrics import TimelineRecorder, server_snapshot, sidecar_incidents
 from kvwatch.loadgen.stall_causes import PreemptionCounter, mark_preempting_stalls
 from kvwatch.loadgen.workload import DatasetError, WorkloadSpec, tokenize_corpus
 from kvwatch.sidecar.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
@@ -186,6 +186,10 @@ def run_command(ns: argparse.Namespace) -> int:
         async with httpx.AsyncClient(timeout=10, headers=headers) as client:
             return await server_snapshot(client, ns.url)
 
+    async def sidecar_end() -> dict[str, Any]:
+        async with httpx.AsyncClient(timeout=10) as client:
+            return await sidecar_incidents(client, ns.sidecar)
+
     model, workload, server_before = run_loop(prepare())
     before_t = time.time()
     opts = RunOptions(
@@ -214,6 +218,8 @@ def run_command(ns: argparse.Namespace) -> int:
     summary = summarize_records(records, slo)
     if server_before and server_after:
         summary["server"] = _server_delta(server_before, server_after)
+    if ns.sidecar:
+        summary["sidecar"] = run_loop(sidecar_end())
     run_dir = ns.run_dir or Path("runs") / time.strftime("loadgen-%Y%m%d-%H%M%S")
     spec = {
         "target": ns.url,

@@ -22,7 +22,7 @@ from kvwatch.sidecar.scrape import fetch_version, scrape_once
 from kvwatch.sidecar.timeline import COUNTERS
 from kvwatch.sidecar.views import engines_from_json
 
-__all__ = ["server_snapshot", "summarize_engines", "TimelineRecorder"]
+__all__ = ["server_snapshot", "summarize_engines", "TimelineRecorder", "sidecar_incidents"]
 
 _TIMEOUT_S = 10.0
 
@@ -133,3 +133,39 @@ async def _sidecar_state(client: httpx.AsyncClient, sidecar_url: str) -> str | N
         return None
     levels = [e.level for _, e in engines if e.present]
     return max(levels).label if levels else None
+
+
+_INCIDENT_KEYS = ("what", "at", "until", "detail", "cause", "lines")
+
+
+async def sidecar_incidents(client: httpx.AsyncClient, sidecar_url: str) -> dict[str, Any]:
+    """What the sidecar knows of each target's engine at the end of a run: its status (alive,
+    dead, stuck) and the incidents its followed log told of. Input from outside: only the
+    known keys, as strings and numbers, are kept."""
+    try:
+        doc = (await client.get(sidecar_url + "/api/state")).json()
+        targets = doc["targets"]
+        if not isinstance(targets, list):
+            raise ValueError
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return {}
+    out: dict[str, Any] = {"engines": {}, "incidents": []}
+    for t in targets:
+        if not isinstance(t, dict):
+            continue
+        name = str(t.get("target", ""))[:300]
+        status = t.get("engine_status")
+        if isinstance(status, str):
+            reason = t.get("engine_status_reason")
+            out["engines"][name] = {
+                "status": status[:20],
+                "reason": reason[:1000] if isinstance(reason, str) else "",
+            }
+        log = t.get("log")
+        for i in (log.get("incidents") if isinstance(log, dict) else None) or []:
+            if isinstance(i, dict) and isinstance(i.get("what"), str):
+                kept = {k: i.get(k) for k in _INCIDENT_KEYS}
+                out["incidents"].append(
+                    {k: v[:1000] if isinstance(v, str) else v for k, v in kept.items()}
+                )
+    return out

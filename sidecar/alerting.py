@@ -88,6 +88,7 @@ def _raise(
 _JUDGED_FROM_HISTORY = frozenset(a.name for a in cat.ALERTS if a.level is not None)
 _TARGET_DOWN = cat.alert("KvwatchTargetDown")
 _METRICS_MISSING = cat.alert("KvwatchVllmMetricsMissing")
+_ENGINE_DEAD = cat.alert("KvwatchEngineDead")
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,11 @@ def active_alerts(view: StateView, th: Thresholds, now_unix: float) -> AlertSet:
                 _METRICS_MISSING,
                 t.metrics_missing_since_unix if t.up and t.vllm_metrics_present is False else None,
                 "",
+            ),
+            (
+                _ENGINE_DEAD,
+                None if t.liveness is None else t.liveness.since_unix,
+                "" if t.liveness is None else f"It is {t.liveness.status}: {t.liveness.reason}.",
             ),
         ):
             if since is None:

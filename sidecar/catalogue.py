@@ -31,9 +31,10 @@ __all__ = [
     "MetricType", "Metric", "METRICS", "ENGINE_GAUGES", "TARGET_LABELS", "ENGINE_LABELS",
     "STATES", "Recording", "RECORDINGS", "Route", "Alert", "ALERTS", "alert", "alert_for_level",
     "metric", "percentages", "human_duration", "duration_seconds", "prometheus_duration",
-    "TARGET_UP", "VLLM_METRICS_PRESENT", "SCRAPES", "SCRAPE_ERRORS", "EXPOSITION_PARSE_ERRORS",
-    "REJECTED_SAMPLES",
+    "TARGET_UP", "VLLM_METRICS_PRESENT", "ENGINE_ALIVE", "SCRAPES", "SCRAPE_ERRORS",
+    "EXPOSITION_PARSE_ERRORS", "REJECTED_SAMPLES",
     "SCRAPE_DURATION", "PREEMPTIONS_OBSERVED", "COUNTER_RESETS", "LOG_PREEMPTION_WARNINGS",
+    "LOG_INCIDENTS",
     "STATE", "STATE_LEVEL", "THRASHING_EPISODES", "EPISODE_PREEMPTIONS",
     "EPISODE_RECOMPUTED_TOKENS", "KV_CACHE_USAGE", "KV_CACHE_CAPACITY_BLOCKS",
     "KV_CACHE_CAPACITY_TOKENS", "KV_CACHE_BLOCK_SIZE", "KV_CACHE_FREE_BLOCKS",
@@ -92,6 +93,11 @@ VLLM_METRICS_PRESENT = _g(
     "kvwatch_vllm_metrics_present", T,
     "1 if the target exports vLLM engine metrics (0: e.g. --disable-log-stats)",
 )  # fmt: skip
+ENGINE_ALIVE = _g(
+    "kvwatch_engine_alive", T,
+    "1 if the target's engine works; 0 if it is dead (/health fails while /metrics answers, or "
+    "the followed log says it died) or stuck (requests and no token); absent when unknown",
+)  # fmt: skip
 SCRAPES = _c("kvwatch_scrapes", T, "scrapes attempted")
 SCRAPE_ERRORS = _c("kvwatch_scrape_errors", (*T, "reason"), "failed scrapes by reason")
 EXPOSITION_PARSE_ERRORS = _c("kvwatch_exposition_parse_errors", T, "unreadable sample lines")
@@ -101,6 +107,11 @@ REJECTED_SAMPLES = _c(
 )  # fmt: skip
 SCRAPE_DURATION = _g("kvwatch_scrape_duration_seconds", T, "last scrape duration")
 LOG_PREEMPTION_WARNINGS = _c("kvwatch_log_preemption_warnings", T, "V0 preemption warnings read")
+LOG_INCIDENTS = _c(
+    "kvwatch_log_incidents", (*T, "what"),
+    "incidents the followed log told of, by kind (engine_death, startup_failure, "
+    "kv_cache_too_small, out_of_memory, restart, ...; docs/log-formats.md)",
+)  # fmt: skip
 PREEMPTIONS_OBSERVED = _c(
     "kvwatch_preemptions_observed", E,
     "preemptions seen since the sidecar started, corrected for vLLM restarts",
@@ -231,10 +242,10 @@ ENGINE_GAUGES: tuple[tuple[Metric, str], ...] = (
 )
 
 METRICS: tuple[Metric, ...] = (
-    TARGET_UP, VLLM_METRICS_PRESENT, SCRAPES, SCRAPE_ERRORS, EXPOSITION_PARSE_ERRORS,
+    TARGET_UP, VLLM_METRICS_PRESENT, ENGINE_ALIVE, SCRAPES, SCRAPE_ERRORS, EXPOSITION_PARSE_ERRORS,
     REJECTED_SAMPLES, SCRAPE_DURATION, PREEMPTIONS_OBSERVED, COUNTER_RESETS,
-    LOG_PREEMPTION_WARNINGS, STATE, STATE_LEVEL, THRASHING_EPISODES, EPISODE_PREEMPTIONS,
-    EPISODE_RECOMPUTED_TOKENS,
+    LOG_PREEMPTION_WARNINGS, LOG_INCIDENTS, STATE, STATE_LEVEL, THRASHING_EPISODES,
+    EPISODE_PREEMPTIONS, EPISODE_RECOMPUTED_TOKENS,
     *(m for m, _ in ENGINE_GAUGES),
     ALERTS_FIRING, WEBHOOK_PENDING, WEBHOOK_DELIVERED, WEBHOOK_DROPPED, LOAD_STAGE,
     INTERNAL_ERRORS, LOG_LINES,
@@ -437,6 +448,14 @@ ALERTS: tuple[Alert, ...] = (
         "kvwatch cannot scrape {target}",
         "The sidecar's scrapes of {target} have failed for {down_for}.",
         BOTH, for_threshold="target_down_after_s",
+    ),
+    Alert(
+        "KvwatchEngineDead", "critical",
+        "vLLM engine dead or stuck on {target}",
+        "The server's engine has not worked for {down_for}: its API may still answer, but "
+        "requests fail or never get a token. Restart it, and read its log for the cause "
+        "(kvwatch logs).",
+        BOTH, for_threshold="engine_dead_after_s",
     ),
     Alert(
         "KvwatchVllmMetricsMissing", "warning",

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from kvwatch.sidecar.command import (
+    EXIT_FOUND,
+    EXIT_OK,
     EXIT_UNREACHABLE,
     CliError,
     add_threshold_option,
@@ -95,14 +97,21 @@ def register(sub: Any) -> None:
 
     g = sub.add_parser(
         "logs",
-        help="summarise a vLLM log: capacity, preemption warnings, KV usage over time",
+        help="summarise a vLLM log: incidents, capacity, preemption warnings, KV usage over time",
         description="Read a vLLM server log (any version from 0.4 to 0.33) and say what happened: "
-        "the KV capacity at start, preemption warnings (V0) and repeat victims, KV usage, running "
-        "and waiting per minute. '-' reads stdin.",
+        "a timeline of incidents (the engine dying or failing to start, out of memory, a "
+        "restart, KV load failures, failed health checks, preemption episodes, the cache full "
+        "while requests wait), the KV capacity at start, preemption warnings (V0) and repeat "
+        "victims, KV usage, running and waiting per minute. '-' reads stdin. Exit status: 0 "
+        "when nothing went wrong, 1 when an incident other than a restart was logged, 2 on "
+        "bad usage.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g.add_argument("file", type=Path, help="log file, or - for stdin")
     g.add_argument(
-        "--json", action="store_true", help="one JSON event per line, then a summary object"
+        "--json", action="store_true",
+        help="one JSON event per line, then one per incident (kind: incident, what, at), "
+        "then a summary object",
     )
     g.set_defaults(func=_logs)
 
@@ -192,7 +201,9 @@ def _logs(ns: argparse.Namespace) -> int:
                     sys.stdout.write(json.dumps(event_to_dict(ev)) + "\n")
     summary = summarize(events, lines)
     if ns.json:
+        for incident in summary.incidents:
+            sys.stdout.write(json.dumps(incident.to_dict()) + "\n")
         print(json.dumps({"kind": "summary", **summary.to_dict()}))
     else:
         print(render_summary(summary))
-    return 0
+    return EXIT_FOUND if summary.went_wrong else EXIT_OK

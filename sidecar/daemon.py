@@ -28,7 +28,7 @@ from kvwatch.sidecar.dbfile import connect
 from kvwatch.sidecar.episodes import EpisodeStore
 from kvwatch.sidecar.follow import FileFollower, FollowStats, read_stream, run_and_read
 from kvwatch.sidecar.outbox import Outbox
-from kvwatch.sidecar.scrape import fetch_version, metrics_url, scrape_once
+from kvwatch.sidecar.scrape import check_health, fetch_version, metrics_url, scrape_once
 from kvwatch.sidecar.state import SidecarState
 from kvwatch.sidecar.thresholds import Thresholds
 from kvwatch.sidecar.views import AlertingView
@@ -77,6 +77,9 @@ async def _scrape_loop(
     while True:
         outcome = await scrape_once(client, url, cfg.timeout_s)
         state.record_scrape(target, time.monotonic(), outcome)
+        if outcome.exposition is not None:
+            ok, why = await check_health(client, target, cfg.timeout_s)
+            state.record_health(target, time.monotonic(), ok, why)
         if state.wants_version(target, time.monotonic()):
             version = await fetch_version(client, target, cfg.timeout_s)
             state.record_version(target, time.monotonic(), version)

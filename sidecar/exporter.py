@@ -51,6 +51,8 @@ class StateCollector(Collector):
             url = [t.target]
             if t.up is not None:
                 add(cat.TARGET_UP, url, 1.0 if t.up else 0.0)
+            if t.liveness is not None:
+                add(cat.ENGINE_ALIVE, url, 1.0 if t.liveness.status == "alive" else 0.0)
             if t.vllm_metrics_present is not None:
                 add(cat.VLLM_METRICS_PRESENT, url, 1.0 if t.vllm_metrics_present else 0.0)
             add(cat.SCRAPES, url, t.scrapes)
@@ -62,6 +64,8 @@ class StateCollector(Collector):
             if t.last_scrape_duration_s is not None:
                 add(cat.SCRAPE_DURATION, url, t.last_scrape_duration_s)
             add(cat.LOG_PREEMPTION_WARNINGS, url, t.log.preemption_warnings)
+            for what, n in t.log.incidents_opened.items():
+                add(cat.LOG_INCIDENTS, [t.target, what], n)
             for e in t.engines:
                 labels = [t.target, e.model_name, e.engine]
                 sig = e.signals

@@ -7,7 +7,9 @@
 - startup capacity: `<dev> KV cache size: N tokens` and `Maximum concurrency for L tokens per
   request: Cx` (one line or two, by era), and V0's `# GPU blocks: N, # CPU blocks: M`;
 - the server's version (the startup banner's `version X`, older `vLLM API server version X`)
-  and its `non-default args: {...}` (0.9+), so advice names only the flags that version has.
+  and its `non-default args: {...}` (0.9+), so advice names only the flags that version has;
+- incident lines (sidecar/incidents.py): the engine dying or failing to start, out of memory,
+  KV loads failing, failed health checks, and the last line of a traceback.
 
 Most lines of a busy log are access-log lines. `parse_text` finds candidate lines with plain
 substring search over a whole chunk and runs a regex only on those, so unknown lines cost almost
@@ -23,9 +25,11 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kvwatch.sidecar.incidents import INCIDENT_NEEDLES, IncidentLine, incident_line
+
 __all__ = [
     "PreemptionWarning", "StatsLine", "IterationLine", "Capacity", "ServerStart", "Malformed",
-    "LogEvent",
+    "IncidentLine", "LogEvent",
     "parse_line", "parse_text", "event_to_dict",
 ]  # fmt: skip
 
@@ -73,7 +77,8 @@ _MAX_ARGS_CHARS = 20_000  # a launch line longer than this is not read (literal_
 
 # Substrings that every line we parse contains; chosen to be rare in other lines.
 _NEEDLES = ("is preempted by", "KV cache usage:", "KV cache size:", "Maximum concurrency for",
-            " blocks: ", "API server version", "\u2588  version", "non-default args: ")  # fmt: skip
+            " blocks: ", "API server version", "\u2588  version", "non-default args: ",
+            *INCIDENT_NEEDLES)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +169,10 @@ class Malformed:
     kind: str = "malformed"
 
 
-LogEvent = PreemptionWarning | StatsLine | IterationLine | Capacity | ServerStart | Malformed
+LogEvent = (
+    PreemptionWarning | StatsLine | IterationLine | Capacity | ServerStart | Malformed
+    | IncidentLine
+)
 
 
 def _int(s: str) -> int:
@@ -325,7 +333,7 @@ def _parse_line(line: str) -> LogEvent | None:
                 cpu_blocks=_opt_int(m["cpu"]),
                 logged_at=_stamp(line, m.start()),
             )
-    return None
+    return incident_line(line)
 
 
 def _candidate_starts(text: str) -> list[int]:

@@ -1,13 +1,16 @@
 """What a target's log said: its capacity line, the latest stats line per engine, preemption
-warnings and repeat victims. Fed line by line; bounded."""
+warnings and repeat victims, and its incidents (sidecar/incidents.py). Fed line by line;
+bounded."""
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, fields, replace
 
+from kvwatch.sidecar.incidents import IncidentTracker
 from kvwatch.sidecar.logformats import (
     Capacity,
+    IncidentLine,
     LogEvent,
     PreemptionWarning,
     ServerStart,
@@ -15,9 +18,10 @@ from kvwatch.sidecar.logformats import (
 )
 from kvwatch.sidecar.observe import CacheConfig
 
-__all__ = ["LogState"]
+__all__ = ["LogState", "track_incidents"]
 
 _MAX_WARNED_IDS = 10_000
+_MAX_INCIDENTS = 100  # the latest kept; the counts by kind are kept whole
 
 
 @dataclass
@@ -30,9 +34,13 @@ class LogState:
     warned_ids: OrderedDict[str, int] = field(default_factory=OrderedDict)
     version: str | None = None  # the latest startup banner's
     server_args: tuple[tuple[str, str], ...] = ()  # the latest `non-default args`
+    incidents: IncidentTracker = field(
+        default_factory=lambda: IncidentTracker(max_kept=_MAX_INCIDENTS)
+    )
 
     def take(self, ev: LogEvent) -> None:
         self.events[ev.kind] += 1
+        track_incidents(self.incidents, ev)
         if isinstance(ev, StatsLine):
             self.stats[ev.engine or ""] = ev
         elif isinstance(ev, Capacity):
@@ -61,6 +69,20 @@ class LogState:
         if c is None:
             return None
         return CacheConfig(num_blocks=c.gpu_blocks, kv_tokens=c.kv_tokens)
+
+
+def track_incidents(t: IncidentTracker, ev: LogEvent) -> None:
+    """One event, in log order, into the incident tracker (the sidecar's and `kvwatch logs`')."""
+    if isinstance(ev, IncidentLine):
+        t.line(ev)
+    elif isinstance(ev, ServerStart):
+        t.server_start(ev.version, ev.logged_at)
+    elif isinstance(ev, PreemptionWarning):
+        t.preemption_warning(ev.logged_at, ev.cumulative)
+    elif isinstance(ev, StatsLine):
+        t.stats(ev.logged_at, ev.kv_usage, ev.waiting)
+    else:
+        t.tick(ev.logged_at)
 
 
 def _merge(old: Capacity, new: Capacity) -> Capacity:

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvwatch.sidecar.incidents import Incident, IncidentTracker
 from kvwatch.sidecar.logformats import (
     Capacity,
     IterationLine,
@@ -19,6 +20,7 @@ from kvwatch.sidecar.logformats import (
     StatsLine,
     event_to_dict,
 )
+from kvwatch.sidecar.logstate import track_incidents
 
 __all__ = ["LogSummary", "summarize", "render_summary"]
 
@@ -54,11 +56,20 @@ class LogSummary:
     server_args: dict[str, str] = field(default_factory=dict)  # secrets hidden
     # (minute, engine): engines are kept apart (two engines at 100 tok/s are not one at 100)
     minutes: dict[tuple[str, str], _Minute] = field(default_factory=dict)
+    incidents: list[Incident] = field(default_factory=list)  # in the order they began
+    recognised: int = 0  # lines that were one of the events above
+
+    @property
+    def went_wrong(self) -> bool:
+        return any(i.what.wrong for i in self.incidents)
 
     def to_dict(self) -> dict[str, Any]:
         repeat = {k: v for k, v in self.warned.items() if v > 1}
         return {
             "lines": self.lines,
+            "recognised_lines": self.recognised,
+            "went_wrong": self.went_wrong,
+            "incidents": [i.to_dict() for i in self.incidents],
             "vllm_version": self.version,
             "iteration_lines": self.iteration_lines,
             "iteration_kv_max": self.iteration_kv_max,
@@ -89,7 +100,10 @@ class LogSummary:
 
 def summarize(events: Iterable[LogEvent], lines: int = 0) -> LogSummary:
     s = LogSummary(lines=lines)
+    track = IncidentTracker()
     for ev in events:
+        s.recognised += 1
+        track_incidents(track, ev)
         if isinstance(ev, Capacity):
             given = {k: v for k, v in event_to_dict(ev).items() if v is not None and k != "kind"}
             s.capacity = {**(s.capacity or {}), **given}
@@ -119,11 +133,43 @@ def summarize(events: Iterable[LogEvent], lines: int = 0) -> LogSummary:
             m.running_max = max(m.running_max, ev.running)
             m.waiting_max = max(m.waiting_max, ev.waiting)
             m.gen_tps_sum += ev.generation_tps
+    s.incidents = track.finish()
     return s
 
 
+def _timeline(s: LogSummary) -> list[str]:
+    if not s.incidents:
+        return ["incidents: none (no engine death, failed start, out of memory, restart, KV "
+                "load failure, failed health check, preemption episode or saturation logged)"]
+    wrong = sum(1 for i in s.incidents if i.what.wrong)
+    out = [f"timeline: {len(s.incidents)} incident(s), {wrong} that went wrong"]
+    for i in s.incidents:
+        when = i.started_at or "(no time)"
+        if i.ended_at and i.ended_at != i.started_at:
+            when += f" to {i.ended_at[6:]}"
+        out.append(f"  {when:<24}  {i.what.value:<20}  {i.describe()}")
+    return out
+
+
+def _recognition(s: LogSummary) -> list[str]:
+    """How much of the log kvwatch read, and a warning when none of it was vLLM's known lines
+    (a release whose formats kvwatch does not know, or not a vLLM log)."""
+    unread = s.lines - s.recognised
+    line = f"recognised: {s.recognised:,} of {s.lines:,} lines ({unread:,} others: access log, "
+    line += "messages kvwatch does not read)"
+    out = [line]
+    known = s.stats_lines or s.capacity or s.version or s.warnings or s.iteration_lines
+    if s.lines and not known:
+        out.append(
+            "warning: no stats, capacity, version or preemption line recognised: a vLLM "
+            "release whose log format kvwatch does not know, or not a vLLM log; read on a "
+            "best-effort basis"
+        )
+    return out
+
+
 def render_summary(s: LogSummary) -> str:
-    out = [f"lines read: {s.lines:,}"]
+    out = [f"lines read: {s.lines:,}", *_recognition(s), *_timeline(s)]
     if s.malformed:
         out.append(f"skipped: {s.malformed:,} lines with broken or impossible numbers")
     if s.iteration_lines:

@@ -17,6 +17,7 @@ from kvwatch.sidecar.exposition import Exposition, parse_exposition
 from kvwatch.sidecar.levers import valid_version
 
 __all__ = [
+    "health_url", "check_health",
     "metrics_url",
     "version_url",
     "scrape_once",
@@ -53,6 +54,28 @@ def metrics_url(target: str) -> str:
 def version_url(target: str) -> str:
     """vLLM's `GET /version` beside the target's metrics path."""
     return str(httpx.URL(metrics_url(target)).copy_with(path="/version", query=None))
+
+
+def health_url(target: str) -> str:
+    """vLLM's `GET /health` beside the target's metrics path."""
+    return str(httpx.URL(metrics_url(target)).copy_with(path="/health", query=None))
+
+
+async def check_health(
+    client: httpx.AsyncClient, target: str, timeout_s: float
+) -> tuple[bool, str]:
+    """(ok, why not): vLLM's `/health` answers 200 while its engine works and 503 once the
+    engine is dead; a timeout or a refused connection is not ok either. Never raises."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            r = await client.get(health_url(target), timeout=timeout_s)
+    except TimeoutError:
+        return False, "timeout"
+    except httpx.HTTPError as e:
+        return False, type(e).__name__
+    if r.status_code == 404:  # not vLLM's API (a bare metrics exporter): nothing to say
+        return True, ""
+    return r.status_code < 400, f"HTTP {r.status_code}"
 
 
 async def fetch_version(client: httpx.AsyncClient, target: str, timeout_s: float) -> str | None:

@@ -19,6 +19,7 @@ from kvwatch.sidecar.archconfig import Architecture
 from kvwatch.sidecar.episodes import Episode, EpisodeStore
 from kvwatch.sidecar.follow import FollowStats
 from kvwatch.sidecar.judging import EngineJudge, Transition
+from kvwatch.sidecar.liveness import Liveness, judge_liveness
 from kvwatch.sidecar.logformats import parse_line
 from kvwatch.sidecar.logstate import LogState
 from kvwatch.sidecar.observe import EngineKey, observe
@@ -61,6 +62,26 @@ class TargetState:
     log: LogState = field(default_factory=LogState)
     api_version: str | None = None  # from GET /version
     version_asked_at: float | None = None  # monotonic
+    health_failing_since_unix: float | None = None  # /health failing while /metrics answers
+    health_detail: str = ""
+    fatal_seen_unix: float | None = None  # when the log's latest fatal incident was read
+    liveness: Liveness | None = None
+
+    def judge_liveness(self, now: float, unix: float, th: Thresholds) -> None:
+        """The engine's liveness from what was last seen (scrape, /health, log)."""
+        fatal = self.log.incidents.fatal
+        if fatal is None:
+            self.fatal_seen_unix = None
+        elif self.fatal_seen_unix is None:
+            self.fatal_seen_unix = unix
+        stalled = max(
+            (ej.timeline.stalled_s(now) for k, ej in self.engines.items() if k in self.present),
+            default=0.0,
+        )
+        self.liveness = judge_liveness(
+            self.up, self.health_failing_since_unix, self.health_detail, fatal,
+            self.fatal_seen_unix, stalled, unix, th,
+        )  # fmt: skip
 
     def wants_version(self, now: float, retry_s: float = 60.0) -> bool:
         """Ask `/version` when the target is up and the answer is unknown (again after a
@@ -105,6 +126,7 @@ class TargetState:
             vllm_metrics_present=self.vllm_metrics_present,
             metrics_missing_since_unix=self.metrics_missing_since_unix,
             engines=engines,
+            liveness=self.liveness if up else _when_down(self.liveness),
             vllm_version=self.api_version or log.version,
             server_args=log.server_args,
             log=LogView(
@@ -114,8 +136,15 @@ class TargetState:
                 max_cumulative_preemptions=log.max_cumulative,
                 repeat_warned_requests=log.repeat_warned_ids,
                 stats=dict(log.stats),
+                incidents=tuple(log.incidents.snapshot()),
+                incidents_opened={w.value: n for w, n in log.incidents.opened.items() if n},
             ),
         )
+
+
+def _when_down(liveness: Liveness | None) -> Liveness | None:
+    """A target gone stale keeps only what the log said (dead); alive or stuck was a scrape's."""
+    return liveness if liveness is not None and liveness.status == "dead" else None
 
 
 class SidecarState:
@@ -168,6 +197,8 @@ class SidecarState:
                 ts.scrape_errors[outcome.error_reason or "unknown"] += 1
                 ts.last_error = outcome.error
                 ts.present = set()
+                ts.health_failing_since_unix = None  # down is its own alert
+                ts.judge_liveness(now, unix, self.th)
                 ts.last_scrape_at = now
                 return
             observed = observe(exp)
@@ -195,6 +226,7 @@ class SidecarState:
                     self.transitions.append(judged.transition)
                 if judged.episode is not None:
                     self.store.save(judged.episode)
+            ts.judge_liveness(now, unix, self.th)
             # last: a scrape whose recording raised never counts as ended, so the target goes
             # stale (down) instead of showing its old figures as up
             ts.last_scrape_at = now
@@ -210,14 +242,30 @@ class SidecarState:
             ts.version_asked_at = now
             ts.api_version = version
 
+    def record_health(self, url: str, now: float, ok: bool, detail: str = "") -> None:
+        """What `GET /health` answered after a scrape that worked."""
+        unix = self.wall_clock()
+        with self._lock:
+            ts = self.targets[url]
+            if ok:
+                ts.health_failing_since_unix, ts.health_detail = None, ""
+            elif ts.up:
+                if ts.health_failing_since_unix is None:
+                    ts.health_failing_since_unix = unix
+                ts.health_detail = detail
+            ts.judge_liveness(now, unix, self.th)
+
     def record_log_lines(self, lines: list[str]) -> None:
         events = [ev for ev in map(parse_line, lines) if ev is not None]
         if not events:
             return
         with self._lock:
-            log = self.targets[self.log_target].log
+            ts = self.targets[self.log_target]
             for ev in events:
-                log.take(ev)
+                ts.log.take(ev)
+            # the stall is a fact of the scrapes: judged as of the last one
+            at = time.monotonic() if ts.last_scrape_at is None else ts.last_scrape_at
+            ts.judge_liveness(at, self.wall_clock(), self.th)
 
     def record_load_event(self, event: object) -> None:
         """A load generator's stage start or end, as `POST /api/events` received it: input

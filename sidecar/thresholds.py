@@ -55,6 +55,12 @@ class Thresholds:
     target_down_after_s: float = 120.0
     # The same for KvwatchVllmMetricsMissing: /metrics answers without vLLM's engine series.
     metrics_missing_after_s: float = 300.0
+    # KvwatchEngineDead waits this long: the API answers while /health fails, or the followed
+    # log told of the engine dying (vLLM's API server exits about 5 s after its engine dies,
+    # unless VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1 keeps it answering).
+    engine_dead_after_s: float = 30.0
+    # An engine is stuck when requests run or wait and no token is generated for this long.
+    engine_stuck_after_s: float = 60.0
     # How often a still-firing alert is sent again, in seconds.
     repeat_interval_s: float = 3600.0
     # Where alert annotations point for the runbook (one section per alert).

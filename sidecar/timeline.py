@@ -105,6 +105,22 @@ class Timeline:
         vals = [v for _, o in self._window(window_s, now) if (v := getattr(o, name)) is not None]
         return max(vals, default=None)
 
+    def stalled_s(self, now: float) -> float:
+        """How long requests have been running or waiting while no token was generated: the
+        span back to the oldest point of the current run of points that all hold work and
+        the latest generation count. 0 when the latest point holds no work."""
+        if not self.points:
+            return 0.0
+        last = self.points[-1][1]
+        count = last.generation_tokens_total
+        since = None
+        for t, o in reversed(self.points):
+            work = (o.running or 0.0) + (o.waiting or 0.0)
+            if work < 1 or o.generation_tokens_total != count:
+                break
+            since = t
+        return 0.0 if since is None else max(0.0, now - since)
+
     def peak_demand(self, window_s: float, now: float) -> float | None:
         """Most requests the server held at once (running + waiting) inside the window."""
         vals = [

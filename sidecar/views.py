@@ -13,8 +13,10 @@ from typing import Any, TypeVar, get_args, get_type_hints
 from kvwatch.sidecar.detect import Level
 from kvwatch.sidecar.episodes import Episode
 from kvwatch.sidecar.follow import FollowStats
+from kvwatch.sidecar.incidents import Incident
 from kvwatch.sidecar.judging import Transition
 from kvwatch.sidecar.levers import ServerInfo, valid_version
+from kvwatch.sidecar.liveness import Liveness
 from kvwatch.sidecar.logformats import Capacity, StatsLine, event_to_dict
 from kvwatch.sidecar.outbox import DeliveryStats
 from kvwatch.sidecar.signals import EngineSignals
@@ -55,6 +57,8 @@ class LogView:
     max_cumulative_preemptions: int
     repeat_warned_requests: int
     stats: Mapping[str, StatsLine]
+    incidents: tuple[Incident, ...] = ()  # the latest, oldest first
+    incidents_opened: Mapping[str, int] = field(default_factory=dict)  # every one, by kind
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ class TargetView:
     metrics_missing_since_unix: float | None  # answering without engine series since then
     engines: tuple[EngineView, ...]
     log: LogView
+    liveness: Liveness | None = None  # the engine alive, dead or stuck (None: unknown)
     vllm_version: str | None = None  # GET /version, else the log's startup banner
     server_args: tuple[tuple[str, str], ...] = ()  # the log's `non-default args` (secrets hidden)
 
@@ -154,6 +159,9 @@ def _target_json(t: TargetView) -> dict[str, Any]:
         "last_success_unix": t.last_success_unix,
         "vllm_metrics_present": t.vllm_metrics_present,
         "metrics_missing_since_unix": t.metrics_missing_since_unix,
+        "engine_status": None if t.liveness is None else t.liveness.status.value,
+        "engine_status_reason": None if t.liveness is None else t.liveness.reason,
+        "engine_status_since_unix": None if t.liveness is None else t.liveness.since_unix,
         "vllm_version": t.vllm_version,
         "server_args": dict(t.server_args),
         "engines": [engine_json(e) for e in t.engines],
@@ -164,6 +172,8 @@ def _target_json(t: TargetView) -> dict[str, Any]:
             "max_cumulative_preemptions": log.max_cumulative_preemptions,
             "repeat_warned_requests": log.repeat_warned_requests,
             "stats": {k: event_to_dict(v) for k, v in log.stats.items()},
+            "incidents": [i.to_dict() for i in log.incidents],
+            "incidents_opened": dict(log.incidents_opened),
         },
     }
 

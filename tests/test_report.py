@@ -97,3 +97,22 @@ def test_cli_errors_name_the_problem(tmp_path: Path) -> None:
     good = _run_dir(tmp_path / "good")
     p = subprocess.run([*run, str(good)], capture_output=True, text=True)
     assert p.returncode == 0 and json.dumps(str(good / "report.html"))[1:-1] in p.stdout
+
+
+def test_incidents_the_sidecar_saw_are_listed_escaped(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    summary["sidecar"] = {
+        "engines": {"http://x:8000": {"status": "dead", "reason": "the log says: <b>x</b>"}},
+        "incidents": [
+            {"what": "engine_death", "at": "12-01 10:00:05", "detail": "EngineCore encountered "
+             "a fatal error.", "cause": "RuntimeError: <script>alert(1)</script>", "lines": 3},
+        ],
+    }  # fmt: skip
+    (run / "summary.json").write_text(json.dumps(summary))
+    html = render_report(run)
+    assert "<h2>Incidents</h2>" in html and "engine_death" in html and "12-01 10:00:05" in html
+    assert "dead: the log says: &lt;b&gt;x&lt;/b&gt;" in html
+    assert "<script" not in html and "&lt;script&gt;" in html
+    # without a sidecar, the section says so
+    assert "No sidecar was given to this run" in render_report(_run_dir(tmp_path / "plain"))

@@ -55,7 +55,9 @@ class TestGenerated:
         assert critical["group_by"] == ["vllm_instance", "model_name", "engine"]
         rules = [r for g in yaml.safe_load(render_rules())["groups"] for r in g["rules"]]
         paging = [r for r in rules if "alert" in r and r["labels"]["severity"] == "critical"]
-        assert {r["alert"] for r in paging} == {"VllmKvCacheSaturated", "KvwatchThrashing"}
+        assert {r["alert"] for r in paging} == {
+            "VllmKvCacheSaturated", "KvwatchThrashing", "KvwatchEngineDead",
+        }  # fmt: skip
         for rule in paging:
             assert "vllm_instance" in rule["labels"], rule["alert"]
 
@@ -63,7 +65,7 @@ class TestGenerated:
         k8s = yaml.safe_load(render_prometheus_rule())
         assert k8s["kind"] == "PrometheusRule"
         assert k8s["spec"]["groups"] == yaml.safe_load(render_rules())["groups"]
-        assert len(ALERT_NAMES) == len(set(ALERT_NAMES)) == 10
+        assert len(ALERT_NAMES) == len(set(ALERT_NAMES)) == 11
 
 
 class TestPromtool:

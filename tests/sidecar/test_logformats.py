@@ -161,7 +161,7 @@ class TestParseText:
     def test_random_text_never_raises(self, text: str) -> None:
         for ev in parse_text(text):
             assert ev.kind in ("stats", "capacity", "preemption_warning", "server_start",
-                               "iteration", "malformed")  # fmt: skip
+                               "iteration", "malformed", "incident_line")  # fmt: skip
 
     @settings(max_examples=200, deadline=None)
     @given(st.sampled_from([V0_WARNING, V0_STATS, V1_DEFERRED, CAP_CPU, CAP_V0]),
