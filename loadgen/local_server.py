@@ -78,10 +78,12 @@ class ServerConfig:
     nice: int = 0
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    # the Python that has vLLM (another release's venv, say); None: this one
+    python: str | None = None
 
     def command(self, port: int) -> list[str]:
         cmd = [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            self.python or sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model),
             "--host", self.host,
             "--port", str(port),

@@ -1,0 +1,111 @@
+"""Kill a real vLLM's engine (its EngineCore process, not the API server) under a sidecar:
+- kept alive (VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1, as orchestrators that judge by /health run it):
+  the API answers /metrics, /health answers 503, and the sidecar says the engine is dead,
+  exports kvwatch_engine_alive 0 and sends KvwatchEngineDead to its webhook;
+- as vLLM runs by default: the API server exits about 5 s after its engine; the sidecar, which
+  follows the log, says the engine died (with vLLM's own words) before KvwatchTargetDown;
+- `kvwatch logs` on that log reports the death with its time and exits 1.
+Two extra servers, about 20 s each to start."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig
+from tests.receiver import receiver
+from tests.sidecar.running import running_sidecar
+
+pytestmark = pytest.mark.integration
+
+
+def engine_core_pid(server_pid: int) -> int:
+    """The EngineCore child of the API server (vLLM titles it `VLLM::EngineCore`)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == server_pid and "EngineCore" in cmd:
+            return int(entry.name)
+    raise AssertionError(f"no EngineCore child of {server_pid}")
+
+
+def state_of(side: str) -> dict:
+    (t,) = httpx.get(side + "/api/state", timeout=5).json()["targets"]
+    return t
+
+
+def wait_for(what, timeout: float = 30.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = what()
+        if got:
+            return got
+        time.sleep(0.3)
+    raise AssertionError("timed out")
+
+
+def test_an_engine_killed_behind_a_live_api(tiny_model: Path, tmp_path: Path) -> None:
+    log = tmp_path / "vllm.log"
+    cfg = ServerConfig(model=tiny_model, nice=10, env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"})
+    with LocalVLLM(cfg, log_path=log) as srv, receiver() as (hook, got):
+        args = [
+            "--target", srv.base_url, "--interval", "0.5", "--db", "", "--log", str(log),
+            "--log-from-start", "--webhook", f"{hook},alertmanager",
+            "--threshold", "engine_dead_after_s=2",
+        ]  # fmt: skip
+        with running_sidecar(args) as side:
+            wait_for(lambda: state_of(side).get("engine_status") == "alive")
+            assert srv.pid is not None
+            os.kill(engine_core_pid(srv.pid), signal.SIGKILL)
+            t = wait_for(lambda: (s := state_of(side))["engine_status"] == "dead" and s)
+            assert t["up"] is True  # the API still answers /metrics
+            assert "/health failed (HTTP 503)" in t["engine_status_reason"]
+            assert httpx.get(srv.base_url + "/health", timeout=5).status_code == 503
+            text = httpx.get(side + "/metrics", timeout=5).text
+            assert "kvwatch_engine_alive{" in text and "} 0.0" in text.split(
+                "kvwatch_engine_alive{", 1
+            )[1].split("\n", 1)[0]
+            names = wait_for(lambda: [
+                g["body"]["commonLabels"]["alertname"] for g in got
+                if g["body"]["status"] == "firing"
+            ])  # fmt: skip
+            assert "KvwatchEngineDead" in names, names
+            incidents = wait_for(lambda: state_of(side)["log"]["incidents"])
+            assert any(i["what"] == "engine_death" for i in incidents), incidents
+
+
+def test_an_engine_killed_as_vllm_runs_by_default(tiny_model: Path, tmp_path: Path) -> None:
+    log = tmp_path / "vllm.log"
+    with LocalVLLM(ServerConfig(model=tiny_model, nice=10), log_path=log) as srv:
+        args = [
+            "--target", srv.base_url, "--interval", "0.5", "--db", "", "--log", str(log),
+            "--log-from-start",
+        ]  # fmt: skip
+        with running_sidecar(args) as side:
+            wait_for(lambda: state_of(side).get("engine_status") == "alive")
+            assert srv.pid is not None
+            killed_at = time.monotonic()
+            os.kill(engine_core_pid(srv.pid), signal.SIGKILL)
+            t = wait_for(lambda: (s := state_of(side))["engine_status"] == "dead" and s)
+            assert "the log says: engine_death" in t["engine_status_reason"], t
+            # said within seconds, long before KvwatchTargetDown's two minutes
+            assert time.monotonic() - killed_at < 30
+    p = subprocess.run(
+        [sys.executable, "-m", "kvwatch", "logs", str(log)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "engine_death" in p.stdout, p.stdout
