@@ -103,8 +103,8 @@ def register(sub: Any) -> None:
         "restart, KV load failures, failed health checks, preemption episodes, the cache full "
         "while requests wait), the KV capacity at start, preemption warnings (V0) and repeat "
         "victims, KV usage, running and waiting per minute. '-' reads stdin. Exit status: 0 "
-        "when nothing went wrong, 1 when an incident other than a restart was logged, 2 on "
-        "bad usage.",
+        "when nothing went wrong, 1 when an incident other than a restart or saturation was "
+        "logged, 2 on bad usage.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g.add_argument("file", type=Path, help="log file, or - for stdin")

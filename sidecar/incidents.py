@@ -61,8 +61,9 @@ class What(StrEnum):
 
     @property
     def wrong(self) -> bool:
-        """Whether it says something went wrong (a restart alone may be a deploy)."""
-        return self is not What.RESTART
+        """Whether it says something went wrong: not a restart (it may be a deploy), nor the
+        cache full with a queue (a server at its limit, which is not yet a failure)."""
+        return self not in (What.RESTART, What.SATURATION)
 
 
 _FATAL = frozenset({

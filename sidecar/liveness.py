@@ -40,11 +40,11 @@ def judge_liveness(
 ) -> Liveness | None:
     """None when nothing is known (never scraped, or down with nothing in the log)."""
     if fatal is not None and fatal_seen_unix is not None and (not up or health_failing_since):
-        return Liveness(
-            Status.DEAD,
-            f"the log says: {fatal.what.value} at {fatal.started_at or '?'}: {fatal.describe()}",
-            fatal_seen_unix,
-        )
+        said = f"the log says: {fatal.what.value} at {fatal.started_at or '?'}: {fatal.describe()}"
+        if up:
+            said += f"; the API answers /metrics but /health failed ({health_detail})"
+        since = min(fatal_seen_unix, health_failing_since or fatal_seen_unix)
+        return Liveness(Status.DEAD, said, since)
     if not up:
         return None
     if health_failing_since is not None:

