@@ -47,6 +47,7 @@ class What(StrEnum):
     CRASH = "crash"  # an uncaught exception that vLLM's messages do not name
     HEALTH_CHECK_FAILED = "health_check_failed"
     RESTART = "restart"  # a new startup banner in the same log
+    STOP = "stop"  # a stop was asked for (SIGTERM, SIGINT): what the engine says next is no death
     PREEMPTION_EPISODE = "preemption_episode"
     SATURATION = "saturation"  # stats lines: the cache full while requests wait
 
@@ -63,12 +64,18 @@ class What(StrEnum):
     def wrong(self) -> bool:
         """Whether it says something went wrong: not a restart (it may be a deploy), nor the
         cache full with a queue (a server at its limit, which is not yet a failure)."""
-        return self not in (What.RESTART, What.SATURATION)
+        return self not in (What.RESTART, What.STOP, What.SATURATION)
 
 
 _FATAL = frozenset({
     What.KV_CACHE_TOO_SMALL, What.NO_CACHE_MEMORY, What.OUT_OF_MEMORY, What.STARTUP_FAILURE,
     What.ENGINE_DEATH,
+})  # fmt: skip
+
+
+# what still counts as an incident once a stop was asked for (the rest is the engine going away)
+_REAL_WHILE_STOPPING = frozenset({
+    What.KV_CACHE_TOO_SMALL, What.NO_CACHE_MEMORY, What.OUT_OF_MEMORY, What.STARTUP_FAILURE,
 })  # fmt: skip
 
 
@@ -107,6 +114,10 @@ _EXCEPTION = re.compile(
     _PREFIX + r"(?P<type>(?:[A-Za-z_][\w.]*)?(?:Error|Exception))(?:: (?P<msg>.*))?$"
 )
 _MESSAGES: tuple[tuple[str, What], ...] = (
+    # a stop asked for; vLLM 0.32 then logs an EngineDeadError traceback from its output handler
+    ("shutdown triggered", What.STOP),
+    ("received signal=SIGTERM", What.STOP),
+    ("received signal=SIGINT", What.STOP),
     ("No available memory for the cache blocks", What.NO_CACHE_MEMORY),
     ("CUDA out of memory", What.OUT_OF_MEMORY),
     ("HIP out of memory", What.OUT_OF_MEMORY),
@@ -126,6 +137,7 @@ _BARE = ("Error", "Exception")
 INCIDENT_NEEDLES = (
     "max seq len", "KV load failure", "GET /health", "Error", "Exception", "out of memory",
     "Engine core", "EngineCore", "died unexpectedly", "exited unexpectedly",
+    "shutdown triggered", "received signal=",
 )  # fmt: skip
 _MAX_DETAIL = 300
 
@@ -273,11 +285,24 @@ class IncidentTracker:
     _episode_first: int = 0  # the cumulative count at the episode's first warning
     _full: _Run | None = None  # stats lines with the cache full and requests waiting
     _started: bool = False
+    _stopping: Incident | None = None  # a stop was asked for since the server last started
     # the engine's end since the server last started (None: none logged since)
     fatal: Incident | None = None
 
     def line(self, ev: IncidentLine) -> None:
         t = seconds_of(ev.logged_at)
+        stop = self._stopping
+        if stop is not None and ev.what not in _REAL_WHILE_STOPPING:
+            # the engine going away after a stop was asked for: part of the stop
+            stop.lines += 1
+            stop.ended_at = ev.logged_at or stop.ended_at
+            return
+        if ev.what is What.STOP:
+            self._close_lines()
+            self._stopping = Incident(What.STOP, ev.logged_at, ev.logged_at, ev.detail)
+            self._keep(self._stopping)
+            self.opened[What.STOP] += 1
+            return
         run = self._lines
         if run is None or not run.takes(t):
             self._close_lines()
@@ -310,7 +335,7 @@ class IncidentTracker:
         if version is None:
             return
         self._close_all()
-        self.fatal = None
+        self.fatal, self._stopping = None, None
         if self._started:
             self._keep(
                 Incident(What.RESTART, logged_at, logged_at,

@@ -160,6 +160,21 @@ class TestTimeline:
         assert "vLLM says --max-model-len 1248 would fit" in out
         assert "restart" in out and "vLLM 0.32.0 started again" in out
 
+    def test_a_stop_asked_for_is_no_death(self) -> None:
+        # vLLM 0.32 on SIGTERM: its output handler logs an EngineDeadError traceback
+        api = "(APIServer pid=1) {lvl} 12-01 10:00:21 [{f}] "
+        text = "\n".join([
+            "(EngineCore pid=2) INFO 12-01 10:00:21 [core.py:1454] [shutdown] EngineCore: "
+            "trigger received signal=SIGTERM",
+            api.format(lvl="INFO", f="launcher.py:254") + "[shutdown] API server: shutdown "
+            "triggered",
+            api.format(lvl="ERROR", f="async_llm.py:906") + "AsyncLLM output_handler failed.",
+            api.format(lvl="ERROR", f="async_llm.py:906") + "vllm.v1.engine.exceptions."
+            "EngineDeadError: EngineCore encountered an issue. See stack trace (above)",
+        ]) + "\n"  # fmt: skip
+        s = summary(text)
+        assert [i.what for i in s.incidents] == [What.STOP] and not s.went_wrong
+
     def test_v0_preemption_episodes(self) -> None:
         w = (
             "WARNING 12-01 10:{m:02d}:{s:02d} [scheduler.py:1] Sequence group cmpl-{i}-0 is "
