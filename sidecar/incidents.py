@@ -118,6 +118,7 @@ _MESSAGES: tuple[tuple[str, What], ...] = (
     ("shutdown triggered", What.STOP),
     ("received signal=SIGTERM", What.STOP),
     ("received signal=SIGINT", What.STOP),
+    ("Shutdown initiated", What.STOP),  # 0.20's EngineCore
     ("No available memory for the cache blocks", What.NO_CACHE_MEMORY),
     ("CUDA out of memory", What.OUT_OF_MEMORY),
     ("HIP out of memory", What.OUT_OF_MEMORY),
@@ -137,7 +138,7 @@ _BARE = ("Error", "Exception")
 INCIDENT_NEEDLES = (
     "max seq len", "KV load failure", "GET /health", "Error", "Exception", "out of memory",
     "Engine core", "EngineCore", "died unexpectedly", "exited unexpectedly",
-    "shutdown triggered", "received signal=",
+    "shutdown triggered", "received signal=", "Shutdown initiated",
 )  # fmt: skip
 _MAX_DETAIL = 300
 
