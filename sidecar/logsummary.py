@@ -138,11 +138,14 @@ def summarize(events: Iterable[LogEvent], lines: int = 0) -> LogSummary:
 
 
 def _timeline(s: LogSummary) -> list[str]:
-    if not s.incidents:
-        return ["incidents: none (no engine death, failed start, out of memory, restart, KV "
-                "load failure, failed health check, preemption episode or saturation logged)"]
     wrong = sum(1 for i in s.incidents if i.what.wrong)
-    out = [f"timeline: {len(s.incidents)} incident(s), {wrong} that went wrong"]
+    verdict = f"{wrong} incident(s) that went wrong" if wrong else "no incident went wrong"
+    if not s.incidents:
+        return [f"timeline: {verdict} (no engine death, failed start, out of memory, KV load "
+                "failure, failed health check, preemption episode, saturation, stop or restart "
+                "logged)"]  # fmt: skip
+    n = len(s.incidents)
+    out = [f"timeline: {verdict}; {n} {'entry' if n == 1 else 'entries'}"]
     for i in s.incidents:
         when = i.started_at or "(no time)"
         if i.ended_at and i.ended_at != i.started_at:
