@@ -110,7 +110,8 @@ LOG_PREEMPTION_WARNINGS = _c("kvwatch_log_preemption_warnings", T, "V0 preemptio
 LOG_INCIDENTS = _c(
     "kvwatch_log_incidents", (*T, "what"),
     "incidents the followed log told of, by kind (engine_death, startup_failure, "
-    "kv_cache_too_small, out_of_memory, restart, ...; docs/log-formats.md)",
+    "kv_cache_too_small, out_of_memory, restart, ...; docs/log-formats.md), counted once "
+    "their lines have ended (about 10 s on)",
 )  # fmt: skip
 PREEMPTIONS_OBSERVED = _c(
     "kvwatch_preemptions_observed", E,

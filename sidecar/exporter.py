@@ -64,7 +64,7 @@ class StateCollector(Collector):
             if t.last_scrape_duration_s is not None:
                 add(cat.SCRAPE_DURATION, url, t.last_scrape_duration_s)
             add(cat.LOG_PREEMPTION_WARNINGS, url, t.log.preemption_warnings)
-            for what, n in t.log.incidents_opened.items():
+            for what, n in t.log.incidents_counted.items():
                 add(cat.LOG_INCIDENTS, [t.target, what], n)
             for e in t.engines:
                 labels = [t.target, e.model_name, e.engine]

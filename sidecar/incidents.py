@@ -280,7 +280,9 @@ class IncidentTracker:
 
     incidents: list[Incident] = field(default_factory=list)
     max_kept: int | None = None  # a long-lived follower keeps the latest this many
-    opened: Counter[What] = field(default_factory=Counter)  # every incident begun, by kind
+    # every incident closed (so named for good; a stop or restart at once), by kind: a
+    # counter that never goes back, though a traceback's name changes as its lines come
+    counted: Counter[What] = field(default_factory=Counter)
     _lines: _Run | None = None  # incident lines (a traceback and what follows it)
     _episode: _Run | None = None  # V0 preemption warnings
     _episode_first: int = 0  # the cumulative count at the episode's first warning
@@ -302,7 +304,6 @@ class IncidentTracker:
             self._close_lines()
             self._stopping = Incident(What.STOP, ev.logged_at, ev.logged_at, ev.detail)
             self._keep(self._stopping)
-            self.opened[What.STOP] += 1
             return
         run = self._lines
         if run is None or not run.takes(t):
@@ -314,7 +315,6 @@ class IncidentTracker:
                 suggested_max_model_len=ev.suggested_max_model_len,
             )  # fmt: skip
             self._lines = _Run(inc, GROUP_GAP_S, t)
-            self.opened[ev.what] += 1
             if ev.what.fatal:
                 self.fatal = inc
             return
@@ -323,8 +323,6 @@ class IncidentTracker:
         if ev.what is What.CRASH and cur.cause is None:
             cur.cause = ev.detail
         if ev.what.rank < cur.what.rank:
-            self.opened[cur.what] -= 1  # one incident, counted under the name it ends with
-            self.opened[ev.what] += 1
             if ev.what.fatal:
                 self.fatal = cur
             cur.what, cur.detail = ev.what, ev.detail
@@ -342,7 +340,6 @@ class IncidentTracker:
                 Incident(What.RESTART, logged_at, logged_at,
                          f"vLLM {version} started again", version=version)  # fmt: skip
             )
-            self.opened[What.RESTART] += 1
         self._started = True
 
     def preemption_warning(self, logged_at: str | None, cumulative: int) -> None:
@@ -352,7 +349,6 @@ class IncidentTracker:
             self._close_episode()
             inc = Incident(What.PREEMPTION_EPISODE, logged_at, logged_at, "", count=cumulative)
             self._episode, self._episode_first = _Run(inc, EPISODE_GAP_S, t), cumulative
-            self.opened[What.PREEMPTION_EPISODE] += 1
             return
         run.extend(t, logged_at)
         run.incident.count = max(run.incident.count, cumulative)
@@ -369,7 +365,6 @@ class IncidentTracker:
             self._close_full()
             inc = Incident(What.SATURATION, logged_at, logged_at, "", count=waiting)
             self._full = _Run(inc, EPISODE_GAP_S, t)
-            self.opened[What.SATURATION] += 1
             return
         run.extend(t, logged_at)
         run.incident.count = max(run.incident.count, waiting)
@@ -404,6 +399,7 @@ class IncidentTracker:
         return _in_order(now)
 
     def _keep(self, incident: Incident) -> None:
+        self.counted[incident.what] += 1
         self.incidents.append(incident)
         if self.max_kept is not None and len(self.incidents) > self.max_kept:
             del self.incidents[: len(self.incidents) - self.max_kept]

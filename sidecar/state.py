@@ -137,7 +137,7 @@ class TargetState:
                 repeat_warned_requests=log.repeat_warned_ids,
                 stats=dict(log.stats),
                 incidents=tuple(log.incidents.snapshot()),
-                incidents_opened={w.value: n for w, n in log.incidents.opened.items() if n},
+                incidents_counted={w.value: n for w, n in log.incidents.counted.items()},
             ),
         )
 

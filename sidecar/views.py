@@ -58,7 +58,7 @@ class LogView:
     repeat_warned_requests: int
     stats: Mapping[str, StatsLine]
     incidents: tuple[Incident, ...] = ()  # the latest, oldest first
-    incidents_opened: Mapping[str, int] = field(default_factory=dict)  # every one, by kind
+    incidents_counted: Mapping[str, int] = field(default_factory=dict)  # every one, by kind
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ def _target_json(t: TargetView) -> dict[str, Any]:
             "repeat_warned_requests": log.repeat_warned_requests,
             "stats": {k: event_to_dict(v) for k, v in log.stats.items()},
             "incidents": [i.to_dict() for i in log.incidents],
-            "incidents_opened": dict(log.incidents_opened),
+            "incidents_counted": dict(log.incidents_counted),
         },
     }
 

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvwatch.sidecar.incidents import What, incident_line, seconds_of
-from kvwatch.sidecar.logformats import parse_text
+from kvwatch.sidecar.incidents import IncidentTracker, What, incident_line, seconds_of
+from kvwatch.sidecar.logformats import IncidentLine, parse_text
 from kvwatch.sidecar.logsummary import render_summary, summarize
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -132,6 +132,19 @@ class TestTimeline:
         (inc,) = s.incidents
         assert inc.what is What.ENGINE_DEATH
         assert inc.cause == "RuntimeError: CUDA error: an illegal memory access"
+
+    def test_the_count_by_kind_never_goes_back(self) -> None:
+        # a traceback first reads as a crash, then as the engine's start failing: counted
+        # once, under the name it ends with, when its lines are over
+        t = IncidentTracker()
+        lines = [P.format(s=1) + "Exception: CPU Offloading is not supported",
+                 P.format(s=1) + "EngineCore failed to start."]  # fmt: skip
+        for ev in parse_text("\n".join(lines) + "\n"):
+            assert isinstance(ev, IncidentLine)
+            t.line(ev)
+            assert sum(t.counted.values()) == 0
+        t.tick("12-01 10:00:30")
+        assert t.counted == {What.STARTUP_FAILURE: 1}
 
     def test_incidents_apart_in_time_stay_apart_and_in_order(self) -> None:
         text = "\n".join([
