@@ -139,13 +139,34 @@ async def _load_with_captures(base: str, run_dir: Path, rows: list[dict[str, Any
         raise RuntimeError(f"{len(failed)} of 32 requests failed: {failed[0].error}")
 
 
+def model_for(py: Path, home: Path, version: str) -> Path:
+    """The tiny model as this release's transformers reads it: transformers 5 writes
+    `tokenizer_class: TokenizersBackend`, which 4.x does not know; the same tokenizer.json
+    under `PreTrainedTokenizerFast` is what 4.x loads (the weights are the same files)."""
+    model = build_tiny_model()
+    major = subprocess.run(
+        [str(py), "-c", "import transformers; print(transformers.__version__.split('.')[0])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    if int(major) >= 5:
+        return model
+    copy = home / version / "model"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(model, copy)
+    cfg = json.loads((copy / "tokenizer_config.json").read_text())
+    cfg.pop("backend", None)
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    (copy / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    return copy
+
+
 def record(version: str, home: Path, keep: bool, python: str | None) -> Path:
     py = Path(python) if python else install(version, home)
     run_dir = OUT / version
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     log = run_dir / "vllm.log"
-    cfg = ServerConfig(model=build_tiny_model(), python=str(py), nice=10)
+    cfg = ServerConfig(model=model_for(py, home, version), python=str(py), nice=10)
     rows: list[dict[str, Any]] = []
     steps: list[dict[str, Any]] = []
     with LocalVLLM(cfg, log_path=log) as srv:

@@ -109,7 +109,12 @@ _KV_LOAD = re.compile(
 )
 _HEALTH = re.compile(r'"GET /health HTTP/[\d.]+" (?P<code>5\d\d)')
 # The last line of a traceback, after vLLM's optional `(Proc pid=N) LEVEL MM-DD hh:mm:ss [f:n]`
-_PREFIX = r"^(?:\(\w+ pid=\d+\) )?(?:[A-Z]+ \d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\] )?"
+# (releases before about 0.20 colour the process prefix with ANSI codes, in files too)
+_ANSI = r"(?:\x1b\[[\d;]*m)?"
+_PREFIX = (
+    rf"^{_ANSI}(?:\(\w+ pid=\d+\){_ANSI} )?"
+    r"(?:[A-Z]+ \d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\] )?"
+)
 _EXCEPTION = re.compile(
     _PREFIX + r"(?P<type>(?:[A-Za-z_][\w.]*)?(?:Error|Exception))(?:: (?P<msg>.*))?$"
 )

@@ -84,6 +84,14 @@ class TestLines:
             ev = incident_line(P.format(s=3) + text)
             assert ev is not None and ev.what is what, text
 
+    def test_coloured_prefixes_of_older_releases(self) -> None:
+        # 0.13 colours the process prefix with ANSI codes, in a log file too (seen)
+        line = "\x1b[0;36m(APIServer pid=26657)\x1b[0;0m RuntimeError: Failed to load the tokenizer"
+        line += "."
+        ev = incident_line(line)
+        assert ev is not None and ev.what is What.CRASH
+        assert ev.detail == "RuntimeError: Failed to load the tokenizer."
+
     def test_ordinary_lines_and_normal_stops_are_no_incident(self) -> None:
         for text in (
             'INFO:     127.0.0.1:5555 - "GET /health HTTP/1.1" 200 OK',
