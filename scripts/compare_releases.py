@@ -20,7 +20,7 @@ LOG = (
     ("stats prefix", r"(Engine \d+: )Avg prompt"),
     ("capacity line", r"(\w+ KV cache size: [\d,]+ tokens)"),
     ("banner", r"(version \d[\w.]*|vLLM API server version \S+)"),
-    ("stop", r"(shutdown triggered|received signal=SIGTERM|Shutting down)"),
+    ("stop asked for", r"(shutdown triggered|received signal=SIGTERM|Shutdown initiated)"),
 )
 
 
@@ -48,6 +48,11 @@ def main() -> None:
             m = re.search(rx, logs[v])
             cells.append(f"`{m[1].strip()}`" if m else "-")
         rows.append([name, *cells])
+    rows.append(["ANSI-coloured prefix"] + ["yes" if "\x1b[" in logs[v] else "-" for v in versions])
+    rows.append(["preemptions in the load"] + [
+        re.search(r"^vllm:num_preemptions_total\{.*\} (\S+)$", bodies[v], re.M)[1]  # type: ignore[index]
+        for v in versions
+    ])  # fmt: skip
     for r in rows[:1]:
         print("| " + " | ".join(r) + " |")
         print("|" + "---|" * len(r))
