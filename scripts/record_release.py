@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 from packaging.requirements import Requirement
+from packaging.version import Version
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvwatch.loadgen.burst import run_burst
@@ -84,6 +85,10 @@ def install(version: str, home: Path) -> Path:
     sh([*pip, f"torch=={pin}"], log)
     sh([*pip, "--no-deps", str(wheel)], log)
     rest = [str(r) for r in reqs if r.name not in _SKIP]
+    if Version(version) < Version("0.13"):
+        # 0.11 asks for transformers>=4.56 with no bound, and fails on 5.x's tokenizers
+        # (`TokenizersBackend has no attribute all_special_tokens_extended`)
+        rest.append("transformers<5")
     sh([*pip, *rest], log)
     sh([str(py), "-c", "import vllm._C, vllm.entrypoints.openai.api_server"], log)
     return py

@@ -106,7 +106,8 @@ def parse_lines(
 ) -> Exposition:
     out = Exposition()
     samples = out.samples
-    seen: dict[tuple[str, str, frozenset[tuple[str, str]]], float] = {}
+    # the value and the sample name it first came under
+    seen: dict[tuple[str, str, frozenset[tuple[str, str]]], tuple[float, str]] = {}
     conflicting: set[tuple[str, str, frozenset[tuple[str, str]]]] = set()
     lineno = 0
     for lineno, raw in enumerate(lines, 1):  # noqa: B007 (lineno used after the loop)
@@ -153,11 +154,15 @@ def parse_lines(
         key = (fam.name, suffix, frozenset(labels.items()))
         first = seen.get(key)
         if first is None:
-            seen[key] = value
+            seen[key] = (value, name)
             samples.setdefault(fam.name, []).append(Sample(suffix, labels, value))
+        elif first[1] != name and first[0] == value:
+            # one sample under two of the family's spellings, as vLLM writes during a rename
+            # (0.11: time_per_output_token_seconds beside inter_token_latency_seconds)
+            continue
         else:
             out.rejected["duplicate"] += 1
-            if first != value:
+            if first[0] != value:
                 conflicting.add(key)
     for name, suffix, labels_set in conflicting:  # copies that disagree: trust none of them
         before = samples[name]

@@ -1,7 +1,10 @@
-"""Kill a real vLLM's engine (its EngineCore process, not the API server) under a sidecar:
-- kept alive (VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1, as orchestrators that judge by /health run it):
-  the API answers /metrics, /health answers 503, and the sidecar says the engine is dead,
-  exports kvwatch_engine_alive 0 and sends KvwatchEngineDead to its webhook;
+"""Freeze, then kill, a real vLLM's engine (its EngineCore process, not the API server) under a
+sidecar:
+- frozen (SIGSTOP) while a request streams: the API answers, no token comes, and the sidecar
+  says the engine is stuck; thawed (SIGCONT), alive again;
+- killed and kept alive (VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1, as orchestrators that judge by
+  /health run it): the API answers /metrics, /health answers 503, and the sidecar says the
+  engine is dead, exports kvwatch_engine_alive 0 and sends KvwatchEngineDead to its webhook;
 - as vLLM runs by default: the API server exits about 5 s after its engine; the sidecar, which
   follows the log, says the engine died (with vLLM's own words) before KvwatchTargetDown;
 - `kvwatch logs` on that log reports the death with its time and exits 1.
@@ -9,16 +12,19 @@ Two extra servers, about 20 s each to start."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from kvwatch.loadgen.burst import run_burst
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig
 from tests.receiver import receiver
 from tests.sidecar.running import running_sidecar
@@ -64,12 +70,28 @@ def test_an_engine_killed_behind_a_live_api(tiny_model: Path, tmp_path: Path) ->
         args = [
             "--target", srv.base_url, "--interval", "0.5", "--db", "", "--log", str(log),
             "--log-from-start", "--webhook", f"{hook},alertmanager",
-            "--threshold", "engine_dead_after_s=2",
+            "--threshold", "engine_dead_after_s=2", "--threshold", "engine_stuck_after_s=4",
         ]  # fmt: skip
         with running_sidecar(args) as side:
             wait_for(lambda: state_of(side).get("engine_status") == "alive")
             assert srv.pid is not None
-            os.kill(engine_core_pid(srv.pid), signal.SIGKILL)
+            core = engine_core_pid(srv.pid)
+            stream = threading.Thread(
+                target=lambda: asyncio.run(run_burst(srv.base_url, n=2, max_tokens=900)),
+                daemon=True,
+            )
+            stream.start()
+            wait_for(lambda: any(
+                (e["signals"]["running"] or 0) > 0 for e in state_of(side)["engines"]
+            ))  # fmt: skip
+            os.kill(core, signal.SIGSTOP)
+            try:
+                t = wait_for(lambda: (s := state_of(side))["engine_status"] == "stuck" and s)
+                assert "no token generated for" in t["engine_status_reason"], t
+            finally:
+                os.kill(core, signal.SIGCONT)
+            wait_for(lambda: state_of(side)["engine_status"] == "alive")
+            os.kill(core, signal.SIGKILL)
             t = wait_for(lambda: (s := state_of(side))["engine_status"] == "dead" and s)
             assert t["up"] is True  # the API still answers /metrics
             assert "/health failed (HTTP 503)" in t["engine_status_reason"]

@@ -92,6 +92,20 @@ class TestValuesAreCheckedWhereTheyEnter:
         (obs,) = observe(exp).values()
         assert obs.kv_usage is None and exp.rejected == {"duplicate": 2}  # neither trusted
 
+    def test_one_sample_under_two_spellings_is_no_duplicate(self) -> None:
+        # vLLM 0.11 writes its inter-token histogram under the old and the new name at once
+        # (seen in tests/data/releases/0.11.0.post2): read once, nothing refused
+        twin = (
+            f'vllm:inter_token_latency_seconds_count{{{E}}} 95\n'
+            f'vllm:time_per_output_token_seconds_count{{{E}}} 95\n'
+        )
+        exp = parse_exposition(_body() + twin)
+        assert not exp.rejected and len(exp.samples["itl_seconds"]) == 1
+        # the two spellings disagreeing is no rename: neither is trusted
+        clash = twin.replace(" 95\n", " 96\n", 1)
+        exp = parse_exposition(_body() + clash)
+        assert exp.rejected == {"duplicate": 2} and not exp.samples.get("itl_seconds")
+
     @pytest.mark.parametrize("blocks", ["NaN", "+Inf", "-40", "0", "1e400"])
     def test_broken_cache_labels_leave_the_capacity_unknown(self, blocks: str) -> None:
         (obs,) = observe(parse_exposition(_body(blocks=blocks))).values()
