@@ -105,7 +105,6 @@ def register(sub: Any) -> None:
         "victims, KV usage, running and waiting per minute. '-' reads stdin. Exit status: 0 "
         "when nothing went wrong, 1 when an incident other than a restart or saturation was "
         "logged, 2 on bad usage.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g.add_argument("file", type=Path, help="log file, or - for stdin")
     g.add_argument(
