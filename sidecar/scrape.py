@@ -73,9 +73,9 @@ async def check_health(
         return False, "timeout"
     except httpx.HTTPError as e:
         return False, type(e).__name__
-    if r.status_code == 404:  # not vLLM's API (a bare metrics exporter): nothing to say
-        return True, ""
-    return r.status_code < 400, f"HTTP {r.status_code}"
+    # a 4xx says nothing of the engine (a bare exporter without /health, a proxy that wants
+    # credentials for it): only a server error is a failing engine
+    return r.status_code < 500, f"HTTP {r.status_code}"
 
 
 async def fetch_version(client: httpx.AsyncClient, target: str, timeout_s: float) -> str | None:

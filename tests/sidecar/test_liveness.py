@@ -131,3 +131,39 @@ class TestAlert:
         reg = CollectorRegistry(auto_describe=False)
         reg.register(StateCollector(lambda: s.view(0.0)))
         assert 'kvwatch_engine_alive{target="http://a"} 0.0' in generate_latest(reg).decode()
+
+
+class TestHealthProbe:
+    """`check_health` against a FAKE server answering each status (the real 503 of a dead
+    engine is the live test's)."""
+
+    def test_only_a_server_error_or_no_answer_fails(self) -> None:
+        import asyncio
+        from http.server import BaseHTTPRequestHandler
+
+        import httpx
+
+        from kvwatch.sidecar.scrape import check_health
+        from tests.http_server import serving
+
+        class FakeHealth(BaseHTTPRequestHandler):
+            status = 200
+
+            def do_GET(self) -> None:  # noqa: N802
+                assert self.path == "/health"
+                self.send_response(FakeHealth.status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        async def probe(url: str) -> tuple[bool, str]:
+            async with httpx.AsyncClient() as client:
+                return await check_health(client, url + "/metrics", 2.0)
+
+        with serving(FakeHealth) as url:
+            for status, ok in ((200, True), (404, True), (401, True), (503, False), (500, False)):
+                FakeHealth.status = status
+                assert asyncio.run(probe(url)) == (ok, f"HTTP {status}"), status
+        assert asyncio.run(probe("http://127.0.0.1:9"))[0] is False  # nobody there
