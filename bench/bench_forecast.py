@@ -103,6 +103,15 @@ def current(tl: Timeline, now: float) -> float | None:
     return None if s is None else s.seconds_to_exhaustion
 
 
+def _fit(pts: list[tuple[float, float]]) -> tuple[float, float, float]:
+    """Least-squares line through the points: (slope, mean time, mean value)."""
+    mt = statistics.fmean(t for t, _ in pts)
+    mu = statistics.fmean(u for _, u in pts)
+    var = sum((t - mt) ** 2 for t, _ in pts)
+    slope = sum((t - mt) * (u - mu) for t, u in pts) / var if var else 0.0
+    return slope, mt, mu
+
+
 def usage_slope(window_s: float) -> Forecaster:
     """Free blocks over the rate the used blocks grew at: the least-squares slope of KV usage
     over the window (admissions, growth and completions all in it)."""
@@ -113,22 +122,12 @@ def usage_slope(window_s: float) -> Forecaster:
         ]
         if len(pts) < 3:
             return None
-        mt = statistics.fmean(t for t, _ in pts)
-        mu = statistics.fmean(u for _, u in pts)
-        var = sum((t - mt) ** 2 for t, _ in pts)
-        slope = sum((t - mt) * (u - mu) for t, u in pts) / var if var else 0.0
+        slope, _, _ = _fit(pts)
         if slope <= 0:
             return None
         return max(0.0, 1.0 - pts[-1][1]) / slope
 
     return forecast
-
-
-def _fit(pts: list[tuple[float, float]]) -> float:
-    mt = statistics.fmean(t for t, _ in pts)
-    mu = statistics.fmean(u for _, u in pts)
-    var = sum((t - mt) ** 2 for t, _ in pts)
-    return sum((t - mt) * (u - mu) for t, u in pts) / var if var else 0.0
 
 
 def peak_slope(window_s: float, bin_s: float = 5.0) -> Forecaster:
@@ -145,11 +144,9 @@ def peak_slope(window_s: float, bin_s: float = 5.0) -> Forecaster:
         if len(bins) < 3:
             return None
         pts = [(now - (k + 0.5) * bin_s, u) for k, u in bins.items()]
-        slope = _fit(pts)
+        slope, mt, mu = _fit(pts)
         if slope <= 0:
             return None
-        mt = statistics.fmean(t for t, _ in pts)
-        mu = statistics.fmean(u for _, u in pts)
         at_now = mu + slope * (now - mt)
         return max(0.0, 1.0 - at_now) / slope
 

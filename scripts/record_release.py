@@ -113,10 +113,8 @@ def truth(body: str) -> dict[str, Any]:
     """The figures of one body as prometheus-client's parser reads them."""
     out: dict[str, Any] = {}
     for fam in text_string_to_metric_families(body):
-        name = fam.name.removesuffix("_total")
-        # the OpenMetrics-spelling (vllm_) and colon spelling are the same family
-        key = name if name in _TRUTH else None
-        if key is None:
+        key = fam.name.removesuffix("_total")  # vLLM serves the text format: `vllm:` names
+        if key not in _TRUTH:
             continue
         for s in fam.samples:
             if s.name.endswith("_created"):

@@ -225,7 +225,8 @@ class Incident:
     detail: str
     cause: str | None = None  # the first exception among its lines
     lines: int = 1
-    count: int = 0  # preemption episodes: the warnings in it; restarts: the version
+    count: int = 0  # preemption episodes: the latest cumulative count; saturation: most waiting
+    first_count: int = 0  # preemption episodes: the cumulative count at the first warning
     max_model_len: int | None = None
     suggested_max_model_len: int | None = None
     version: str | None = None
@@ -240,6 +241,7 @@ class Incident:
             "cause": self.cause,
             "lines": self.lines,
             "count": self.count,
+            "first_count": self.first_count,
             "max_model_len": self.max_model_len,
             "suggested_max_model_len": self.suggested_max_model_len,
             "version": self.version,
@@ -289,9 +291,9 @@ class IncidentTracker:
     # counter that never goes back, though a traceback's name changes as its lines come
     counted: Counter[What] = field(default_factory=Counter)
     _lines: _Run | None = None  # incident lines (a traceback and what follows it)
-    _episode: _Run | None = None  # V0 preemption warnings
-    _episode_first: int = 0  # the cumulative count at the episode's first warning
-    _full: _Run | None = None  # stats lines with the cache full and requests waiting
+    # runs of V0 preemption warnings, and of stats lines with the cache full and requests
+    # waiting, by their kind
+    _runs: dict[What, _Run] = field(default_factory=dict)
     _started: bool = False
     _stopping: Incident | None = None  # a stop was asked for since the server last started
     # the engine's end since the server last started (None: none logged since)
@@ -348,31 +350,27 @@ class IncidentTracker:
         self._started = True
 
     def preemption_warning(self, logged_at: str | None, cumulative: int) -> None:
-        t = seconds_of(logged_at)
-        run = self._episode
-        if run is None or not run.takes(t):
-            self._close_episode()
-            inc = Incident(What.PREEMPTION_EPISODE, logged_at, logged_at, "", count=cumulative)
-            self._episode, self._episode_first = _Run(inc, EPISODE_GAP_S, t), cumulative
-            return
-        run.extend(t, logged_at)
-        run.incident.count = max(run.incident.count, cumulative)
+        self._tally(What.PREEMPTION_EPISODE, logged_at, cumulative)
 
     def stats(self, logged_at: str | None, kv_usage: float, waiting: int) -> None:
         """A periodic stats line: a run of them with the cache full and requests waiting is
         one saturation incident."""
         self.tick(logged_at)
-        if kv_usage < SATURATED_KV or waiting < 1:
-            return
+        if kv_usage >= SATURATED_KV and waiting >= 1:
+            self._tally(What.SATURATION, logged_at, waiting)
+
+    def _tally(self, what: What, logged_at: str | None, count: int) -> None:
+        """One more line of a run of `what`, or the first of a new one; `count` is the
+        largest seen."""
         t = seconds_of(logged_at)
-        run = self._full
+        run = self._runs.get(what)
         if run is None or not run.takes(t):
-            self._close_full()
-            inc = Incident(What.SATURATION, logged_at, logged_at, "", count=waiting)
-            self._full = _Run(inc, EPISODE_GAP_S, t)
+            self._close_run(what)
+            inc = Incident(what, logged_at, logged_at, "", count=count, first_count=count)
+            self._runs[what] = _Run(inc, EPISODE_GAP_S, t)
             return
         run.extend(t, logged_at)
-        run.incident.count = max(run.incident.count, waiting)
+        run.incident.count = max(run.incident.count, count)
 
     def tick(self, logged_at: str | None) -> None:
         t = seconds_of(logged_at)
@@ -380,10 +378,9 @@ class IncidentTracker:
             return
         if self._lines is not None and self._lines.over(t):
             self._close_lines()
-        if self._episode is not None and self._episode.over(t):
-            self._close_episode()
-        if self._full is not None and self._full.over(t):
-            self._close_full()
+        for what, run in list(self._runs.items()):
+            if run.over(t):
+                self._close_run(what)
 
     def finish(self) -> list[Incident]:
         """Every incident, in the order they began (an episode closes after what came in it)."""
@@ -393,14 +390,10 @@ class IncidentTracker:
 
     def snapshot(self) -> list[Incident]:
         """What a follower shows now: those closed and those still open, as copies."""
-        runs = (self._lines, self._episode, self._full)
         now = [replace(x) for x in self.incidents]
-        now += [replace(r.incident) for r in runs if r is not None]
-        for x in now:  # an open episode's detail is written when it closes
-            if not x.detail and x.what is What.PREEMPTION_EPISODE:
-                x.detail = f"{x.lines} V0 preemption warnings so far"
-            elif not x.detail and x.what is What.SATURATION:
-                x.detail = f"KV cache full with up to {x.count} waiting so far"
+        if self._lines is not None:
+            now.append(replace(self._lines.incident))
+        now += [replace(r.incident, detail=_run_detail(r.incident)) for r in self._runs.values()]
         return _in_order(now)
 
     def _keep(self, incident: Incident) -> None:
@@ -411,35 +404,32 @@ class IncidentTracker:
 
     def _close_all(self) -> None:
         self._close_lines()
-        self._close_episode()
-        self._close_full()
+        for what in list(self._runs):
+            self._close_run(what)
 
     def _close_lines(self) -> None:
         if self._lines is not None:
             self._keep(self._lines.incident)
             self._lines = None
 
-    def _close_episode(self) -> None:
-        if self._episode is None:
-            return
-        ep = self._episode.incident
-        ep.detail = (
-            f"{ep.lines} V0 preemption warnings, cumulative count {self._episode_first} to "
-            f"{ep.count} (V0 warns on the 1st, 51st, 101st... preemption)"
-        )
-        self._keep(ep)
-        self._episode = None
+    def _close_run(self, what: What) -> None:
+        run = self._runs.pop(what, None)
+        if run is not None:
+            run.incident.detail = _run_detail(run.incident)
+            self._keep(run.incident)
 
-    def _close_full(self) -> None:
-        if self._full is None:
-            return
-        full = self._full.incident
-        full.detail = (
-            f"KV cache at {SATURATED_KV:.0%} or more with up to {full.count} requests waiting, "
-            f"{full.lines} stats lines (V1 logs no preemptions: /metrics counts them)"
+
+def _run_detail(x: Incident) -> str:
+    """What a run of preemption warnings or of full-cache stats lines says, so far."""
+    if x.what is What.PREEMPTION_EPISODE:
+        return (
+            f"{x.lines} V0 preemption warnings, cumulative count {x.first_count} to {x.count} "
+            "(V0 warns on the 1st, 51st, 101st... preemption)"
         )
-        self._keep(full)
-        self._full = None
+    return (
+        f"KV cache at {SATURATED_KV:.0%} or more with up to {x.count} requests waiting, "
+        f"{x.lines} stats lines (V1 logs no preemptions: /metrics counts them)"
+    )
 
 
 def _in_order(incidents: list[Incident]) -> list[Incident]:

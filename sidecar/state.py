@@ -19,7 +19,7 @@ from kvwatch.sidecar.archconfig import Architecture
 from kvwatch.sidecar.episodes import Episode, EpisodeStore
 from kvwatch.sidecar.follow import FollowStats
 from kvwatch.sidecar.judging import EngineJudge, Transition
-from kvwatch.sidecar.liveness import Liveness, judge_liveness
+from kvwatch.sidecar.liveness import Liveness, Status, judge_liveness
 from kvwatch.sidecar.logformats import parse_line
 from kvwatch.sidecar.logstate import LogState
 from kvwatch.sidecar.observe import EngineKey, observe
@@ -144,7 +144,7 @@ class TargetState:
 
 def _when_down(liveness: Liveness | None) -> Liveness | None:
     """A target gone stale keeps only what the log said (dead); alive or stuck was a scrape's."""
-    return liveness if liveness is not None and liveness.status == "dead" else None
+    return liveness if liveness is not None and liveness.status is Status.DEAD else None
 
 
 class SidecarState:
