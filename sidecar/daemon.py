@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import functools
 import os
 import signal
@@ -216,6 +217,10 @@ async def _main(
 
 def run_sidecar(cfg: SidecarConfig, echo: BinaryIO | None = None) -> int:
     from kvwatch.sidecar.exporter import EVENTS_TOKEN_ENV, serve
+
+    # `kill -USR1 PID` prints every thread's stack to stderr: what a sidecar that stopped
+    # answering is doing, without stopping it
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     stale_after = max(10.0, 3 * (cfg.interval_s + cfg.timeout_s))
     state = SidecarState(

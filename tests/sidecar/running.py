@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,9 +20,29 @@ __all__ = ["running_sidecar", "kvwatch_samples", "Sidecar"]
 
 
 class Sidecar(str):
-    """The sidecar's base URL, carrying its process for tests that kill it."""
+    """The sidecar's base URL, carrying its process for tests that kill it, and what it has
+    printed so far (read as it comes, so a full pipe can never stall it)."""
 
     proc: subprocess.Popen[bytes]
+    printed: bytearray
+
+    def output(self) -> str:
+        return self.printed.decode(errors="replace")
+
+    def stacks(self, wait_s: float = 1.0) -> str:
+        """Every thread's stack, as the sidecar prints it on SIGUSR1: for a test to say what
+        a sidecar that stopped answering was doing."""
+        before = len(self.printed)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(wait_s)
+        return self.printed[before:].decode(errors="replace")
+
+
+def _drain(proc: subprocess.Popen[bytes], into: bytearray) -> None:
+    assert proc.stdout is not None
+    for chunk in iter(lambda: proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
+        into.extend(chunk)
 
 
 @contextmanager
@@ -34,15 +57,18 @@ def running_sidecar(
     cmd = [*kvwatch, "sidecar", "--listen", f"127.0.0.1:{port}", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd)
     url = Sidecar(f"http://127.0.0.1:{port}")
-    url.proc = proc
+    url.proc, url.printed = proc, bytearray()
+    reader = threading.Thread(target=_drain, args=(proc, url.printed), daemon=True)
+    reader.start()
     try:
         if not wait_until_ok(url + "/healthz", proc, ready_timeout, period_s=0.1):
             stop_process(proc)
-            out = proc.stdout.read().decode() if proc.stdout else ""
-            raise RuntimeError(f"sidecar did not start: {out}")
+            reader.join(5)
+            raise RuntimeError(f"sidecar did not start: {url.output()}")
         yield url
     finally:
         stop_process(proc)
+        reader.join(5)
         if proc.stdout:
             proc.stdout.close()
 

@@ -16,7 +16,7 @@ from kvwatch.loadgen.local_server import LocalVLLM
 from kvwatch.loadgen.server_metrics import TimelineRecorder
 from tests.loadgen.test_loadgen_live import run as loadgen_run
 from tests.receiver import receiver
-from tests.sidecar.running import kvwatch_samples, running_sidecar
+from tests.sidecar.running import Sidecar, kvwatch_samples, running_sidecar
 
 pytestmark = pytest.mark.integration
 
@@ -24,10 +24,11 @@ pytestmark = pytest.mark.integration
 class _States:
     """Polls the sidecar's JSON state: (time, state, KV usage, preemptions observed)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: Sidecar) -> None:
         self.url = url
         self.rows: list[tuple[float, str, float, float]] = []
         self.errors: list[str] = []
+        self.stacks = ""  # the sidecar's threads at the first poll it did not answer
         self.scrape: tuple[int, dict[str, int], str | None] = (0, {}, None)
         self._stop = threading.Event()
         self._th = threading.Thread(target=self._run, daemon=True)
@@ -44,7 +45,9 @@ class _States:
         try:
             snap = client.get(self.url + "/api/state").json()
         except httpx.HTTPError as e:
-            self.errors.append(repr(e))
+            self.errors.append(f"{time.monotonic():.1f}: {e!r}")
+            if not self.stacks:
+                self.stacks = self.url.stacks()
             return
         target = snap["targets"][0]
         self.scrape = (target["scrapes"], target["scrape_errors"], target["last_error"])
@@ -150,7 +153,8 @@ def _run_loads(base: str, args: list[str], tmp_path: Path) -> None:
         thrash = states.since(t)
         seen = (
             f"sidecar states {[(round(r[0] - t, 1), r[1], round(r[2], 2), r[3]) for r in thrash]}; "
-            f"scrapes (count, errors, last) {states.scrape}; poll errors {states.errors}"
+            f"scrapes (count, errors, last) {states.scrape}; poll errors {states.errors}; "
+            f"the sidecar's threads at the first: {states.stacks}"
         )
         before = [r[3] for r in states.rows if r[0] < t][-1]  # the count the burst starts from
         first_preempt = next((r[0] for r in thrash if r[3] > before), None)

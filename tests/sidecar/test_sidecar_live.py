@@ -8,11 +8,12 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from kvwatch.loadgen.burst import run_burst
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig, free_port
-from tests.sidecar.running import kvwatch_samples, running_sidecar
+from tests.sidecar.running import Sidecar, kvwatch_samples, running_sidecar
 
 pytestmark = pytest.mark.integration
 
@@ -23,18 +24,32 @@ def _value(samples: dict, name: str) -> float | None:
 
 
 class _Watcher:
-    """Polls the sidecar in a thread and keeps every reading."""
+    """Polls the sidecar in a thread and keeps every reading; a poll it did not answer is
+    kept too (with its threads' stacks at the first), and polling goes on."""
 
-    def __init__(self, url: str, period: float = 0.5) -> None:
+    def __init__(self, url: Sidecar, period: float = 0.5) -> None:
         self.url, self.period = url, period
         self.readings: list[dict] = []
+        self.errors: list[str] = []
+        self.stacks = ""
         self._stop = threading.Event()
         self._th = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.readings.append(kvwatch_samples(self.url))
+            try:
+                self.readings.append(kvwatch_samples(self.url))
+            except httpx.HTTPError as e:
+                self.errors.append(f"{time.monotonic():.1f}: {e!r}")
+                self.stacks = self.stacks or self.url.stacks()
             self._stop.wait(self.period)
+
+    def seen(self) -> str:
+        """For an assertion's message."""
+        return (
+            f"{len(self.readings)} readings; polls not answered: {self.errors}; the sidecar's "
+            f"threads at the first: {self.stacks}"
+        )
 
     def __enter__(self) -> _Watcher:
         self._th.start()
@@ -65,7 +80,7 @@ def test_preempting_load_then_quiet(vllm_server: LocalVLLM) -> None:
         assert all(r.ok for r in records)
         rate = w.series("kvwatch_preemptions_per_second_short")
         usage = w.series("kvwatch_kv_cache_usage_ratio")
-        assert max(rate) > 0, "sidecar saw no preemption under a preempting load"
+        assert max(rate, default=0) > 0, f"sidecar saw no preemption under load; {w.seen()}"
         assert max(usage) >= 0.9
         # after the load: rates fall to zero within the short window (plus a scrape or two)
         deadline = time.monotonic() + 15
