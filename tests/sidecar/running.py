@@ -29,14 +29,13 @@ class Sidecar(str):
     def output(self) -> str:
         return self.printed.decode(errors="replace")
 
-    def stacks(self, wait_s: float = 1.0) -> str:
-        """Every thread's stack, as the sidecar prints it on SIGUSR1: for a test to say what
-        a sidecar that stopped answering was doing."""
-        before = len(self.printed)
+    def stacks(self, wait_s: float = 1.0, tail: int = 8000) -> str:
+        """The end of what the sidecar printed, ending with every thread's stack (it prints
+        them on SIGUSR1): for a test to say what a sidecar that stopped answering was doing."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGUSR1)
             time.sleep(wait_s)
-        return self.printed[before:].decode(errors="replace")
+        return self.output()[-tail:]
 
 
 def _drain(proc: subprocess.Popen[bytes], into: bytearray) -> None:
