@@ -1,17 +1,24 @@
-"""How right is the KV-exhaustion forecast? Measured on ramps into preemption on the real fixture.
+"""How right is the KV-exhaustion forecast, and does its alert come first? Measured on the fixture.
 
-    PYTHONPATH=. .venv/bin/python bench/bench_forecast.py record [--runs 5]   # about 1 min a run
+    PYTHONPATH=. .venv/bin/python bench/bench_forecast.py record [--runs 5] [--first N]
+    PYTHONPATH=. .venv/bin/python bench/bench_forecast.py record --steady 1.0 [--runs 3]
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py evaluate
 
 `record` starts the fixture vLLM (tiny model, 40 blocks of 32 tokens), and for each run sends a
 seeded rate ramp (0.2 to 3 requests/s over 90 s, 30 + 300 tokens) while it scrapes `/metrics`
 every 0.5 s, until the cache has run out; each body (the lines the forecast reads) and its time
-go to `bench/results/forecast/run-N.jsonl`. `evaluate` replays the bodies through the sidecar's
-timeline and asks each forecaster, at every scrape, how many seconds remain until the free
-blocks are gone; the truth is the time of the first scrape at which the cache was full (KV usage
-100%, or the preemption counter risen: vLLM preempts only when no block is free, and the counter
-lags the eviction). The table gives each forecaster's median relative error when the truth was
-30, 10 and 5 s away (within +-1.5 s).
+go to `bench/results/forecast/run-N.jsonl` (about 1 min a run). With `--steady RATE` a run is
+90 s of Poisson arrivals at that rate instead (a busy, healthy load), `steady-N.jsonl`.
+
+`evaluate` replays the bodies through the sidecar's own judge (sidecar/judging.py) and asks
+each forecaster, at every scrape, how many seconds remain until the free blocks are gone; the
+truth is the time of the first scrape at which the cache was full (KV usage 100%, or the
+preemption counter risen: vLLM preempts only when no block is free, and the counter lags the
+eviction). The first table gives each forecaster's median relative error when the truth was
+30, 10 and 5 s away (within +-1.5 s), on the runs the sidecar's window and lift were chosen on
+(0-3) and on those recorded after the choice. The second gives KvwatchKvExhaustionImminent's
+lead time on each ramp and the times it fired on the steady runs (false alerts), at the
+recorded 0.5 s and at the sidecar's default 1 s interval (every other scrape).
 """
 
 from __future__ import annotations
@@ -32,7 +39,9 @@ import httpx
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig
 from kvwatch.loadgen.tiny_model import build_tiny_model
 from kvwatch.sidecar.exposition import parse_exposition
-from kvwatch.sidecar.observe import observe
+from kvwatch.sidecar.forecast import line_fit
+from kvwatch.sidecar.judging import EngineJudge
+from kvwatch.sidecar.observe import EngineObservation, observe
 from kvwatch.sidecar.signals import derive
 from kvwatch.sidecar.thresholds import Thresholds
 from kvwatch.sidecar.timeline import Timeline
@@ -40,25 +49,33 @@ from kvwatch.sidecar.timeline import Timeline
 OUT = Path(__file__).resolve().parent / "results" / "forecast"
 HORIZONS = (30.0, 10.0, 5.0)
 TOLERANCE_S = 1.5
+TUNED_ON = 4  # runs 0-3: the forecast's window and lift were chosen on these
+RAMP = "ramp:start=0.2,end=3@90s"
 
 
-def _ramp(base: str, run_dir: Path, seed: int) -> None:
+def _load(base: str, run_dir: Path, seed: int, stage: str) -> None:
     subprocess.run(
         [sys.executable, "-m", "kvwatch", "loadgen", "run", "--url", base, "--run-dir",
-         str(run_dir), "--no-progress", "--stage", "ramp:start=0.2,end=3@90s",
+         str(run_dir), "--no-progress", "--stage", stage,
          "--input-len", "30", "--output-len", "300", "--seed", str(seed)],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
 
 
-def record(runs: int, first: int = 0) -> None:
+def record(
+    runs: int, first: int = 0, steady: float | None = None, arrival: str = "poisson"
+) -> None:
+    """`steady`: a steady load at that rate (requests/s) for 90 s instead of the ramp, with
+    `arrival` spacing; such a run is recorded to its end."""
     OUT.mkdir(parents=True, exist_ok=True)
     log = Path(tempfile.mkdtemp()) / "vllm.log"
+    stage = RAMP if steady is None else f"{arrival}:rate={steady:g}@90s"
+    prefix = "run" if steady is None else "steady"
     with LocalVLLM(ServerConfig(model=build_tiny_model(), nice=10), log_path=log) as srv:
         for n in range(first, first + runs):
             rows = []
             load = threading.Thread(
-                target=_ramp, args=(srv.base_url, Path(tempfile.mkdtemp()), 100 + n)
+                target=_load, args=(srv.base_url, Path(tempfile.mkdtemp()), 100 + n, stage)
             )
             t0 = time.monotonic()
             load.start()
@@ -70,17 +87,17 @@ def record(runs: int, first: int = 0) -> None:
                     except httpx.HTTPError:  # a starved server answers late: the next one
                         continue
                     t = time.monotonic() - t0
-                    rows.append({"t": t, "body": _trim(body)})
+                    rows.append({"t": t, "body": _trim(body)} | ({} if rows else {"stage": stage}))
                     (obs,) = observe(parse_exposition(body)).values()
                     pre = obs.preemptions_total or 0.0
                     before = pre if before is None else before  # the server's count so far
                     if full_at is None and ((obs.kv_usage or 0) >= 1.0 or pre > before):
                         full_at = t
-                    if full_at is not None and t - full_at > 5:
+                    if steady is None and full_at is not None and t - full_at > 5:
                         break
                     time.sleep(max(0.0, 0.5 - (time.monotonic() - t0 - t)))
             load.join()  # the rest of the ramp drains before the next run starts
-            path = OUT / f"run-{n}.jsonl"
+            path = OUT / f"{prefix}-{n}.jsonl"
             path.write_text("".join(json.dumps(r) + "\n" for r in rows))
             print(f"run {n}: {len(rows)} scrapes, cache full at {full_at} s -> {path}")
 
@@ -97,19 +114,19 @@ def _trim(body: str) -> str:
 Forecaster = Callable[[Timeline, float], float | None]
 
 
-def current(tl: Timeline, now: float) -> float | None:
-    """kvwatch's signal today: free tokens / generation tokens per second (short window)."""
+def before(tl: Timeline, now: float) -> float | None:
+    """kvwatch's signal until #17: free tokens / generation tokens per second (short window),
+    as if nothing finished."""
+    s = derive(tl, now, Thresholds())
+    if s is None or s.free_tokens is None or not s.generation_tokens_per_s:
+        return None
+    return s.free_tokens / s.generation_tokens_per_s
+
+
+def sidecar(tl: Timeline, now: float) -> float | None:
+    """kvwatch's signal now (sidecar/forecast.py): the band of KV usage's peaks."""
     s = derive(tl, now, Thresholds())
     return None if s is None else s.seconds_to_exhaustion
-
-
-def _fit(pts: list[tuple[float, float]]) -> tuple[float, float, float]:
-    """Least-squares line through the points: (slope, mean time, mean value)."""
-    mt = statistics.fmean(t for t, _ in pts)
-    mu = statistics.fmean(u for _, u in pts)
-    var = sum((t - mt) ** 2 for t, _ in pts)
-    slope = sum((t - mt) * (u - mu) for t, u in pts) / var if var else 0.0
-    return slope, mt, mu
 
 
 def usage_slope(window_s: float) -> Forecaster:
@@ -122,7 +139,7 @@ def usage_slope(window_s: float) -> Forecaster:
         ]
         if len(pts) < 3:
             return None
-        slope, _, _ = _fit(pts)
+        slope, _, _ = line_fit(pts)
         if slope <= 0:
             return None
         return max(0.0, 1.0 - pts[-1][1]) / slope
@@ -144,7 +161,7 @@ def peak_slope(window_s: float, bin_s: float = 5.0) -> Forecaster:
         if len(bins) < 3:
             return None
         pts = [(now - (k + 0.5) * bin_s, u) for k, u in bins.items()]
-        slope, mt, mu = _fit(pts)
+        slope, mt, mu = line_fit(pts)
         if slope <= 0:
             return None
         at_now = mu + slope * (now - mt)
@@ -154,50 +171,113 @@ def peak_slope(window_s: float, bin_s: float = 5.0) -> Forecaster:
 
 
 FORECASTERS: dict[str, Forecaster] = {
-    "free tokens / generation rate (current)": current,
-    "KV usage slope, 5 s": usage_slope(5.0),
+    "free tokens / generation rate (before #17)": before,
     "KV usage slope, 10 s": usage_slope(10.0),
     "KV usage slope, 20 s": usage_slope(20.0),
-    "peaks of KV usage (5 s bins), 30 s": peak_slope(30.0),
     "peaks of KV usage (5 s bins), 60 s": peak_slope(60.0),
+    "usage band: fit + 1.5 x spread, 60 s (the sidecar's)": sidecar,
 }
 
 
+Run = list[tuple[float, EngineObservation]]
+
+
+def _load_run(path: Path) -> Run:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [(r["t"], next(iter(observe(parse_exposition(r["body"])).values()))) for r in rows]
+
+
+def _full_at(run: Run) -> float | None:
+    """The first scrape at which the cache was full: usage 100% or the counter risen."""
+    before = run[0][1].preemptions_total or 0.0  # earlier runs' preemptions
+    return next(
+        (t for t, o in run if (o.kv_usage or 0) >= 1.0 or (o.preemptions_total or 0) > before),
+        None,
+    )
+
+
+def _errors(run: Run, full_at: float) -> dict[str, dict[float, list[float]]]:
+    """Each forecaster's relative errors at the scrapes the truth was a horizon away from."""
+    out: dict[str, dict[float, list[float]]] = {n: {h: [] for h in HORIZONS} for n in FORECASTERS}
+    tl = Timeline()
+    for t, o in run:
+        if t > full_at:
+            break
+        tl.add(t, o)
+        remaining = full_at - t
+        for h in HORIZONS:
+            if abs(remaining - h) <= TOLERANCE_S and remaining > 0:
+                for name, f in FORECASTERS.items():
+                    got = f(tl, t)
+                    err = 1.0 if got is None else abs(got - remaining) / remaining
+                    out[name][h].append(err)
+    return out
+
+
+def firings(run: Run, every: int = 1, th: Thresholds | None = None) -> list[float]:
+    """When KvwatchKvExhaustionImminent would have fired (its condition lasted its `for`),
+    replaying the scrapes (every `every`-th) through the sidecar's own judge."""
+    th = th or Thresholds()
+    judge = EngineJudge("bench", ("model", "0"), th, 0)
+    fired: list[float] = []
+    since_fired: float | None = None
+    for t, o in run[::every]:
+        judge.observe(t, t, o, None)
+        since = judge.exhaustion_imminent_since
+        if since is not None and t - since >= th.exhaustion_for_s and since != since_fired:
+            fired.append(t)
+            since_fired = since
+    return fired
+
+
+def _table(title: str, errors: list[dict[str, dict[float, list[float]]]]) -> None:
+    print(f"\n{title}: median relative error (None counts as 100%) at the truth's distance")
+    print("| forecaster | " + " | ".join(f"{h:g} s out" for h in HORIZONS) + " |")
+    print("|---|" + "---|" * len(HORIZONS))
+    for name in FORECASTERS:
+        cells = []
+        for h in HORIZONS:
+            v = [e for run in errors for e in run[name][h]]
+            cells.append(f"{statistics.median(v):.0%} (n={len(v)})" if v else "-")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
 def evaluate() -> None:
-    errors: dict[str, dict[float, list[float]]] = {
-        name: {h: [] for h in HORIZONS} for name in FORECASTERS
-    }
-    runs = sorted(OUT.glob("run-*.jsonl"))
-    for path in runs:
-        rows = [json.loads(line) for line in path.read_text().splitlines()]
-        obs = [(r["t"], next(iter(observe(parse_exposition(r["body"])).values()))) for r in rows]
-        before = obs[0][1].preemptions_total or 0.0  # earlier runs' preemptions
-        full_at = next(
-            (t for t, o in obs
-             if (o.kv_usage or 0) >= 1.0 or (o.preemptions_total or 0) > before),
-            None,
-        )  # fmt: skip
+    tuned, held_out = [], []
+    leads: dict[int, list[float]] = {1: [], 2: []}
+    for path in sorted(OUT.glob("run-*.jsonl"), key=lambda p: int(p.stem.split("-")[1])):
+        run = _load_run(path)
+        full_at = _full_at(run)
         if full_at is None:
             print(f"{path.name}: the cache never ran out; skipped")
             continue
-        tl = Timeline()
-        for t, o in obs:
-            if t > full_at:
-                break
-            tl.add(t, o)
-            remaining = full_at - t
-            for h in HORIZONS:
-                if abs(remaining - h) <= TOLERANCE_S and remaining > 0:
-                    for name, f in FORECASTERS.items():
-                        got = f(tl, t)
-                        err = 1.0 if got is None else abs(got - remaining) / remaining
-                        errors[name][h].append(err)
-    print(f"{len(runs)} runs; median relative error (None counts as 100%) at the truth's distance:")
-    print("| forecaster | " + " | ".join(f"{h:g} s out" for h in HORIZONS) + " |")
-    print("|---|" + "---|" * len(HORIZONS))
-    for name, by_h in errors.items():
-        cells = [f"{statistics.median(v):.0%} (n={len(v)})" if v else "-" for v in by_h.values()]
-        print(f"| {name} | " + " | ".join(cells) + " |")
+        n = int(path.stem.split("-")[1])
+        (tuned if n < TUNED_ON else held_out).append(_errors(run, full_at))
+        for every in leads:
+            first = next(iter(firings([p for p in run if p[0] <= full_at], every)), None)
+            leads[every].append(-1.0 if first is None else full_at - first)
+        print(f"{path.name}: full at {full_at:.1f} s; alert lead {leads[1][-1]:.1f} s "
+              f"(0.5 s scrapes), {leads[2][-1]:.1f} s (1 s)")  # fmt: skip
+    _table(f"runs 0-{TUNED_ON - 1} (the window and lift were chosen on these)", tuned)
+    _table(f"runs {TUNED_ON}+ (recorded after the choice)", held_out)
+    _table("all runs", tuned + held_out)
+    print("\nKvwatchKvExhaustionImminent (-1: it did not fire before the cache ran out)")
+    for every, name in ((1, "0.5 s"), (2, "1 s")):
+        got = leads[every]
+        if got:
+            print(f"- {name} scrapes: lead times {[round(x, 1) for x in got]}, "
+                  f"median {statistics.median(got):.1f} s")
+    print("\nSteady runs (a false alert: one that fired on a run whose cache never ran out)")
+    for path in sorted(OUT.glob("steady-*.jsonl"), key=lambda p: int(p.stem.split("-")[1])):
+        stage = json.loads(path.read_text().partition("\n")[0]).get("stage", "?")
+        run = _load_run(path)
+        full_at = _full_at(run)
+        peak = max((o.kv_usage or 0) for _, o in run)
+        fired = {every: firings(run, every) for every in (1, 2)}
+        ran_out = "never ran out" if full_at is None else f"ran out at {full_at:.0f} s"
+        print(f"- {path.name} ({stage}): {run[-1][0]:.0f} s, peak KV {peak:.0%}, {ran_out}; "
+              f"fired at {[round(t) for t in fired[1]]} s (0.5 s scrapes), "
+              f"{[round(t) for t in fired[2]]} s (1 s)")
 
 
 def main() -> None:
@@ -206,10 +286,18 @@ def main() -> None:
     r = sub.add_parser("record")
     r.add_argument("--runs", type=int, default=5)
     r.add_argument("--first", type=int, default=0, help="number of the first run (its seed)")
+    r.add_argument(
+        "--steady", type=float, metavar="RATE",
+        help="record steady runs instead: RATE requests/s for 90 s",
+    )
+    r.add_argument(
+        "--arrival", choices=("poisson", "constant"), default="poisson",
+        help="how a steady run's requests are spaced (default: poisson)",
+    )  # fmt: skip
     sub.add_parser("evaluate")
     ns = ap.parse_args()
     if ns.cmd == "record":
-        record(ns.runs, ns.first)
+        record(ns.runs, ns.first, ns.steady, ns.arrival)
     else:
         evaluate()
 

@@ -261,8 +261,11 @@ def kv_pressure(th: Thresholds = DEFAULT_THRESHOLDS) -> dashboard.Dashboard:
     )
     exhaustion = _series(
         "Time until the free blocks run out",
-        "Free KV tokens divided by the current generation rate: how long the running batch "
-        "can grow before vLLM must preempt. Empty when nothing generates.",
+        "The sidecar's forecast: the time until the band KV usage's peaks move in (a line "
+        "fitted over the last minute, lifted by 1.5 x the spread around it) reaches 100%. "
+        "0: the peaks already reach full. Empty while usage is not rising (a steady load, "
+        "however busy). KvwatchKvExhaustionImminent fires under "
+        f"{th.exhaustion_warn_s:g} s.",
         "s",
         (q.sidecar(cat.SECONDS_TO_KV_EXHAUSTION), "{{model_name}} e{{engine}}"),
     )

@@ -68,6 +68,17 @@ def _advice_text(e: EngineView) -> str:
     )
 
 
+def _forecast_text(e: EngineView) -> str:
+    s = e.signals
+    if s.seconds_to_exhaustion is None or s.kv_usage is None:
+        return ""
+    rise = "" if s.kv_usage_trend_per_s is None else f", rising {s.kv_usage_trend_per_s:.1%}/s"
+    return (
+        f"Forecast: out of blocks in {s.seconds_to_exhaustion:.0f} s; KV usage "
+        f"{s.kv_usage:.0%} now{rise}.{_advice_text(e)}"
+    )
+
+
 def _raise(
     spec: cat.Alert, th: Thresholds, labels: dict[str, str], detail: str = "", **values: str
 ) -> Alert:
@@ -84,11 +95,15 @@ def _raise(
     )
 
 
-# An engine's state needs a window of scrapes to judge; a target's up or down is known at once.
-_JUDGED_FROM_HISTORY = frozenset(a.name for a in cat.ALERTS if a.level is not None)
 _TARGET_DOWN = cat.alert("KvwatchTargetDown")
 _METRICS_MISSING = cat.alert("KvwatchVllmMetricsMissing")
 _ENGINE_DEAD = cat.alert("KvwatchEngineDead")
+_EXHAUSTION = cat.alert("KvwatchKvExhaustionImminent")
+# An engine's state and the forecast need a window of scrapes to judge; a target's up or down
+# is known at once.
+_JUDGED_FROM_HISTORY = frozenset(
+    {a.name for a in cat.ALERTS if a.level is not None} | {_EXHAUSTION.name}
+)
 
 
 @dataclass(frozen=True)
@@ -101,45 +116,51 @@ class AlertSet:
 
 
 def active_alerts(view: StateView, th: Thresholds, now_unix: float) -> AlertSet:
-    """Alerts that hold in this state view. An engine's alert holds while it is in that state
-    (the detector's hold is its `for`); a target's holds once its condition has lasted the
-    alert's `for`, the same window the Prometheus rule waits."""
+    """Alerts that hold in this state view. An engine's state alert holds while it is in that
+    state (the detector's hold is its `for`); the rest hold once their condition has lasted
+    the alert's `for`, the same window the Prometheus rule waits."""
     out = []
     holding = set()
+
+    def timed(spec: cat.Alert, since: float | None, labels: dict[str, str], detail: str) -> None:
+        if since is None:
+            return
+        lasted = now_unix - since
+        a = _raise(spec, th, labels, detail, down_for=cat.human_duration(lasted))
+        if lasted >= spec.for_seconds(th):
+            out.append(a)
+        else:
+            holding.add(a.fingerprint)
+
     for t in view.targets:
         target = {"target": t.target}
-        for spec, since, detail in (
-            (
-                _TARGET_DOWN,
-                (t.last_success_unix or view.started_unix) if t.up is False else None,
-                f"Last error: {t.last_error}",
-            ),
-            (
-                _METRICS_MISSING,
-                t.metrics_missing_since_unix if t.up and t.vllm_metrics_present is False else None,
-                "",
-            ),
-            (
-                _ENGINE_DEAD,
-                None if t.liveness is None else t.liveness.since_unix,
-                "" if t.liveness is None else f"It is {t.liveness.status}: {t.liveness.reason}.",
-            ),
-        ):
-            if since is None:
-                continue
-            lasted = now_unix - since
-            a = _raise(spec, th, target, detail, down_for=cat.human_duration(lasted))
-            if lasted >= spec.for_seconds(th):
-                out.append(a)
-            else:
-                holding.add(a.fingerprint)
+        timed(
+            _TARGET_DOWN,
+            (t.last_success_unix or view.started_unix) if t.up is False else None,
+            target,
+            f"Last error: {t.last_error}",
+        )
+        timed(
+            _METRICS_MISSING,
+            t.metrics_missing_since_unix if t.up and t.vllm_metrics_present is False else None,
+            target,
+            "",
+        )
+        timed(
+            _ENGINE_DEAD,
+            None if t.liveness is None else t.liveness.since_unix,
+            target,
+            "" if t.liveness is None else f"It is {t.liveness.status}: {t.liveness.reason}.",
+        )
         for e in t.engines:
-            level_alert = cat.alert_for_level(e.level)
-            if not e.present or level_alert is None:
+            if not e.present:
                 continue
             labels = {**target, "model_name": e.model_name, "engine": e.engine}
-            detail = f"Now: {'; '.join(e.reasons)}.{_episode_text(e)}{_advice_text(e)}"
-            out.append(_raise(level_alert, th, labels, detail))
+            timed(_EXHAUSTION, e.exhaustion_imminent_since_unix, labels, _forecast_text(e))
+            level_alert = cat.alert_for_level(e.level)
+            if level_alert is not None:
+                detail = f"Now: {'; '.join(e.reasons)}.{_episode_text(e)}{_advice_text(e)}"
+                out.append(_raise(level_alert, th, labels, detail))
     return AlertSet(out, frozenset(holding))
 
 

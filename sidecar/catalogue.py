@@ -445,6 +445,16 @@ ALERTS: tuple[Alert, ...] = (
         BOTH, for_="1m", keep_firing_for="1m", level=Level.THRASHING,
     ),
     Alert(
+        "KvwatchKvExhaustionImminent", "warning",
+        "vLLM KV cache about to run out on {target} ({model_name}, engine {engine})",
+        "The kvwatch sidecar forecasts that this engine's KV cache runs out within "
+        "{th.exhaustion_warn_s:g} s (the band KV usage peaks in is rising towards 100%), for "
+        "{th.exhaustion_for_s:g} s: preemptions come next. Shed or hold load now; size the "
+        "cache for it (kvwatch advise). It clears once the forecast does, or when saturation "
+        "or thrashing takes over.",
+        BOTH, for_threshold="exhaustion_for_s",
+    ),
+    Alert(
         "KvwatchTargetDown", "warning",
         "kvwatch cannot scrape {target}",
         "The sidecar's scrapes of {target} have failed for {down_for}.",

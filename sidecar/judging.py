@@ -68,6 +68,10 @@ class EngineJudge:
         self.episodes = EpisodeTracker(target, *key)
         self.episode_count = episodes_before
         self.signals: EngineSignals | None = None
+        # since when (unix) the forecast has said the cache runs out within exhaustion_warn_s
+        # while the engine is below saturated: KvwatchKvExhaustionImminent's condition
+        self.exhaustion_imminent_since: float | None = None
+        self._imminent_lapsed_at: float | None = None  # the forecast left the horizon then
 
     def _growth_for(self, cache: CacheConfig | None) -> float | None:
         """Blocks a running request adds per step under the model's groups, once per cache
@@ -89,6 +93,27 @@ class EngineJudge:
             except SizingError as e:
                 self._growth, self.model_error = None, str(e)
         return self._growth
+
+    def _judge_imminent(self, unix: float, sig: EngineSignals) -> None:
+        """Warned before it runs out, quiet once it has: saturation and thrashing have their
+        own pages, so the warning clears at once when they take over (no double page). A
+        forecast that drifts past the horizon clears it only after exhaustion_for_s, so a
+        forecast hovering at the horizon does not flap."""
+        if self.detector.level >= Level.SATURATED:
+            self.exhaustion_imminent_since = self._imminent_lapsed_at = None
+            return
+        left = sig.seconds_to_exhaustion
+        if left is not None and left <= self.th.exhaustion_warn_s:
+            self._imminent_lapsed_at = None
+            if self.exhaustion_imminent_since is None:
+                self.exhaustion_imminent_since = unix
+            return
+        if self.exhaustion_imminent_since is None:
+            return
+        if self._imminent_lapsed_at is None:
+            self._imminent_lapsed_at = unix
+        if unix - self._imminent_lapsed_at >= self.th.exhaustion_for_s:
+            self.exhaustion_imminent_since = self._imminent_lapsed_at = None
 
     @property
     def level(self) -> Level:
@@ -118,6 +143,7 @@ class EngineJudge:
                 self.detector.level.label,
                 tuple(self.detector.reasons),
             )
+        self._judge_imminent(unix, sig)
         opened = self.episodes.current is None
         ep = self.episodes.tick(
             unix,

@@ -3,8 +3,8 @@
 - KV headroom: free blocks = blocks x (1 - usage); free tokens = free blocks x block size.
 - New-block demand per step: running / block_size (each running request needs a fresh block every
   block_size tokens, so that many blocks are asked for per decode step on average).
-- Seconds to exhaustion: free tokens / generation tokens per second. Every generated token takes a
-  KV slot, so at the current pace the free slots are gone in that time if nothing finishes.
+- Seconds to exhaustion: until the band KV usage's peaks move in reaches 100%, at the pace it
+  rose over the last minute (sidecar/forecast.py, measured in docs/detection.md).
 - Preemption rate: reset-corrected increase of the preemption counter over a window, per second.
 - Repeat preemptions: finished requests that were preempted 2+ times, in the long window (from the
   per-request preemption histogram, vLLM 0.30+).
@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kvwatch.sidecar.forecast import WINDOW_S, forecast_exhaustion
 from kvwatch.sidecar.observe import CacheConfig, bucket_quantile
 from kvwatch.sidecar.thresholds import Thresholds
 from kvwatch.sidecar.timeline import Timeline
@@ -61,6 +62,7 @@ class EngineSignals:
     offload_cpu_pinned: float | None = None
     admission_rejections_long: float | None = None
     kv_offloading_gib: float | None = None
+    kv_usage_trend_per_s: float | None = None  # the forecast's fitted slope (usage per second)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,9 +97,8 @@ def derive(
         demand = obs.running * growth_per_request
     else:
         demand = obs.running / block_size
-    exhaustion = None
-    if free_tokens is not None and gen_rate:
-        exhaustion = free_tokens / gen_rate
+    usage_pts = [(t, o.kv_usage) for t, o in tl.window(WINDOW_S, now) if o.kv_usage is not None]
+    forecast = forecast_exhaustion(usage_pts, now)
     return EngineSignals(
         kv_usage=usage,
         running=obs.running,
@@ -111,7 +112,8 @@ def derive(
         block_demand_per_step=demand,
         generation_tokens_per_s=gen_rate,
         prompt_tokens_per_s=tl.rate("prompt_tokens_total", th.short_window_s, now),
-        seconds_to_exhaustion=exhaustion,
+        seconds_to_exhaustion=None if forecast is None else forecast.seconds,
+        kv_usage_trend_per_s=None if forecast is None else forecast.trend_per_s,
         preemptions_per_s_short=tl.rate("preemptions_total", th.short_window_s, now),
         preemptions_per_s_long=tl.rate("preemptions_total", th.long_window_s, now),
         repeat_preempted_long=tl.increase("repeat_preempted_total", th.long_window_s, now),

@@ -108,6 +108,7 @@ class TargetState:
                 episode=None if ej.episodes.current is None else replace(ej.episodes.current),
                 signals=ej.signals,
                 model_error=ej.model_error,
+                exhaustion_imminent_since_unix=ej.exhaustion_imminent_since,
             )
             for key, ej in self.engines.items()
             if ej.signals is not None

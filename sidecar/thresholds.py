@@ -61,6 +61,13 @@ class Thresholds:
     engine_dead_after_s: float = 30.0
     # An engine is stuck when requests run or wait and no token is generated for this long.
     engine_stuck_after_s: float = 60.0
+    # KvwatchKvExhaustionImminent fires when the forecast (sidecar/forecast.py) says the cache
+    # runs out within this many seconds, while the engine is not yet saturated or thrashing.
+    # Measured on ramps into preemption (docs/detection.md): raise it for an earlier warning,
+    # at the price of a forecast that is further off.
+    exhaustion_warn_s: float = 30.0
+    # ...and only once the forecast has said so this long: one swing is not a trend.
+    exhaustion_for_s: float = 5.0
     # How often a still-firing alert is sent again, in seconds.
     repeat_interval_s: float = 3600.0
     # Where alert annotations point for the runbook (one section per alert).

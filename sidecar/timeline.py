@@ -90,7 +90,8 @@ class Timeline:
     def latest(self) -> tuple[float, EngineObservation] | None:
         return self.points[-1] if self.points else None
 
-    def _window(self, window_s: float, now: float) -> list[tuple[float, EngineObservation]]:
+    def window(self, window_s: float, now: float) -> list[tuple[float, EngineObservation]]:
+        """The points of the last `window_s` seconds, oldest first."""
         start = now - window_s
         out = []
         for p in reversed(self.points):
@@ -102,7 +103,7 @@ class Timeline:
 
     def peak(self, name: str, window_s: float, now: float) -> float | None:
         """Largest value of a gauge field inside the window."""
-        vals = [v for _, o in self._window(window_s, now) if (v := getattr(o, name)) is not None]
+        vals = [v for _, o in self.window(window_s, now) if (v := getattr(o, name)) is not None]
         return max(vals, default=None)
 
     def stalled_s(self, now: float) -> float:
@@ -125,14 +126,14 @@ class Timeline:
         """Most requests the server held at once (running + waiting) inside the window."""
         vals = [
             o.running + (o.waiting or 0.0)
-            for _, o in self._window(window_s, now)
+            for _, o in self.window(window_s, now)
             if o.running is not None
         ]
         return max(vals, default=None)
 
     def increase(self, counter: str, window_s: float, now: float) -> float | None:
         """Reset-corrected increase over the points inside the window; None with fewer than 2."""
-        pts = [(t, getattr(o, counter)) for t, o in self._window(window_s, now)]
+        pts = [(t, getattr(o, counter)) for t, o in self.window(window_s, now)]
         pts = [(t, v) for t, v in pts if v is not None]
         if len(pts) < 2:
             return None
@@ -140,7 +141,7 @@ class Timeline:
 
     def rate(self, counter: str, window_s: float, now: float) -> float | None:
         """Per-second rate over the window, from the points it holds."""
-        pts = [t for t, o in self._window(window_s, now) if getattr(o, counter) is not None]
+        pts = [t for t, o in self.window(window_s, now) if getattr(o, counter) is not None]
         inc = self.increase(counter, window_s, now)
         if inc is None or pts[-1] <= pts[0]:
             return None

@@ -43,6 +43,8 @@ class EngineView:
     episode: Episode | None  # the one open now (a copy)
     signals: EngineSignals
     model_error: str | None = None  # --model does not match the server's own KV figures
+    # the forecast has said the cache runs out within exhaustion_warn_s since then
+    exhaustion_imminent_since_unix: float | None = None
 
     @property
     def state(self) -> str:
@@ -142,6 +144,7 @@ def engine_json(e: EngineView) -> dict[str, Any]:
         "episode": None if e.episode is None else e.episode.to_dict(),
         "signals": e.signals.to_dict(),
         "model_error": e.model_error,
+        "exhaustion_imminent_since_unix": e.exhaustion_imminent_since_unix,
     }
 
 
@@ -268,9 +271,19 @@ def _engine_from_json(e: object) -> EngineView:
             episode=None if episode is None else _typed(Episode, episode),
             signals=_typed(EngineSignals, e["signals"]),
             model_error=None if e.get("model_error") is None else str(e["model_error"]),
+            exhaustion_imminent_since_unix=_number_or_none(e.get("exhaustion_imminent_since_unix")),
         )
     except (KeyError, TypeError) as err:
         raise ValueError(f"an engine without a readable {err}") from None
+
+
+def _number_or_none(v: object) -> float | None:
+    """A finite number as a float, or None (absent, null); anything else is refused."""
+    if v is None:
+        return None
+    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    raise TypeError(f"{v!r} is not a finite number")
 
 
 def _field_types(cls: type) -> dict[str, tuple[type, ...]]:

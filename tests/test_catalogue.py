@@ -72,18 +72,20 @@ class TestNamesComeFromTheCatalogue:
 
 def _busy_state(tmp_path: Path) -> SidecarState:
     # the real 0.32 busy body with the offload families composed from 0.33's source, so that
-    # every engine gauge has something to say
+    # every engine gauge has something to say; scraped once a second for eight seconds, every
+    # counter on and KV usage rising (rates have points, the forecast a trend)
     body = (ROOT / "tests" / "data" / "vllm-0.33-metrics-offload-composed.txt").read_text()
-    later = re.sub(  # a second scrape a second later, every counter on: rates have two points
+    counters = re.compile(
         r"^(vllm:(generation_tokens|prompt_tokens_by_source|kv_offload_(load|store)_bytes"
         r"|kv_offload_allocation_failure|admission_rejections)_total\{.*\} )(\S+)$",
-        lambda m: f"{m[1]}{float(m[4]) + 100}",
-        body,
-        flags=re.M,
+        re.M,
     )
+    usage = re.compile(r"^(vllm:kv_cache_usage_perc\{.*\} )(\S+)$", re.M)
     state = SidecarState(["http://a"])
-    state.record_scrape("http://a", 1.0, ScrapeOutcome(0.01, parse_exposition(body)))
-    state.record_scrape("http://a", 2.0, ScrapeOutcome(0.01, parse_exposition(later)))
+    for i in range(8):
+        scrape = counters.sub(lambda m, i=i: f"{m[1]}{float(m[4]) + 100 * i}", body)
+        scrape = usage.sub(lambda m, i=i: f"{m[1]}{0.5 + 0.03 * i}", scrape)
+        state.record_scrape("http://a", 1.0 + i, ScrapeOutcome(0.01, parse_exposition(scrape)))
     log = (ROOT / "tests" / "data" / "vllm-0.32-cpu-server.log").read_text().splitlines()
     state.record_log_lines(log)
     return state
@@ -94,7 +96,7 @@ class TestExporter:
         state = _busy_state(tmp_path)
         state.log_stats, state.log_source = FollowStats(), "file"
         reg = CollectorRegistry(auto_describe=False)
-        reg.register(StateCollector(lambda: state.view(2.0)))
+        reg.register(StateCollector(lambda: state.view(8.0)))
         text = generate_latest(reg).decode()
         helps = dict(re.findall(r"^# HELP (\S+) (.*)$", text, re.M))
         types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))

@@ -1,0 +1,134 @@
+"""The KV-exhaustion forecast and KvwatchKvExhaustionImminent, on hand-made usage series."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from kvwatch.sidecar.alerting import active_alerts
+from kvwatch.sidecar.detect import Level
+from kvwatch.sidecar.forecast import MIN_POINTS, forecast_exhaustion, line_fit
+from kvwatch.sidecar.judging import EngineJudge
+from kvwatch.sidecar.observe import CacheConfig, EngineObservation
+from kvwatch.sidecar.thresholds import Thresholds
+
+CACHE = CacheConfig(block_size=32, num_blocks=40)
+
+
+def test_line_fit_recovers_a_line() -> None:
+    slope, mt, mv = line_fit([(t, 0.1 + 0.02 * t) for t in range(10)])
+    assert slope == pytest.approx(0.02)
+    assert mv + slope * (9 - mt) == pytest.approx(0.28)
+
+
+def test_a_steady_rise_is_forecast_where_the_line_meets_full() -> None:
+    # no spread: the band is the line; 0.5 now, +1%/s: full in 50 s
+    pts = [(t, 0.5 - 0.01 * (60 - t)) for t in range(0, 61)]
+    f = forecast_exhaustion(pts, 60.0)
+    assert f is not None and f.seconds == pytest.approx(50.0)
+    assert f.trend_per_s == pytest.approx(0.01)
+
+
+def test_the_spread_lifts_the_band_towards_full() -> None:
+    # the same rise with usage swinging +-0.1 around it: the cache runs out at a peak, sooner
+    pts = [(t, 0.5 - 0.01 * (60 - t) + (0.1 if t % 2 else -0.1)) for t in range(0, 61)]
+    f = forecast_exhaustion(pts, 60.0)
+    assert f is not None and f.seconds is not None
+    assert f.seconds == pytest.approx((1.0 - f.band_now) / f.trend_per_s)
+    assert 30.0 < f.seconds < 40.0  # the band sits about 1.5 x 0.1 above the line
+
+
+def test_busy_but_flat_is_not_heading_for_exhaustion() -> None:
+    pts = [(t, 0.6 + (0.2 if t % 3 == 0 else 0.0)) for t in range(0, 61)]
+    f = forecast_exhaustion(pts, 60.0)
+    assert f is not None and f.seconds is None  # a slope of ~0 is no forecast
+
+
+def test_a_band_already_at_full_says_now() -> None:
+    pts = [(t, 0.8 if t % 2 else 1.0) for t in range(0, 61)]
+    f = forecast_exhaustion(pts, 60.0)
+    assert f is not None and f.seconds == 0.0
+
+
+def test_too_few_points_or_bad_values_give_no_forecast() -> None:
+    few = [(float(t), 0.5) for t in range(MIN_POINTS - 1)]
+    assert forecast_exhaustion(few, float(MIN_POINTS)) is None
+    # points outside the window do not count; NaN is skipped, never a NaN forecast
+    old = [(float(t), 0.1 * t) for t in range(10)]
+    assert forecast_exhaustion(old, 1000.0) is None
+    nan = [(float(t), math.nan if t % 2 else 0.01 * t) for t in range(20)]
+    f = forecast_exhaustion(nan, 19.0)
+    assert f is not None and f.seconds is not None and math.isfinite(f.seconds)
+
+
+def _judge_ramp(th: Thresholds, usage: list[float]) -> tuple[EngineJudge, list[float | None]]:
+    """Feed one usage per second; returns the judge and the imminent-since after each."""
+    judge = EngineJudge("http://vllm", ("m", "0"), th, 0)
+    seen = []
+    for t, u in enumerate(usage):
+        obs = EngineObservation(kv_usage=u, running=2, waiting=0, cache=CACHE)
+        judge.observe(float(t), 1000.0 + t, obs, None)
+        seen.append(judge.exhaustion_imminent_since)
+    return judge, seen
+
+
+def test_the_warning_holds_across_a_dip_and_clears_once_the_forecast_has() -> None:
+    th = Thresholds(exhaustion_warn_s=30, exhaustion_for_s=5)
+    rise = [min(0.85, 0.3 + 0.01 * t) for t in range(50)]  # heading up, then flat at 85%
+    judge, seen = _judge_ramp(th, rise + [0.85] * 120)
+    first = next(i for i, s in enumerate(seen) if s is not None)
+    assert first < 50  # warned while rising
+    assert seen[-1] is None  # flat for two minutes: no longer heading for exhaustion
+    assert judge.level is Level.OK
+
+
+def test_saturation_takes_over_from_the_warning() -> None:
+    th = Thresholds(exhaustion_warn_s=30, exhaustion_for_s=5, enter_after_s=0)
+    judge = EngineJudge("http://vllm", ("m", "0"), th, 0)
+    for t in range(40):
+        obs = EngineObservation(kv_usage=0.3 + 0.015 * t, running=3, waiting=0, cache=CACHE)
+        judge.observe(float(t), float(t), obs, None)
+    assert judge.exhaustion_imminent_since is not None
+    for t in range(40, 45):  # full, with requests waiting: saturated
+        obs = EngineObservation(kv_usage=1.0, running=3, waiting=4, cache=CACHE)
+        judge.observe(float(t), float(t), obs, None)
+    assert judge.level >= Level.SATURATED
+    assert judge.exhaustion_imminent_since is None  # at once: no double page
+
+
+def test_the_alert_fires_after_its_for_with_the_forecast_in_its_text() -> None:
+    from kvwatch.sidecar.episodes import EpisodeStore
+    from kvwatch.sidecar.exposition import parse_exposition
+    from kvwatch.sidecar.scrape import ScrapeOutcome
+    from kvwatch.sidecar.state import SidecarState
+
+    th = Thresholds(exhaustion_warn_s=30, exhaustion_for_s=5)
+    now = [1000.0]
+    state = SidecarState(
+        ["http://vllm"], th, EpisodeStore(None), stale_after_s=1e9, wall_clock=lambda: now[0]
+    )
+    fired_at = None
+    for t in range(60):
+        now[0] = 1000.0 + t
+        usage = min(0.9, 0.3 + 0.012 * t)
+        body = (
+            f'vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {usage}\n'
+            'vllm:num_requests_running{engine="0",model_name="m"} 2\n'
+            'vllm:num_requests_waiting{engine="0",model_name="m"} 0\n'
+        )
+        state.record_scrape("http://vllm", float(t), ScrapeOutcome(0.01, parse_exposition(body)))
+        view = state.view(float(t))
+        names = [a.name for a in active_alerts(view, th, 1000.0 + t + 0.5).active]
+        if fired_at is None and "KvwatchKvExhaustionImminent" in names:
+            fired_at = t
+            (alert,) = [
+                a for a in active_alerts(view, th, 1000.0 + t + 0.5).active
+                if a.name == "KvwatchKvExhaustionImminent"
+            ]
+            assert alert.labels["severity"] == "warning" and alert.labels["engine"] == "0"
+            assert "Forecast: out of blocks in" in alert.annotations["description"]
+    assert fired_at is not None
+    (engine,) = state.view(59.0).targets[0].engines
+    since = engine.exhaustion_imminent_since_unix
+    assert since is not None and fired_at >= since - 1000 + th.exhaustion_for_s - 1
