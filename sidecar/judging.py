@@ -97,8 +97,8 @@ class EngineJudge:
     def _judge_imminent(self, unix: float, sig: EngineSignals) -> None:
         """Warned before it runs out, quiet once it has: saturation and thrashing have their
         own pages, so the warning clears at once when they take over (no double page). A
-        forecast that drifts past the horizon clears it only after exhaustion_for_s, so a
-        forecast hovering at the horizon does not flap."""
+        forecast that drifts past the horizon clears it only after exit_after_s (the states'
+        own hysteresis), so a forecast that swings about the horizon does not warn twice."""
         if self.detector.level >= Level.SATURATED:
             self.exhaustion_imminent_since = self._imminent_lapsed_at = None
             return
@@ -112,7 +112,7 @@ class EngineJudge:
             return
         if self._imminent_lapsed_at is None:
             self._imminent_lapsed_at = unix
-        if unix - self._imminent_lapsed_at >= self.th.exhaustion_for_s:
+        if unix - self._imminent_lapsed_at >= self.th.exit_after_s:
             self.exhaustion_imminent_since = self._imminent_lapsed_at = None
 
     @property
