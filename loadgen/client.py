@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import httpx
+import msgspec
 
 from kvwatch.loadgen.http1 import Http1Pool
 from kvwatch.loadgen.records import RequestRecord
@@ -94,15 +95,14 @@ class _StreamRecorder:
                 self.done = True
                 return
             try:
-                parsed = json.loads(data)
-            except ValueError:
-                self.record.error = f"malformed SSE data: {data[:120]!r}"
-                return
-            try:
-                _take_chunk(parsed, self.record, now)
-            except (AttributeError, TypeError):  # valid JSON, not a completion chunk
+                parsed = _CHUNK.decode(data)
+            except msgspec.ValidationError:  # valid JSON, not a completion chunk
                 self.record.error = f"SSE data is not a completion chunk: {data[:120]!r}"
                 return
+            except msgspec.DecodeError:
+                self.record.error = f"malformed SSE data: {data[:120]!r}"
+                return
+            _take_chunk(parsed, self.record, now)
 
     def end(self, error: str | None) -> None:
         rec = self.record
@@ -118,26 +118,59 @@ class _StreamRecorder:
             rec.error = "stream ended without [DONE]"
 
 
-def _take_chunk(chunk: dict[str, Any], record: RequestRecord, now: float) -> None:
-    if "error" in chunk:
-        record.error = f"server error in stream: {str(chunk['error'])[:200]}"
+class _Delta(msgspec.Struct):
+    content: str | None | msgspec.UnsetType = msgspec.UNSET
+    role: str | None | msgspec.UnsetType = msgspec.UNSET
+
+
+class _Choice(msgspec.Struct):
+    text: str | None | msgspec.UnsetType = msgspec.UNSET  # /v1/completions
+    delta: _Delta | None = None  # /v1/chat/completions
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class _Chunk(msgspec.Struct):
+    """The fields of a streamed chunk the record needs; the rest is skipped unread. The decoder
+    checks the whole chunk is JSON and these fields have their types (a string for a number is
+    refused), at about a fifth of `json.loads`'s cost: it runs once per token."""
+
+    choices: list[_Choice] | None = None
+    usage: _Usage | None = None
+    error: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
+_CHUNK = msgspec.json.Decoder(_Chunk)
+
+
+def _take_chunk(chunk: _Chunk, record: RequestRecord, now: float) -> None:
+    if chunk.error is not msgspec.UNSET:
+        what = bytes(chunk.error)[:200].decode("utf-8", "replace")
+        record.error = f"server error in stream: {what}"
         return
-    for choice in chunk.get("choices") or []:
+    for choice in chunk.choices or ():
         if _carries_output(choice):
             if record.first_token_at is None:
                 record.first_token_at = now
             record.token_times.append(now)
             break
-    usage = chunk.get("usage")
-    if usage:
-        record.prompt_tokens = usage.get("prompt_tokens")
-        record.output_tokens = usage.get("completion_tokens")
+    usage = chunk.usage
+    if usage is not None:
+        record.prompt_tokens = usage.prompt_tokens
+        record.output_tokens = usage.completion_tokens
 
 
-def _carries_output(choice: dict[str, Any]) -> bool:
+def _carries_output(choice: _Choice) -> bool:
     """A chunk for generated output, even with empty text: a token that ends mid-way through a
     UTF-8 character streams as "". Chat's first delta only announces the role and is no token."""
-    if "text" in choice:
-        return choice["text"] is not None
-    delta = choice.get("delta") or {}
-    return delta.get("content") is not None and "role" not in delta
+    if choice.text is not msgspec.UNSET:
+        return choice.text is not None
+    delta = choice.delta
+    if delta is None:
+        return False
+    return delta.content is not msgspec.UNSET and delta.content is not None and (
+        delta.role is msgspec.UNSET
+    )

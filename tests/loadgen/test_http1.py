@@ -298,3 +298,31 @@ def test_odd_sse_data_is_a_record_error(data: bytes, why: str) -> None:
     sink.data(b'data: {"choices": [{"text": "a"}]}\n\n' + data, 1.0)
     sink.end(None)
     assert len(rec.token_times) == 1 and why in str(rec.error)
+
+
+def test_which_sse_chunks_are_tokens() -> None:
+    """What counts as a token, read by the typed chunk decoder: text "" is one (a token that
+    ends mid-way through a UTF-8 character), null is none; chat's role-only delta is none."""
+    from kvwatch.loadgen.client import _StreamRecorder
+
+    rec = RequestRecord("r", 0.0)
+    sink = _StreamRecorder(rec)
+    sink.status(200)
+    events = [
+        b'{"choices": [{"text": "a"}]}',
+        b'{"choices": [{"text": ""}]}',
+        b'{"choices": [{"text": null, "finish_reason": "stop"}]}',
+        b'{"choices": [{"delta": {"role": "assistant", "content": ""}}]}',
+        b'{"choices": [{"delta": {"content": "b"}}], "extra": {"nested": [1, 2]}}',
+        b'{"choices": [{"delta": {}}]}',
+        b'{"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}}',
+    ]
+    sink.data(b"".join(b"data: " + e + b"\n\n" for e in events) + b"data: [DONE]\n\n", 1.0)
+    sink.end(None)
+    assert rec.error is None and len(rec.token_times) == 3
+    assert (rec.prompt_tokens, rec.output_tokens) == (5, 3)
+    bad = RequestRecord("r", 0.0)
+    sink = _StreamRecorder(bad)
+    sink.status(200)
+    sink.data(b'data: {"choices": [], "usage": {"prompt_tokens": "5"}}\n\n', 1.0)
+    assert "not a completion chunk" in str(bad.error)
