@@ -58,7 +58,8 @@ def forecast_exhaustion(
     if len(pts) < MIN_POINTS:
         return None
     slope, mt, mv = line_fit(pts)
-    spread = statistics.pstdev(v - (mv + slope * (t - mt)) for t, v in pts)
+    # the residuals' root mean square, in floats (statistics.pstdev is exact, and slow)
+    spread = math.sqrt(sum((v - (mv + slope * (t - mt))) ** 2 for t, v in pts) / len(pts))
     band = mv + slope * (now - mt) + spread_k * spread
     if band >= 1.0:
         return KvForecast(0.0, slope, band)
