@@ -3,7 +3,7 @@ gives way to the saturation or thrashing page (resolved with it, never sent whil
 carries the forecast.
 
 Whether it comes before the first preemption is measured (printed with -s, and over many ramps
-in bench/bench_forecast.py), not asserted: here it came 12-29 s ahead in three runs of five; in
+in bench/bench_forecast.py), not asserted: here it came 12-29 s ahead in four runs of six; in
 the other two the CPU server stalled for seconds, then admitted what had queued at once, and the
 cache ran out in that burst with no trend before it (docs/detection.md). Silence on busy steady
 loads is not claimed either: every steady load the bench tried on this 40-block cache ran out.
