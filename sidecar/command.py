@@ -41,6 +41,7 @@ EXIT_INTERRUPTED = 130
 EXTRA_OF_MODULE: dict[str, str] = {
     "pandas": "loadgen",
     "pyarrow": "loadgen",
+    "msgspec": "loadgen",
     "grafana_foundation_sdk": "dashboards",
     "vllm": "gpu",
     "torch": "gpu",
