@@ -18,12 +18,10 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
+from fast_server import serving  # bench/, the script's own folder
 
-from kvwatch.loadgen.local_server import free_port
 from kvwatch.loadgen.tiny_model import build_tiny_model
 
 HERE = Path(__file__).resolve().parent
@@ -66,17 +64,7 @@ def main() -> None:
     ap.add_argument("--max-requests", type=int, default=2000)
     ap.add_argument("--output-len", type=int, default=16)
     ns = ap.parse_args()
-    port = free_port()
-    server = subprocess.Popen([sys.executable, str(HERE / "fast_server.py"), "--port", str(port)],
-                              stdout=subprocess.DEVNULL)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(50):
-            try:
-                httpx.get(url + "/v1/models")
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+    with serving() as url:
         print("| load | tool | req/s | output tok/s | dispatch lag p50 / p99 |")
         print("|---|---|---|---|---|")
         for rate in [float(r) for r in ns.rates.split(",")]:
@@ -98,9 +86,6 @@ def main() -> None:
             )
         v = _vllm(url, "inf", n, ns.output_len)
         print(f"| {n} at once | vllm bench serve | {v['req_s']:.1f} | {v['tok_s']:.0f} | - |")
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 if __name__ == "__main__":

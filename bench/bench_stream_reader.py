@@ -25,12 +25,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
+from fast_server import serving  # bench/, the script's own folder
 
-from kvwatch.loadgen.local_server import free_port
 from kvwatch.loadgen.tiny_model import build_tiny_model
 
 HERE = Path(__file__).resolve().parent
@@ -107,20 +105,7 @@ def main() -> None:
     ns = ap.parse_args()
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("needs two cores: the server on one, the client on the other")
-    port = free_port()
-    server = subprocess.Popen(
-        ["taskset", "-c", SERVER_CORE, sys.executable, str(HERE / "fast_server.py"),
-         "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(100):
-            try:
-                httpx.get(url + "/v1/models")
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+    with serving(SERVER_CORE) as url:
         closed = ["--concurrency", str(IN_FLIGHT)]
         rows = []
         for name, out_len, n in (("long (512 tokens)", 512, 1024), ("short (16 tokens)", 16, 8000)):
@@ -130,9 +115,6 @@ def main() -> None:
             rows.append((name, k, v))
         steady = _median([kvwatch(url, 16, ["--stage", "constant:rate=500@10s"])
                           for _ in range(ns.repeats)])  # fmt: skip
-    finally:
-        server.terminate()
-        server.wait(10)
     print(f"{IN_FLIGHT} in flight; the median of {ns.repeats} runs each")
     print("| workload | tool | req/s | output tok/s | client CPU per token | ratio (tok/s) |")
     print("|---|---|---|---|---|---|")

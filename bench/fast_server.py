@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 
 _MODEL = "fake-model"
 
@@ -107,6 +112,32 @@ async def _main(port: int, delay: float) -> None:
     print(f"fake server on http://127.0.0.1:{port}", flush=True)
     async with server:
         await server.serve_forever()
+
+
+@contextlib.contextmanager
+def serving(core: str | None = None) -> Iterator[str]:
+    """Start this server on a free port (pinned to `core` with taskset, if given), wait until it
+    answers, and yield its URL; stopped on the way out. For the benchmarks that drive it."""
+    import httpx
+
+    from kvwatch.loadgen.local_server import free_port
+
+    port = free_port()
+    pin = ["taskset", "-c", core] if core is not None else []
+    cmd = [*pin, sys.executable, __file__, "--port", str(port)]
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                httpx.get(url + "/v1/models")
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(10)
 
 
 def main() -> None:
