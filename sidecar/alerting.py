@@ -106,6 +106,16 @@ _JUDGED_FROM_HISTORY = frozenset(
 )
 
 
+def _engine_fingerprints(e: EngineView, labels: dict[str, str]) -> list[str]:
+    """The fingerprints an engine's alerts would have: what to hold while it cannot be seen."""
+    specs = [_EXHAUSTION, cat.alert_for_level(e.level)]
+    return [
+        Alert(s.name, {**labels, "severity": s.severity}, {}).fingerprint
+        for s in specs
+        if s is not None
+    ]
+
+
 @dataclass(frozen=True)
 class AlertSet:
     """The alerts that hold now, and the fingerprints of those whose condition holds but has
@@ -134,12 +144,13 @@ def active_alerts(view: StateView, th: Thresholds, now_unix: float) -> AlertSet:
 
     for t in view.targets:
         target = {"target": t.target}
-        timed(
-            _TARGET_DOWN,
-            (t.last_success_unix or view.started_unix) if t.up is False else None,
-            target,
-            f"Last error: {t.last_error}",
-        )
+        down_since = (t.last_success_unix or view.started_unix) if t.up is False else None
+        timed(_TARGET_DOWN, down_since, target, f"Last error: {t.last_error}")
+        # A scrape that times out under load says nothing about the engines: their alerts hold
+        # (neither resolved nor sent again) until a scrape judges them afresh, or until the
+        # target has been down long enough for KvwatchTargetDown to take over.
+        down_for = None if down_since is None else now_unix - down_since
+        hold_engines = down_for is not None and down_for < _TARGET_DOWN.for_seconds(th)
         timed(
             _METRICS_MISSING,
             t.metrics_missing_since_unix if t.up and t.vllm_metrics_present is False else None,
@@ -153,9 +164,11 @@ def active_alerts(view: StateView, th: Thresholds, now_unix: float) -> AlertSet:
             "" if t.liveness is None else f"It is {t.liveness.status}: {t.liveness.reason}.",
         )
         for e in t.engines:
-            if not e.present:
-                continue
             labels = {**target, "model_name": e.model_name, "engine": e.engine}
+            if not e.present:
+                if hold_engines:
+                    holding.update(_engine_fingerprints(e, labels))
+                continue
             timed(_EXHAUSTION, e.exhaustion_imminent_since_unix, labels, _forecast_text(e))
             level_alert = cat.alert_for_level(e.level)
             if level_alert is not None:

@@ -16,7 +16,7 @@ import httpx
 from kvwatch.loadgen.local_server import free_port, stop_process, wait_until_ok
 from kvwatch.sidecar.exposition import Sample
 
-__all__ = ["running_sidecar", "kvwatch_samples", "Sidecar"]
+__all__ = ["running_sidecar", "kvwatch_samples", "Sidecar", "runs"]
 
 
 class Sidecar(str):
@@ -86,3 +86,24 @@ def kvwatch_samples(url: str) -> dict[str, list[Sample]]:
             Sample("", {k: v.strip('"') for k, v in pairs.items()}, float(value))
         )
     return out
+
+
+def runs(points: Sequence[tuple[float, str]], t0: float, gap_s: float = 1.0) -> str:
+    """Polled labels as runs on one short line, timed from `t0`: "0.0-2.3 ok | 2.5-4.0 ...",
+    with the gaps of over `gap_s` between polls marked (a sidecar or a server that did not
+    answer). For a failure message that must survive a CI log cut to its first line."""
+    out: list[str] = []
+    start = prev = None
+    label = ""
+    for t, lab in points:
+        if start is not None and prev is not None and (lab != label or t - prev > gap_s):
+            out.append(f"{start - t0:.1f}-{prev - t0:.1f} {label}")
+            if t - prev > gap_s:
+                out.append(f"gap {t - prev:.1f}s")
+            start = None
+        if start is None:
+            start, label = t, lab
+        prev = t
+    if start is not None and prev is not None:
+        out.append(f"{start - t0:.1f}-{prev - t0:.1f} {label}")
+    return " | ".join(out)

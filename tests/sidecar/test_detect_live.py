@@ -16,7 +16,7 @@ from kvwatch.loadgen.local_server import LocalVLLM
 from kvwatch.loadgen.server_metrics import TimelineRecorder
 from tests.loadgen.test_loadgen_live import run as loadgen_run
 from tests.receiver import receiver
-from tests.sidecar.running import Sidecar, kvwatch_samples, running_sidecar
+from tests.sidecar.running import Sidecar, kvwatch_samples, running_sidecar, runs
 
 pytestmark = pytest.mark.integration
 
@@ -27,6 +27,7 @@ class _States:
     def __init__(self, url: Sidecar) -> None:
         self.url = url
         self.rows: list[tuple[float, str, float, float]] = []
+        self.down: list[float] = []  # polls that found the target down (a scrape failed)
         self.errors: list[str] = []
         self.stacks = ""  # the sidecar's threads at the first poll it did not answer
         self.scrape: tuple[int, dict[str, int], str | None] = (0, {}, None)
@@ -56,6 +57,8 @@ class _States:
                 sig = e["signals"]
                 row = (time.monotonic(), e["state"], sig["kv_usage"] or 0.0)
                 self.rows.append((*row, sig["preemptions_observed"]))
+            else:
+                self.down.append(time.monotonic())
 
     def __enter__(self) -> _States:
         self._th.start()
@@ -67,6 +70,16 @@ class _States:
 
     def since(self, t: float) -> list[tuple[float, str, float, float]]:
         return [r for r in self.rows if r[0] >= t]
+
+    def summary(self, t: float) -> str:
+        """What the sidecar said since `t`, on one line: runs of state, KV usage, preemptions
+        seen, and the polls that found the target down; then its scrape counts."""
+        points = [(r[0], f"{r[1]} kv{r[2]:.1f} p{r[3]:.0f}") for r in self.since(t)]
+        points += [(d, "down") for d in self.down if d >= t]
+        return (
+            f"sidecar since the load: {runs(sorted(points), t)}; scrapes (count, errors, last) "
+            f"{self.scrape}; {len(self.errors)} polls unanswered"
+        )
 
 
 def test_light_fill_and_thrash_are_told_apart(vllm_server: LocalVLLM, tmp_path: Path) -> None:
@@ -151,16 +164,16 @@ def _run_loads(base: str, args: list[str], tmp_path: Path) -> None:
         assert not failed, f"{len(failed)} of the burst's requests failed: {failed[:3]}"
         time.sleep(1.0)  # the counter rises when a victim runs again; let the sidecar scrape it
         thrash = states.since(t)
+        # the first line is what a CI log cut short keeps
         seen = (
-            f"sidecar states {[(round(r[0] - t, 1), r[1], round(r[2], 2), r[3]) for r in thrash]}; "
-            f"scrapes (count, errors, last) {states.scrape}; poll errors {states.errors}; "
-            f"the sidecar's threads at the first: {states.stacks}"
+            f"{states.summary(t)}\npoll errors {states.errors}\n"
+            f"the sidecar's threads at the first:\n{states.stacks}"
         )
         before = [r[3] for r in states.rows if r[0] < t][-1]  # the count the burst starts from
         first_preempt = next((r[0] for r in thrash if r[3] > before), None)
         assert first_preempt is not None, f"no preemption seen during the burst: {seen}"
         first_thrash = next((r[0] for r in thrash if r[1] == "thrashing"), None)
-        assert first_thrash is not None, seen
+        assert first_thrash is not None, f"no thrashing judged: {seen}"
         assert first_thrash - first_preempt <= 6.0, seen
 
         # an episode is open; kill the sidecar hard and start it again on the same database

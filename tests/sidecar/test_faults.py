@@ -435,6 +435,47 @@ class TestRestartsAreInvisible:
         assert after.firing_now()[0].starts_at == 1200.0
 
 
+class TestATimedOutScrapeIsNoRecovery:
+    """vLLM's API server answers /metrics late when it is busiest (seconds, on the CPU server
+    under a burst): a scrape that times out then must neither resolve the engine's page nor,
+    at the next good scrape, send it again."""
+
+    def _run(self, outcomes: list[str | None]) -> list[tuple[float, str, str]]:
+        clock = [1000.0]
+        th = Thresholds()
+        state = SidecarState(["http://a"], th, wall_clock=lambda: clock[0])
+        tracker = AlertTracker(connect(None), th.repeat_interval_s)
+        notes: list[tuple[float, str, str]] = []
+        for i, body in enumerate(outcomes):
+            clock[0] = 1000.0 + i
+            out = (
+                ScrapeOutcome(2.0, None, "timeout", "timed out")
+                if body is None
+                else ScrapeOutcome(0.01, parse_exposition(body))
+            )
+            state.record_scrape("http://a", float(i), out)
+            got = active_alerts(state.view(float(i)), th, clock[0])
+            for n in tracker.update(got.active, clock[0], got.holding):
+                notes.append((clock[0] - 1000.0, n.status, n.alert.name))
+        return notes
+
+    def test_the_page_holds_through_timeouts(self) -> None:
+        full = _body(kv=1.0, waiting=3)
+        notes = self._run([full] * 5 + [None, None, full, None] + [full] * 3)
+        assert notes == [(2.0, "firing", "KvwatchKvCacheSaturated")]
+
+    def test_target_down_takes_over_once_it_fires(self) -> None:
+        full = _body(kv=1.0, waiting=3)
+        down_for = int(Thresholds().target_down_after_s)
+        notes = self._run([full] * 5 + [None] * (down_for + 2))
+        # the last good scrape was at 4 s: down for 120 s at 124 s
+        assert notes == [
+            (2.0, "firing", "KvwatchKvCacheSaturated"),
+            (124.0, "firing", "KvwatchTargetDown"),
+            (124.0, "resolved", "KvwatchKvCacheSaturated"),
+        ]
+
+
 class TestEventsEndpoint:
     def test_refusals(self) -> None:
         assert events_refusal(None, True, None) is None

@@ -23,7 +23,7 @@ import pytest
 from kvwatch.loadgen.local_server import LocalVLLM, stop_process
 from kvwatch.loadgen.server_metrics import TimelineRecorder
 from tests.receiver import receiver
-from tests.sidecar.running import running_sidecar
+from tests.sidecar.running import running_sidecar, runs
 
 pytestmark = pytest.mark.integration
 
@@ -46,6 +46,9 @@ class _Forecasts:
 
     def __init__(self, url: str) -> None:
         self.url, self.rows = url, []  # type: list[tuple[float, str, float | None, float]]
+        self.down: list[float] = []  # polls that found the target down (a scrape failed)
+        self.unanswered = 0
+        self.scrapes: tuple[int, dict[str, int]] = (0, {})
         self._stop = threading.Event()
         self._th = threading.Thread(target=self._run, daemon=True)
 
@@ -53,8 +56,14 @@ class _Forecasts:
         with httpx.Client(timeout=5) as client:
             while not self._stop.wait(0.25):
                 try:
-                    (e,) = client.get(self.url + "/api/state").json()["targets"][0]["engines"]
+                    target = client.get(self.url + "/api/state").json()["targets"][0]
+                    (e,) = target["engines"]
                 except (httpx.HTTPError, ValueError, KeyError, IndexError):
+                    self.unanswered += 1
+                    continue
+                self.scrapes = (target["scrapes"], target["scrape_errors"])
+                if not e["present"]:
+                    self.down.append(time.time())
                     continue
                 sig = e["signals"]
                 self.rows.append(
@@ -68,6 +77,21 @@ class _Forecasts:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._th.join()
+
+    def summary(self, ref: float) -> str:
+        """The whole poll on one line, timed from `ref`: runs of state, KV usage and whether the
+        forecast was within the warning's horizon; the polls that found the target down."""
+
+        def label(state: str, fc: float | None, kv: float) -> str:
+            horizon = "-" if fc is None else "<=30s" if fc <= 30 else ">30s"
+            return f"{state} kv{kv:.1f} fc{horizon}"
+
+        points = [(t, label(state, fc, kv)) for t, state, fc, kv in self.rows]
+        points += [(d, "down") for d in self.down]
+        return (
+            f"sidecar: {runs(sorted(points), ref)}; scrapes (count, errors) {self.scrapes}; "
+            f"{self.unanswered} polls unanswered"
+        )
 
     def around(self, ref: float, before_s: float, after_s: float) -> str:
         """The rows from `before_s` before `ref` to `after_s` after, timed from `ref`."""
@@ -126,7 +150,7 @@ def test_the_warning_gives_way_to_the_page_of_a_ramp(
     print(f"the sidecar before the run-out: {saw}")
     full = ("KvwatchKvCacheSaturated", "KvwatchThrashing")
     pages = [t for t, status, name in events if status == "firing" and name in full]
-    assert pages, f"the ramp's thrashing was not paged: {events}"
+    assert pages, f"the ramp's run-out was not paged: {seen.summary(full_at)}; events {events}"
     warned = [(t, status) for t, status, name in events if name == IMMINENT]
     fired = [t for t, status in warned if status == "firing"]
     if fired:
