@@ -239,7 +239,10 @@ class AlertTracker:
                         Notification("firing", a, f.starts_at, repeat=True, valid_until=until)
                     )
                 else:
-                    f.alert = a  # keep the newest figures for the resolve message
+                    # the newest figures for the resolve message; kept in memory only, so a
+                    # firing alert costs no write per tick (a restart resolves with older ones)
+                    f.alert = a
+                    continue
                 self.db.execute(
                     "INSERT OR REPLACE INTO firing VALUES (?, ?, ?, ?)",
                     (fp, json.dumps(f.alert.__dict__), f.starts_at, f.last_sent),

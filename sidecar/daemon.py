@@ -77,7 +77,9 @@ async def _scrape_loop(
     deadline = time.monotonic()
     while True:
         outcome = await scrape_once(client, url, cfg.timeout_s)
-        state.record_scrape(target, time.monotonic(), outcome)
+        # recorded in a worker thread: judging writes episodes to SQLite, and a slow disk must
+        # hold up neither the next scrape nor the other targets' loops
+        await asyncio.to_thread(state.record_scrape, target, time.monotonic(), outcome)
         if outcome.exposition is not None:
             ok, why = await check_health(client, target, cfg.timeout_s)
             state.record_health(target, time.monotonic(), ok, why)
@@ -133,13 +135,14 @@ async def _alert_loop(
     """Judge alerts as soon as a scrape is recorded (and at least once an interval) and queue
     their notifications; the sender is woken at once (the outbox keeps them until every
     receiver has them)."""
-    db = connect(cfg.db_path)
     th = cfg.thresholds
     # a restored alert stays until the engines have been judged afresh: the short window fills,
     # then a state that is truly gone takes exit_after_s to step down
     hold = th.short_window_s + th.exit_after_s + 2 * cfg.interval_s + cfg.timeout_s
-    tracker = AlertTracker(db, th.repeat_interval_s, hold, state.started_unix)
-    outbox = Outbox(db)
+    # a connection each: the tracker writes from the judging thread while the outbox is written
+    # from the delivery's, and two threads' transactions must never share one connection
+    tracker = AlertTracker(connect(cfg.db_path), th.repeat_interval_s, hold, state.started_unix)
+    outbox = Outbox(connect(cfg.db_path))
     for r in cfg.receivers:
         outbox.rename(r.url, r.key)
     queued = asyncio.Event()
@@ -151,18 +154,24 @@ async def _alert_loop(
             ),
         )
     )
+    def judge() -> bool:
+        """One look at the alerts; True if notifications were queued. Runs in a worker thread
+        (the tracker and the outbox write to SQLite) so the scrape loops never wait on it."""
+        now = time.time()
+        alerts = active_alerts(state.view(), th, now)
+        notes = tracker.update(alerts.active, now, alerts.holding)
+        if cfg.receivers and notes:
+            enqueue(outbox, list(cfg.receivers), notes, external_url)
+        state.set_alerting(AlertingView(tracker.firing_now(), outbox.stats()))
+        return bool(cfg.receivers and notes)
+
     try:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(scraped.wait(), cfg.interval_s)
             scraped.clear()
-            now = time.time()
-            alerts = active_alerts(state.view(), th, now)
-            notes = tracker.update(alerts.active, now, alerts.holding)
-            if cfg.receivers and notes:
-                enqueue(outbox, list(cfg.receivers), notes, external_url)
+            if await asyncio.to_thread(judge):
                 queued.set()
-            state.set_alerting(AlertingView(tracker.firing_now(), outbox.stats()))
             state.loops.beat("alerts")
     finally:
         sender.cancel()

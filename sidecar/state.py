@@ -184,8 +184,10 @@ class SidecarState:
         self._lock = threading.Lock()
 
     def record_scrape(self, url: str, now: float, outcome: ScrapeOutcome) -> None:
-        """One scrape's outcome at monotonic time `now`."""
+        """One scrape's outcome at monotonic time `now`. Episodes are written after the lock is
+        released: a slow disk must not keep /api/state and /metrics waiting."""
         unix = self.wall_clock()
+        saves: list[Episode] = []
         with self._lock:
             self.heartbeat = now
             ts = self.targets[url]
@@ -226,11 +228,13 @@ class SidecarState:
                 if judged.transition is not None:
                     self.transitions.append(judged.transition)
                 if judged.episode is not None:
-                    self.store.save(judged.episode)
+                    saves.append(judged.episode)
             ts.judge_liveness(now, unix, self.th)
             # last: a scrape whose recording raised never counts as ended, so the target goes
             # stale (down) instead of showing its old figures as up
             ts.last_scrape_at = now
+        for ep in saves:
+            self.store.save(ep)
 
     def wants_version(self, url: str, now: float) -> bool:
         with self._lock:

@@ -208,8 +208,10 @@ def enqueue(
 
 
 async def _deliver_one(client: httpx.AsyncClient, outbox: Outbox, r: Receiver) -> bool:
-    """Try the receiver's oldest message; True if there may be more to send right away."""
-    msg = outbox.head(r.key)
+    """Try the receiver's oldest message; True if there may be more to send right away. The
+    outbox is read and written in a worker thread: SQLite on a slow disk must not stall the
+    event loop the scrapes run on."""
+    msg = await asyncio.to_thread(outbox.head, r.key)
     if msg is None:
         return False
     now = time.time()
@@ -233,11 +235,11 @@ async def _deliver_one(client: httpx.AsyncClient, outbox: Outbox, r: Receiver) -
     except httpx.HTTPError as e:
         ok, error = False, f"{type(e).__name__}: {e}"
     if ok:
-        outbox.delivered(msg.id)
+        await asyncio.to_thread(outbox.delivered, msg.id)
         return True
     delay = backoff_s(msg.attempts + 1)
     log.warning("webhook %s: %s; retry %d in %.1f s", r.key, error, msg.attempts + 1, delay)
-    outbox.failed(msg.id, error, time.time() + delay)
+    await asyncio.to_thread(outbox.failed, msg.id, error, time.time() + delay)
     return False
 
 

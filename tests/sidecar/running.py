@@ -51,7 +51,11 @@ def running_sidecar(
     kvwatch: Sequence[str] = (sys.executable, "-m", "kvwatch"),
     cwd: Path | None = None,
 ) -> Iterator[Sidecar]:
-    """`kvwatch` is the command to run (another install's, say), `cwd` where to run it."""
+    """`kvwatch` is the command to run (another install's, say), `cwd` where to run it. With no
+    `--db` in `args` the sidecar keeps its state in memory: a test never shares the user's
+    default file (~/.local/state/kvwatch/sidecar.db) with another test's sidecar."""
+    if "--db" not in args:
+        args = [*args, "--db", ""]
     port = free_port()
     cmd = [*kvwatch, "sidecar", "--listen", f"127.0.0.1:{port}", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd)

@@ -4,6 +4,7 @@ never shows a target up while its scrapes have stopped (issue 13)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import math
@@ -474,6 +475,48 @@ class TestATimedOutScrapeIsNoRecovery:
             (124.0, "firing", "KvwatchTargetDown"),
             (124.0, "resolved", "KvwatchKvCacheSaturated"),
         ]
+
+
+@pytest.mark.integration
+def test_a_slow_disk_never_holds_up_the_scrapes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """SQLite at a shared disk's worst (each alert write takes a second, as fsyncs on CI's did):
+    the scrapes keep their interval, and the alert still goes out. When the writes ran on the
+    event loop, the sidecar made 16 scrapes in 16 s at a 0.25 s interval and said it was up."""
+    from kvwatch.sidecar.daemon import SidecarConfig, _main
+    from kvwatch.sidecar.episodes import EpisodeStore
+    from kvwatch.sidecar.webhooks import load_receivers
+
+    def slowly(f):  # type: ignore[no-untyped-def]
+        def wrapped(*a, **k):  # type: ignore[no-untyped-def]
+            time.sleep(1.0)
+            return f(*a, **k)
+
+        return wrapped
+
+    monkeypatch.setattr(AlertTracker, "update", slowly(AlertTracker.update))
+    monkeypatch.setattr(Outbox, "put", slowly(Outbox.put))
+    body = _body(kv=1.0, waiting=3)  # full with a queue: KvwatchKvCacheSaturated fires
+    reply = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body.encode()
+    with raw_http_server(reply) as target, receiver() as (hook, got):
+        cfg = SidecarConfig(
+            (target,), interval_s=0.1, db_path=tmp_path / "s.db",
+            receivers=tuple(load_receivers([hook], None)),
+        )  # fmt: skip
+        state = SidecarState([target], cfg.thresholds, EpisodeStore(cfg.db_path))
+
+        async def watch_for(seconds: float) -> None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(_main(cfg, state, None), seconds)
+
+        asyncio.run(watch_for(6.0))
+        scrapes = state.view().targets[0].scrapes
+        assert scrapes >= 30, f"{scrapes} scrapes in 6 s at 0.1 s"  # 60 when on time
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert [g["body"]["alertname"] for g in got] == ["KvwatchKvCacheSaturated"]
 
 
 class TestEventsEndpoint:

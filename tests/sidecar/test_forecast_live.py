@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -28,6 +29,7 @@ from tests.sidecar.running import running_sidecar, runs
 pytestmark = pytest.mark.integration
 
 IMMINENT = "KvwatchKvExhaustionImminent"
+_PAGES = ("KvwatchKvCacheSaturated", "KvwatchThrashing")
 RAMP = "ramp:start=0.2,end=3@90s"  # the bench's ramp: the cache runs out 28-51 s in
 
 
@@ -103,7 +105,18 @@ class _Forecasts:
 
 
 def _events(got: list[dict]) -> list[tuple[float, str, str]]:
-    return [(g["t"], g["body"]["status"], g["body"]["alertname"]) for g in got]
+    """(when, status, alert name), timed by the sidecar (a firing's start, a resolve's end),
+    not by when the receiver got it: on two busy cores a delivery can come seconds late."""
+
+    def at(body: dict) -> float:
+        stamp = body["ends_at"] if body["status"] == "resolved" else body["starts_at"]
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+    return [(at(g["body"]), g["body"]["status"], g["body"]["alertname"]) for g in got]
+
+
+def _paged(got: list[dict]) -> bool:
+    return any(e[1] == "firing" and e[2] in _PAGES for e in _events(got))
 
 
 def _full_at(rows: list[dict], before: float) -> float | None:
@@ -141,15 +154,19 @@ def test_the_warning_gives_way_to_the_page_of_a_ramp(
                     time.sleep(0.5)
                     full_at = _full_at([r for r in own.rows if r["t"] >= t0], before)
                 assert full_at is not None, "the ramp never ran the cache out"
-                time.sleep(10.0)  # preemptions pile up: saturation or thrashing takes over
+                # preemptions pile up: saturation or thrashing takes over (within seconds here;
+                # a starved machine gets longer, while the ramp still runs)
+                deadline = time.monotonic() + 30
+                while not _paged(got) and time.monotonic() < deadline and ramp.poll() is None:
+                    time.sleep(0.5)
+                time.sleep(2.0)
             finally:
                 stop_process(ramp)
             time.sleep(3.0)
     events = _events(got)
     saw = seen.around(full_at, 40, 2)
-    print(f"the sidecar before the run-out: {saw}")
-    full = ("KvwatchKvCacheSaturated", "KvwatchThrashing")
-    pages = [t for t, status, name in events if status == "firing" and name in full]
+    print(f"the sidecar before the run-out: {saw}\n{seen.summary(full_at)}")
+    pages = [t for t, status, name in events if status == "firing" and name in _PAGES]
     assert pages, f"the ramp's run-out was not paged: {seen.summary(full_at)}; events {events}"
     warned = [(t, status) for t, status, name in events if name == IMMINENT]
     fired = [t for t, status in warned if status == "firing"]
@@ -166,4 +183,4 @@ def test_the_warning_gives_way_to_the_page_of_a_ramp(
         assert not (status == "firing" and pages[0] <= t), f"warned during the page: {events}"
     if fired:
         resolved = [t for t, status in warned if status == "resolved"]
-        assert resolved and resolved[-1] <= pages[0] + 2.0, events
+        assert resolved and resolved[-1] <= pages[0] + 1.0, events
