@@ -149,10 +149,13 @@ def _register_report(sub: Any) -> None:
         description="Render RUN_DIR/report.html (or --out): the workload, KV usage, preemptions "
         "and queues over time with thrashing shaded and load stages marked, per-request "
         "latency and stalls, preemptions per request, and the sizing advice with its "
-        "arithmetic. Opens offline; no scripts.",
+        "arithmetic. On a `kvwatch loadgen search` directory, the capacity page instead: SLO "
+        "attainment and preemptions per second against load, the SLO limit and the KV onset "
+        "marked, and the advice at the binding point. Opens offline; no scripts.",
     )
     r.add_argument(
-        "run_dir", type=Path, metavar="RUN_DIR", help="a `kvwatch loadgen run` or demo run"
-    )
+        "run_dir", type=Path, metavar="RUN_DIR",
+        help="a `kvwatch loadgen run`, `kvwatch loadgen search` or demo run",
+    )  # fmt: skip
     r.add_argument("--out", type=Path, help="where to write (default RUN_DIR/report.html)")
     r.set_defaults(func=handler("kvwatch.report:run_report"))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvwatch.loadgen.rundir import read_jsonl, read_records
+from kvwatch.report_parts import CSS, advice_html
 from kvwatch.sidecar.command import EXIT_USAGE, CliError
 from kvwatch.sidecar.detect import Level
 from kvwatch.sidecar.thresholds import DEFAULT_THRESHOLDS
@@ -27,23 +28,14 @@ __all__ = ["run_report", "render_report", "counter_rate", "state_spans", "bucket
 
 _THRASHING = Level.THRASHING.label  # the state names the timeline rows carry
 
-_CSS = """
-body{font-family:sans-serif;max-width:980px;margin:24px auto;padding:0 16px;color:#222}
-h1{font-size:22px;margin-bottom:4px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
-.sub{color:#666;margin-top:0}.verdict{padding:12px 16px;border-radius:6px;margin:16px 0}
-.bad{background:#fde8e8;border-left:6px solid #d62728}
-.good{background:#e8f6e8;border-left:6px solid #2ca02c}
-table{border-collapse:collapse;margin:8px 0}
-td,th{padding:4px 10px;border-bottom:1px solid #eee;text-align:left}
-th{background:#f6f6f6}td.n{text-align:right;font-variant-numeric:tabular-nums}
-pre{background:#f6f6f6;padding:10px;overflow-x:auto;font-size:12px}
-svg.kvw-chart{width:100%;height:auto;margin:6px 0}.note{color:#666;font-size:13px}
-"""
 
 
 def run_report(ns: argparse.Namespace) -> int:
+    from kvwatch.capacity_report import is_search_dir, render_capacity
+
     out = ns.out or ns.run_dir / "report.html"
-    out.write_text(render_report(ns.run_dir))
+    page = render_capacity(ns.run_dir) if is_search_dir(ns.run_dir) else render_report(ns.run_dir)
+    out.write_text(page)
     print(out)
     return 0
 
@@ -142,31 +134,6 @@ def _pcts(d: dict[str, Any] | None, unit: str = "s") -> str:
     return ", ".join(f"{k} {format_value(d[k], unit)}" for k in ("p50", "p90", "p99") if k in d)
 
 
-def _advice_html(run_dir: Path) -> tuple[str, str | None]:
-    from kvwatch.loadgen.rundir import observed_from_run, server_from_run
-    from kvwatch.sidecar.advice import advise
-    from kvwatch.sidecar.kvmath import SizingError
-
-    try:
-        obs = observed_from_run(run_dir)
-    except SizingError as e:
-        return f"<p class='note'>No advice: {escape(str(e))}</p>", None
-    adv = advise(obs, server=server_from_run(run_dir))
-    parts = [
-        f"<p><b>{escape(adv.verdict)}</b></p>",
-        f"<p>Advised for {escape(adv.advised_for)}.</p>",
-    ]
-    if adv.recommended:
-        parts.append(f"<p>Recommended: {escape(adv.recommended)}</p>")
-    if adv.options:
-        parts.append("<p>Change one of:</p><ul>")
-        parts += [f"<li><code>{escape(o)}</code></li>" for o in adv.options]
-        parts.append("</ul>")
-    parts.append("<p>The arithmetic:</p><pre>" + escape("\n".join(adv.arithmetic)) + "</pre>")
-    parts.append("<p class='note'>Assumptions: " + escape("; ".join(adv.assumptions)) + "</p>")
-    return "".join(parts), adv.verdict
-
-
 def render_report(run_dir: Path) -> str:
     d = _load(run_dir)
     spec, summary, records = d["spec"], d["summary"], d["records"]
@@ -178,7 +145,7 @@ def render_report(run_dir: Path) -> str:
     spans = state_spans(tl, Level.SATURATED.label, "#ff7f0e") + state_spans(tl)
     ends = [r["t"] for r in tl] + [r["finished_at"] for r in records if r.get("finished_at")]
     window = (0.0, max(ends, default=1.0))
-    advice, verdict = _advice_html(run_dir)
+    advice, verdict = advice_html(run_dir)
     th = DEFAULT_THRESHOLDS
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(spec.get("start_unix") or 0))
 
@@ -289,7 +256,7 @@ def render_report(run_dir: Path) -> str:
     body += ["<h2>Sizing advice</h2>", advice]
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-        f"<title>kvwatch report: {escape(run_dir.name)}</title><style>{_CSS}</style></head>"
+        f"<title>kvwatch report: {escape(run_dir.name)}</title><style>{CSS}</style></head>"
         "<body>" + "".join(head + body) + "</body></html>\n"
     )
 

@@ -99,7 +99,7 @@ def _svg(f: _Frame, title: str, body: list[str], legend: list[tuple[str, str]]) 
     )
 
 
-def _axes(f: _Frame, unit: str, relative_x: bool) -> list[str]:
+def _axes(f: _Frame, unit: str, relative_x: bool, x_unit: str = "s") -> list[str]:
     out = []
     for y in _nice_ticks(f.y0, f.y1):
         py = f.py(y)
@@ -109,7 +109,10 @@ def _axes(f: _Frame, unit: str, relative_x: bool) -> list[str]:
         )
     for x in _nice_ticks(f.x0, f.x1, 6):
         px = f.px(x)
-        label = f"{x - f.x0:.0f}s" if not relative_x else f"{x:.0f}s"
+        if x_unit != "s":  # not time: the value as it is (a load, say)
+            label = f"{x:g}{x_unit}"
+        else:
+            label = f"{x - f.x0:.0f}s" if not relative_x else f"{x:.0f}s"
         out.append(f'<text x="{px:.1f}" y="{f.h - _B + 14}" text-anchor="middle">{label}</text>')
     out.append(f'<line x1="{_L}" x2="{f.w - _R}" y1="{f.h - _B}" y2="{f.h - _B}" stroke="#999"/>')
     return out
@@ -126,9 +129,11 @@ def line_chart(
     relative_x: bool = False,
     x_range: tuple[float, float] | None = None,
     dots: bool = False,
+    x_unit: str = "s",
 ) -> str:
     """Lines over time, or dots (one per point, e.g. per request). x values are seconds;
-    with relative_x they are printed as they are, otherwise as seconds since the first."""
+    with relative_x they are printed as they are, otherwise as seconds since the first. Any
+    other `x_unit` (e.g. "" for a load) prints x as it is, with that unit."""
     pts = [(x, y) for ln in lines for x, y in ln.points if math.isfinite(y)]
     xs = [x for x, _ in pts] + [s.start for s in spans] + [s.end for s in spans]
     ys = [y for _, y in pts] + [v for v, _ in thresholds]
@@ -139,7 +144,7 @@ def line_chart(
     y0 = y_range[0] if y_range[0] is not None else min(0.0, min(ys))
     y1 = y_range[1] if y_range[1] is not None else max(ys) * 1.05 or 1.0
     f = _Frame(*(x_range or (min(xs), max(xs))), y0, y1)
-    body = _axes(f, unit, relative_x)
+    body = _axes(f, unit, relative_x, x_unit)
     for s in spans:
         a, b = f.px(s.start), f.px(max(s.end, s.start))
         body.append(

@@ -56,6 +56,7 @@ def register(sub: Any) -> None:
     s.set_defaults(func=_serve_local)
 
     _register_run(lsub)
+    _register_search(lsub)
 
 
 def _build_model(ns: argparse.Namespace) -> int:
@@ -129,15 +130,7 @@ def _register_run(lsub: Any) -> None:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    r.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
-    r.add_argument("--model", help="model name (default: the first /v1/models lists)")
-    r.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
-    r.add_argument(
-        "--api-key-env",
-        default="OPENAI_API_KEY",
-        metavar="VAR",
-        help="environment variable holding an API key, if any (OPENAI_API_KEY)",
-    )
+    _target_args(r)
     g = r.add_argument_group("load")
     g.add_argument("--stage", action="append", default=[], metavar="SPEC", help="a stage")
     g.add_argument("--rate", type=float, help="requests per second (one stage)")
@@ -159,6 +152,36 @@ def _register_run(lsub: Any) -> None:
         metavar="SECONDS",
         help="run the first stage's pattern this long first, left out of the summary",
     )
+    _request_args(g)
+    _workload_args(r.add_argument_group("workload"))
+    o = r.add_argument_group("output")
+    o.add_argument("--run-dir", type=Path, help="default runs/loadgen-TIME")
+    o.add_argument("--slo", default="", help="e.g. ttft=500ms,tpot=50ms for goodput")
+    o.add_argument(
+        "--stall-factor",
+        type=float,
+        default=5.0,
+        help="a gap above FACTOR x the request's median gap is a stall (5)",
+    )
+    o.add_argument("--stall-min", type=float, default=0.25, help="and above this many s (0.25)")
+    o.add_argument("--json", action="store_true", help="print the summary as JSON")
+    o.add_argument("--no-progress", action="store_true", help="no live progress line")
+    r.set_defaults(func=handler("kvwatch.loadgen.cmd_run:run_command"))
+
+
+def _target_args(r: Any) -> None:
+    r.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    r.add_argument("--model", help="model name (default: the first /v1/models lists)")
+    r.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
+    r.add_argument(
+        "--api-key-env",
+        default="OPENAI_API_KEY",
+        metavar="VAR",
+        help="environment variable holding an API key, if any (OPENAI_API_KEY)",
+    )
+
+
+def _request_args(g: Any) -> None:
     g.add_argument("--max-inflight", type=int, help="cap on open requests (extra ones wait)")
     g.add_argument(
         "--request-timeout",
@@ -178,7 +201,9 @@ def _register_run(lsub: Any) -> None:
         default=1,
         help="sender processes (1); more for loads one core cannot send on time",
     )
-    w = r.add_argument_group("workload")
+
+
+def _workload_args(w: Any) -> None:
     w.add_argument("--input-len", default="128", metavar="DIST", help="prompt tokens (128)")
     w.add_argument(
         "--output-len",
@@ -197,16 +222,62 @@ def _register_run(lsub: Any) -> None:
     w.add_argument("--prefix-groups", type=int, default=1, help="distinct shared prefixes")
     w.add_argument("--no-ignore-eos", action="store_true", help="let the model stop early")
     w.add_argument("--seed", type=int, default=0)
-    o = r.add_argument_group("output")
-    o.add_argument("--run-dir", type=Path, help="default runs/loadgen-TIME")
-    o.add_argument("--slo", default="", help="e.g. ttft=500ms,tpot=50ms for goodput")
-    o.add_argument(
-        "--stall-factor",
-        type=float,
-        default=5.0,
-        help="a gap above FACTOR x the request's median gap is a stall (5)",
+
+
+_SEARCH_EPILOG = """how it searches:
+  Each probe is one load held for --probe-requests (concurrency) or --probe-duration (rate).
+  The load doubles from --start until a load misses the SLOs, then bisection narrows the
+  highest passing and the lowest failing load (concurrency: to neighbours, rate: to
+  --precision). Each load is probed --repeats times and judged on all its requests pooled;
+  while the 95% interval of that share straddles --attainment, it is probed again (up to
+  --max-repeats). The KV onset, the lowest load whose probes preempted, is narrowed the same
+  way, from the server's preemption counter (or the sidecar's, with --sidecar).
+exit status: 0 a maximum was found, 1 no load probed met the SLOs, 2 usage, 3 unreachable.
+examples:
+  kvwatch loadgen search --url http://127.0.0.1:8000 --slo ttft=500ms,tpot=50ms
+  kvwatch loadgen search --url URL --slo e2e=20s --by rate --start 0.5 --probe-duration 60
+  kvwatch report runs/search-20261201-120000      (the capacity page)"""
+
+
+def _register_search(lsub: Any) -> None:
+    r = lsub.add_parser(
+        "search",
+        help="find the highest load that meets the SLOs, and the load where preemption starts",
+        description="Probe a vLLM/OpenAI server at rising loads to find (a) the highest load "
+        "whose requests meet every SLO at the --attainment share, and (b) the KV onset, the "
+        "lowest load at which the server preempts. Says which limit binds first (the KV cache "
+        "or compute), gives the sizing advice at that point, and writes a run directory: "
+        "search.json and one run directory per probe under probes/; `kvwatch report DIR` "
+        "draws the capacity page.",
+        epilog=_SEARCH_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    o.add_argument("--stall-min", type=float, default=0.25, help="and above this many s (0.25)")
-    o.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _target_args(r)
+    g = r.add_argument_group("search")
+    g.add_argument(
+        "--slo", required=True, help="every request must meet these, e.g. ttft=500ms,tpot=50ms"
+    )
+    add = g.add_argument
+    add("--by", choices=["concurrency", "rate"], default="concurrency",
+        help="what to raise: requests in flight, or Poisson arrivals per second (concurrency)")
+    add("--attainment", type=float, default=0.95,
+        help="the share of requests that must meet the SLOs (0.95)")
+    add("--start", type=float, default=1.0, help="the first load (1)")
+    add("--max", type=float, default=256.0, dest="max_load",
+        help="never probe above this load (256)")
+    add("--precision", type=float, default=0.1,
+        help="rate: stop when the bracket is this fraction of its top (0.1)")
+    add("--repeats", type=int, default=2, help="probes per load (2)")
+    add("--max-repeats", type=int, default=4,
+        help="probes per load while its verdict is not yet decided at 95%% (4)")
+    add("--probe-requests", type=int, metavar="N",
+        help="requests per probe (concurrency: default 4 x the load, at least 16)")
+    add("--probe-duration", type=float, metavar="S", help="seconds per probe (rate: default 30)")
+    # fmt: skip
+    _request_args(g)
+    _workload_args(r.add_argument_group("workload"))
+    o = r.add_argument_group("output")
+    o.add_argument("--run-dir", type=Path, help="default runs/search-TIME")
+    o.add_argument("--json", action="store_true", help="print the result as JSON")
     o.add_argument("--no-progress", action="store_true", help="no live progress line")
-    r.set_defaults(func=handler("kvwatch.loadgen.cmd_run:run_command"))
+    r.set_defaults(func=handler("kvwatch.loadgen.cmd_search:search_command"))

@@ -15,16 +15,15 @@ import httpx
 
 from kvwatch.loadgen.arrivals import Concurrency, Constant, Gamma, Pattern, Poisson, Ramp
 from kvwatch.loadgen.client import served_model
+from kvwatch.loadgen.measure import measure, print_progress, run_spec
 from kvwatch.loadgen.records import StallRule
 from kvwatch.loadgen.runner import Progress, RunOptions, run_loop, run_stages
 from kvwatch.loadgen.schedule import Stage, StageSpecError, parse_stage, sweep_stages
-from kvwatch.loadgen.server_metrics import TimelineRecorder, server_snapshot, sidecar_incidents
-from kvwatch.loadgen.stall_causes import PreemptionCounter, mark_preempting_stalls
+from kvwatch.loadgen.server_metrics import sidecar_incidents
 from kvwatch.loadgen.workload import DatasetError, WorkloadSpec, tokenize_corpus
 from kvwatch.sidecar.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
-from kvwatch.sidecar.timeline import COUNTERS, counter_increase
 
-__all__ = ["run_command", "build_stages"]
+__all__ = ["run_command", "build_stages", "prepare_run", "send_stages"]
 
 
 def _single_pattern(ns: argparse.Namespace) -> Pattern | None:
@@ -96,25 +95,23 @@ async def _workload(ns: argparse.Namespace, client: httpx.AsyncClient, model: st
     return spec
 
 
-async def _progress(p: Progress, t0: float) -> None:
-    tty = sys.stderr.isatty()
-    period = 0.5 if tty else 5.0
-    while True:
-        await asyncio.sleep(period)
-        el = time.perf_counter() - t0
-        line = (
-            f"[{el:6.1f}s] {p.stage}: sent {p.sent}, done {p.done}, in flight {p.inflight}, "
-            f"errors {p.errors}, {p.output_tokens / el:.0f} tok/s"
-        )
-        print(
-            ("\r" + line + "   ") if tty else line,
-            end="" if tty else "\n",
-            file=sys.stderr,
-            flush=True,
-        )
+async def prepare_run(
+    ns: argparse.Namespace, headers: dict[str, str]
+) -> tuple[str, WorkloadSpec]:
+    """The served model and the workload, checked before any load is sent."""
+    async with httpx.AsyncClient(timeout=10, headers=headers) as client:
+        try:
+            model = ns.model or await served_model(client, ns.url)
+        except (httpx.HTTPError, ValueError, KeyError) as e:
+            raise CliError(f"cannot reach {ns.url}: {e}", EXIT_UNREACHABLE) from None
+        try:
+            workload = await _workload(ns, client, model)
+        except DatasetError as e:
+            raise CliError(str(e)) from None
+        return model, workload
 
 
-def _send(
+def send_stages(
     ns: argparse.Namespace,
     stages: list[Stage],
     opts: RunOptions,
@@ -133,7 +130,7 @@ def _send(
         async def go() -> Any:
             ticker = None
             if not ns.no_progress:
-                ticker = asyncio.create_task(_progress(progress, time.perf_counter()))
+                ticker = asyncio.create_task(print_progress(progress, time.perf_counter()))
             try:
                 return await run_stages(stages, opts, workload.items(), progress)
             finally:
@@ -170,28 +167,11 @@ def run_command(ns: argparse.Namespace) -> int:
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
-    async def prepare() -> tuple[str, WorkloadSpec, dict[str, Any] | None]:
-        async with httpx.AsyncClient(timeout=10, headers=headers) as client:
-            try:
-                model = ns.model or await served_model(client, ns.url)
-            except (httpx.HTTPError, ValueError, KeyError) as e:
-                raise CliError(f"cannot reach {ns.url}: {e}", EXIT_UNREACHABLE) from None
-            try:
-                workload = await _workload(ns, client, model)
-            except DatasetError as e:
-                raise CliError(str(e)) from None
-            return model, workload, await server_snapshot(client, ns.url)
-
-    async def finish() -> dict[str, Any] | None:
-        async with httpx.AsyncClient(timeout=10, headers=headers) as client:
-            return await server_snapshot(client, ns.url)
-
     async def sidecar_end() -> dict[str, Any]:
         async with httpx.AsyncClient(timeout=10) as client:
             return await sidecar_incidents(client, ns.sidecar)
 
-    model, workload, server_before = run_loop(prepare())
-    before_t = time.time()
+    model, workload = run_loop(prepare_run(ns, headers))
     opts = RunOptions(
         ns.url,
         model,
@@ -204,48 +184,19 @@ def run_command(ns: argparse.Namespace) -> int:
         events_url=ns.sidecar,
     )
     stall = StallRule(ns.stall_factor, ns.stall_min)
-    with TimelineRecorder(ns.url, ns.sidecar, headers) as recorder:
-        start_unix, records, events = _send(ns, stages, opts, workload, stall, progress)
-    after_t = time.time()
-    server_after = run_loop(finish())
-    # the snapshots close the timeline at both ends, so stalls at the edges can be judged too
-    samples = [
-        *([{"t": before_t, **server_before}] if server_before else []),
-        *recorder.rows,
-        *([{"t": after_t, **server_after}] if server_after else []),
-    ]
-    mark_preempting_stalls(records, PreemptionCounter.from_rows(samples), start_unix)
-    summary = summarize_records(records, slo)
-    if server_before and server_after:
-        summary["server"] = _server_delta(server_before, server_after)
+    send = lambda: send_stages(ns, stages, opts, workload, stall, progress)  # noqa: E731
+    m = measure(ns.url, headers, ns.sidecar, send)
+    summary = summarize_records(m.records, slo)
+    if (delta := m.server_delta()) is not None:
+        summary["server"] = delta
     if ns.sidecar:
         summary["sidecar"] = run_loop(sidecar_end())
     run_dir = ns.run_dir or Path("runs") / time.strftime("loadgen-%Y%m%d-%H%M%S")
-    spec = {
-        "target": ns.url,
-        "model": model,
-        "endpoint": "chat" if ns.chat else "completions",
-        "start_unix": start_unix,
-        "seed": ns.seed,
-        "slo": slo,
-        "workers": ns.workers,
-        "stages": [
-            {
-                "name": s.name,
-                "pattern": s.pattern,
-                "duration_s": s.duration_s,
-                "count": s.count,
-                "warmup": s.warmup,
-            }
-            for s in stages
-        ],
-        "workload": workload.describe(),
-        "ignore_eos": not ns.no_ignore_eos,
-        "stall_rule": {"factor": stall.factor, "min_s": stall.min_s},
-        "server_before": server_before,
-        "server_after": server_after,
-    }
-    write_run(run_dir, spec, records, events, summary, recorder.rows)
+    spec = run_spec(
+        ns.url, model, ns.chat, ns.seed, slo, ns.workers, stages, workload,
+        not ns.no_ignore_eos, stall, m,
+    )  # fmt: skip
+    write_run(run_dir, spec, m.records, m.events, summary, m.timeline)
     if ns.json:
         import json
 
@@ -257,13 +208,3 @@ def run_command(ns: argparse.Namespace) -> int:
     if caveat:
         print(f"kvwatch: warning: {caveat}", file=sys.stderr)
     return EXIT_FOUND if summary["overall"].get("failed") else 0
-
-
-def _server_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """What the server counted during the run. Only two samples: across a restart it is what
-    the server counted since the restart, a lower bound (the timeline's one reset rule)."""
-    out: dict[str, Any] = {}
-    for k in COUNTERS:
-        a, b = before.get(k), after.get(k)
-        out[k.removesuffix("_total")] = None if a is None or b is None else counter_increase(a, b)
-    return out

@@ -22,7 +22,10 @@ from kvwatch.sidecar.scrape import fetch_version, scrape_once
 from kvwatch.sidecar.timeline import COUNTERS
 from kvwatch.sidecar.views import engines_from_json
 
-__all__ = ["server_snapshot", "summarize_engines", "TimelineRecorder", "sidecar_incidents"]
+__all__ = [
+    "server_snapshot", "summarize_engines", "TimelineRecorder", "sidecar_incidents",
+    "sidecar_preemptions",
+]  # fmt: skip
 
 _TIMEOUT_S = 10.0
 
@@ -133,6 +136,24 @@ async def _sidecar_state(client: httpx.AsyncClient, sidecar_url: str) -> str | N
         return None
     levels = [e.level for _, e in engines if e.present]
     return max(levels).label if levels else None
+
+
+async def sidecar_preemptions(
+    client: httpx.AsyncClient, sidecar_url: str, target: str
+) -> float | None:
+    """The preemptions a sidecar has seen on this server's engines so far (its counter, kept
+    across vLLM restarts); None when it does not watch that server or cannot be read."""
+    try:
+        r = await client.get(sidecar_url.rstrip("/") + "/api/state")
+        engines = engines_from_json(r.json())
+    except (httpx.HTTPError, ValueError):
+        return None
+    seen = [
+        e.signals.preemptions_observed
+        for t, e in engines
+        if t.rstrip("/") == target.rstrip("/")
+    ]
+    return sum(seen) if seen else None
 
 
 _INCIDENT_KEYS = ("what", "at", "until", "detail", "cause", "lines")

@@ -1,0 +1,313 @@
+"""`kvwatch loadgen search`: probe rising loads for the SLO limit and the KV onset.
+
+The strategy is loadgen/search.py (pure); this runs each probe it asks for as a one-stage
+`loadgen run` (loadgen/measure.py), writes every probe's run directory, and prints the verdict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kvwatch.loadgen.arrivals import Concurrency, Poisson
+from kvwatch.loadgen.cmd_run import prepare_run, send_stages
+from kvwatch.loadgen.measure import Measured, measure, run_spec
+from kvwatch.loadgen.records import StallRule
+from kvwatch.loadgen.rundir import write_run
+from kvwatch.loadgen.runner import Progress, RunOptions, run_loop
+from kvwatch.loadgen.schedule import Stage
+from kvwatch.loadgen.search import CapacitySearch, LoadVerdict, ProbeResult, SearchPlan
+from kvwatch.loadgen.server_metrics import sidecar_preemptions
+from kvwatch.loadgen.summary import SloError, parse_slo, summarize_records
+from kvwatch.loadgen.workload import WorkloadSpec
+from kvwatch.sidecar.command import EXIT_FOUND, CliError
+
+__all__ = ["search_command", "probe_stage", "search_doc", "render_search", "SEARCH_FILE"]
+
+SEARCH_FILE = "search.json"
+_STALL = StallRule(5.0, 0.25)
+_SETTLE_S = 1.0  # between probes: the last one's requests are gone from the server's gauges
+
+
+def probe_stage(
+    by: str, load: float, name: str, requests: int | None, duration_s: float | None
+) -> Stage:
+    """One probe: a closed loop of `load` streams, or Poisson arrivals at `load` per second."""
+    if by == "concurrency":
+        n = int(load)
+        if requests is None and duration_s is None:
+            requests = max(16, 4 * n)
+        return Stage(name, Concurrency(n), duration_s, requests)
+    if requests is None and duration_s is None:
+        duration_s = 30.0
+    return Stage(name, Poisson(load), duration_s, requests)
+
+
+def _plan(ns: argparse.Namespace) -> SearchPlan:
+    try:
+        return SearchPlan(
+            ns.by, ns.attainment, ns.start, ns.max_load, precision=ns.precision,
+            repeats=ns.repeats, max_repeats=max(ns.repeats, ns.max_repeats),
+        )  # fmt: skip
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+
+def _preemptions(m: Measured, sidecar_before: float | None, sidecar_after: float | None
+                 ) -> float | None:  # fmt: skip
+    """The server's own count; the sidecar's when the server's /metrics gave none."""
+    delta = m.server_delta()
+    if delta is not None and delta.get("preemptions") is not None:
+        return float(delta["preemptions"])
+    if sidecar_before is not None and sidecar_after is not None:
+        return max(0.0, sidecar_after - sidecar_before)
+    return None
+
+
+def search_command(ns: argparse.Namespace) -> int:
+    plan = _plan(ns)
+    try:
+        slo = parse_slo(ns.slo)
+    except SloError as e:
+        raise CliError(str(e)) from None
+    if not slo:
+        raise CliError("--slo names no limit: the search looks for the highest load meeting it")
+    given = (("--probe-requests", ns.probe_requests), ("--probe-duration", ns.probe_duration))
+    for flag, v in given:
+        if v is not None and v <= 0:
+            raise CliError(f"{flag} must be positive")
+    api_key = os.environ.get(ns.api_key_env) or None
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    model, workload = run_loop(prepare_run(ns, headers))
+    run_dir: Path = ns.run_dir or Path("runs") / time.strftime("search-%Y%m%d-%H%M%S")
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    async def sidecar_count() -> float | None:
+        if not ns.sidecar:
+            return None
+        async with httpx.AsyncClient(timeout=10) as client:
+            return await sidecar_preemptions(client, ns.sidecar, ns.url)
+
+    search = CapacitySearch(plan)
+    meta: list[dict[str, Any]] = []
+    unit = _unit(plan.by)
+    started = time.time()
+    while (load := search.next_load()) is not None:
+        k = len(search.probes) + 1
+        repeat = sum(1 for p in search.probes if p.load == load) + 1
+        name = f"{k:02d}-{plan.by}-{load:g}-r{repeat}"
+        stage = probe_stage(plan.by, load, name, ns.probe_requests, ns.probe_duration)
+        print(f"probe {k}: {load:g} {unit} (#{repeat} at this load) ...", file=sys.stderr)
+        seed = ns.seed + k  # new prompts each probe: a repeat must not ride the prefix cache
+        wl: WorkloadSpec = replace(workload, seed=seed)
+        opts = RunOptions(
+            ns.url, model, chat=ns.chat, ignore_eos=not ns.no_ignore_eos, seed=seed,
+            api_key=api_key, max_inflight=ns.max_inflight,
+            request_timeout_s=ns.request_timeout, events_url=ns.sidecar,
+        )  # fmt: skip
+        side_before = run_loop(sidecar_count())
+        progress = Progress()
+        m = measure(
+            ns.url, headers, ns.sidecar,
+            lambda: send_stages(ns, [stage], opts, wl, _STALL, progress),  # noqa: B023
+        )  # fmt: skip
+        side_after = run_loop(sidecar_count())
+        summary = summarize_records(m.records, slo)
+        if (delta := m.server_delta()) is not None:
+            summary["server"] = delta
+        spec = run_spec(
+            ns.url, model, ns.chat, seed, slo, ns.workers, [stage], wl,
+            not ns.no_ignore_eos, _STALL, m,
+        )  # fmt: skip
+        write_run(run_dir / "probes" / name, spec, m.records, m.events, summary, m.timeline)
+        o = summary["overall"]
+        requests = int(o.get("requests") or 0)
+        attained = round((o.get("slo_attainment") or 0.0) * requests)
+        probe = ProbeResult(
+            load, requests, attained, _preemptions(m, side_before, side_after),
+            float(o.get("duration_s") or 0.0), name,
+        )  # fmt: skip
+        search.record(probe)
+        meta.append({**asdict(probe), "repeat": repeat, "failed": int(o.get("failed") or 0)})
+        print(f"  {_probe_line(probe)}", file=sys.stderr)
+        time.sleep(_SETTLE_S)
+    result = search.result()
+    doc = search_doc(search, slo, ns.url, model, workload, meta, started)
+    (run_dir / SEARCH_FILE).write_text(json.dumps(doc, indent=1))
+    advice = _advice(run_dir, doc)
+    if advice is not None:
+        doc["advice"] = advice
+        (run_dir / SEARCH_FILE).write_text(json.dumps(doc, indent=1))
+    if ns.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(render_search(doc))
+        print(f"run directory: {run_dir}  (kvwatch report {run_dir} draws the capacity page)")
+    return 0 if result.max_ok is not None else EXIT_FOUND
+
+
+def _unit(by: str) -> str:
+    return "in flight" if by == "concurrency" else "req/s"
+
+
+def _probe_line(p: ProbeResult) -> str:
+    share = p.attained / p.requests if p.requests else 0.0
+    pre = "preemptions unknown" if p.preemptions is None else f"{p.preemptions:.0f} preemptions"
+    per_s = p.preemptions / p.duration_s if p.preemptions and p.duration_s > 0 else None
+    rate = "" if per_s is None else f" ({per_s:.2f}/s)"
+    return f"{p.requests} requests, {share:.0%} met the SLOs, {pre}{rate}, {p.duration_s:.0f} s"
+
+
+def _verdict_doc(v: LoadVerdict | None, target: float) -> dict[str, Any] | None:
+    if v is None:
+        return None
+    lo, hi = v.interval
+    return {
+        "load": v.load,
+        "probes": [p.name for p in v.probes],
+        "requests": v.requests,
+        "attained": v.attained,
+        "attainment": v.attainment,
+        "interval95": [lo, hi],
+        "decided": v.decided(target),
+        "preemptions": v.preemptions,
+        "preemptions_per_s": v.preemptions_per_s,
+    }
+
+
+def search_doc(
+    search: CapacitySearch,
+    slo: dict[str, float],
+    target_url: str,
+    model: str,
+    workload: WorkloadSpec,
+    probes: list[dict[str, Any]],
+    started_unix: float,
+) -> dict[str, Any]:
+    """search.json: the plan, every probe, every load pooled, and the result."""
+    r = search.result()
+    t = r.target
+    return {
+        "kind": "capacity_search",
+        "target": target_url,
+        "model": model,
+        "started_unix": started_unix,
+        "slo": slo,
+        "plan": asdict(search.plan),
+        "workload": workload.describe(),
+        "probes": probes,
+        "loads": [_verdict_doc(v, t) for v in r.verdicts],
+        "result": {
+            "by": r.by,
+            "attainment_target": t,
+            "max_ok": _verdict_doc(r.max_ok, t),
+            "min_fail": _verdict_doc(r.min_fail, t),
+            "kv_onset": _verdict_doc(r.onset, t),
+            "kv_clean": _verdict_doc(r.clean, t),
+            "binding": r.binding,
+        },
+    }
+
+
+def _advice(run_dir: Path, doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The sizing advice where the binding limit is met: the KV onset's first probe (the
+    cache ran out there), else the lowest failing load's."""
+    from kvwatch.loadgen.rundir import observed_from_run, server_from_run
+    from kvwatch.sidecar.advice import advise
+    from kvwatch.sidecar.kvmath import SizingError
+
+    res = doc["result"]
+    at = res["kv_onset"] or res["min_fail"]
+    if at is None:
+        return None
+    probe_dir = run_dir / "probes" / at["probes"][0]
+    try:
+        adv = advise(observed_from_run(probe_dir), server=server_from_run(probe_dir))
+    except SizingError as e:
+        return {"probe": at["probes"][0], "verdict": f"no advice: {e}", "recommended": None,
+                "options": []}  # fmt: skip
+    return {
+        "probe": at["probes"][0],
+        "verdict": adv.verdict,
+        "advised_for": adv.advised_for,
+        "recommended": adv.recommended,
+        "options": list(adv.options),
+    }
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}"
+
+
+def render_search(doc: dict[str, Any]) -> str:
+    """The console's table (one row per load) and what it found."""
+    res = doc["result"]
+    by, t = res["by"], res["attainment_target"]
+    unit = _unit(by)
+    marks: dict[float, list[str]] = {}
+    labels = (
+        ("max_ok", "max meeting SLOs"), ("min_fail", "first failing"),
+        ("kv_onset", "KV onset"), ("kv_clean", "last without preemption"),
+    )  # fmt: skip
+    for key, label in labels:
+        if res[key] is not None:
+            marks.setdefault(res[key]["load"], []).append(label)
+    rows = [("load", "probes", "requests", "met SLOs", "95% interval", "preempt/s", "")]
+    for v in doc["loads"]:
+        lo, hi = v["interval95"]
+        pps = v["preemptions_per_s"]
+        rows.append((
+            f"{v['load']:g}", str(len(v["probes"])), str(v["requests"]), _pct(v["attainment"]),
+            f"{_pct(lo)}-{_pct(hi)}", "-" if pps is None else f"{pps:.2f}",
+            ", ".join(marks.get(v["load"], [])),
+        ))  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.append("")
+    slo = ", ".join(f"{k} <= {v * 1000:.0f} ms" for k, v in doc["slo"].items())
+    ok, fail = res["max_ok"], res["min_fail"]
+    if ok is None:
+        lines.append(f"No load probed met the SLOs ({slo}) for {t:.0%} of requests.")
+    else:
+        lo, hi = ok["interval95"]
+        lines.append(
+            f"Highest load meeting the SLOs ({slo}) for {t:.0%} of requests: {ok['load']:g} "
+            f"{unit} ({_pct(ok['attainment'])} of {ok['requests']}, 95% interval "
+            f"{_pct(lo)}-{_pct(hi)})."
+        )
+    if fail is not None:
+        lo, hi = fail["interval95"]
+        lines.append(
+            f"Next above it, {fail['load']:g} {unit}: {_pct(fail['attainment'])} "
+            f"(95% interval {_pct(lo)}-{_pct(hi)})."
+        )
+    else:
+        lines.append(f"No load up to the maximum probed failed them ({doc['plan']['max_load']:g}).")
+    onset, clean = res["kv_onset"], res["kv_clean"]
+    if onset is not None:
+        below = "" if clean is None else f"; none at {clean['load']:g}"
+        lines.append(
+            f"KV onset: preemption starts at {onset['load']:g} {unit} "
+            f"({onset['preemptions_per_s'] or 0:.2f}/s){below}."
+        )
+    else:
+        top = max((v["load"] for v in doc["loads"]), default=0)
+        lines.append(f"KV onset: no preemption at any load probed (up to {top:g} {unit}).")
+    if res["binding"] == "kv cache":
+        lines.append("The KV cache binds first: preemption had begun by the load that failed.")
+    elif res["binding"] == "compute":
+        lines.append("Compute binds first: the SLOs failed on a cache that had not run out.")
+    adv = doc.get("advice")
+    if adv:
+        lines.append(f"Advice at {adv['probe']}: {adv['verdict']}")
+        if adv.get("recommended"):
+            lines.append(f"Recommended: {adv['recommended']}")
+    return "\n".join(lines)
