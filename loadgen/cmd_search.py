@@ -30,7 +30,9 @@ from kvwatch.loadgen.summary import SloError, parse_slo, summarize_records
 from kvwatch.loadgen.workload import WorkloadSpec
 from kvwatch.sidecar.command import EXIT_FOUND, CliError
 
-__all__ = ["search_command", "probe_stage", "search_doc", "render_search", "SEARCH_FILE"]
+__all__ = [
+    "search_command", "probe_stage", "search_doc", "render_search", "kv_ran_out", "SEARCH_FILE",
+]  # fmt: skip
 
 SEARCH_FILE = "search.json"
 _STALL = StallRule(5.0, 0.25)
@@ -70,6 +72,26 @@ def _preemptions(m: Measured, sidecar_before: float | None, sidecar_after: float
     if sidecar_before is not None and sidecar_after is not None:
         return max(0.0, sidecar_after - sidecar_before)
     return None
+
+
+def kv_ran_out(m: Measured) -> bool | None:
+    """Did the cache run out during this load: it preempted, or a sample of the server's
+    timeline had requests waiting while the free blocks could not hold the median prompt (vLLM
+    admits a request only when its prompt fits). None when the server's figures cannot tell."""
+    delta = m.server_delta()
+    if delta is not None and (delta.get("preemptions") or 0) > 0:
+        return True
+    cache = (m.server_before or {}).get("cache") or {}
+    blocks, size = cache.get("num_blocks"), cache.get("block_size")
+    prompts = sorted(int(r["prompt_tokens"]) for r in m.records if r.get("prompt_tokens"))
+    if not (blocks and size and prompts and m.timeline):
+        return None
+    need = prompts[len(prompts) // 2]
+    return any(
+        (r.get("waiting") or 0) >= 1 and (1 - r["kv_usage"]) * blocks * size < need
+        for r in m.timeline
+        if r.get("kv_usage") is not None
+    )
 
 
 def search_command(ns: argparse.Namespace) -> int:
@@ -133,19 +155,21 @@ def search_command(ns: argparse.Namespace) -> int:
         attained = round((o.get("slo_attainment") or 0.0) * requests)
         probe = ProbeResult(
             load, requests, attained, _preemptions(m, side_before, side_after),
-            float(o.get("duration_s") or 0.0), name,
+            float(o.get("duration_s") or 0.0), name, kv_ran_out(m),
         )  # fmt: skip
         search.record(probe)
         meta.append({**asdict(probe), "repeat": repeat, "failed": int(o.get("failed") or 0)})
         print(f"  {_probe_line(probe)}", file=sys.stderr)
+        # after every probe: an interrupted search keeps what it measured
+        doc = search_doc(search, slo, ns.url, model, workload, meta, started)
+        (run_dir / SEARCH_FILE).write_text(json.dumps(doc, indent=1))
         time.sleep(_SETTLE_S)
     result = search.result()
     doc = search_doc(search, slo, ns.url, model, workload, meta, started)
-    (run_dir / SEARCH_FILE).write_text(json.dumps(doc, indent=1))
     advice = _advice(run_dir, doc)
     if advice is not None:
         doc["advice"] = advice
-        (run_dir / SEARCH_FILE).write_text(json.dumps(doc, indent=1))
+    (run_dir / SEARCH_FILE).write_text(json.dumps(doc, indent=1))
     if ns.json:
         print(json.dumps(doc, indent=2))
     else:
@@ -180,6 +204,7 @@ def _verdict_doc(v: LoadVerdict | None, target: float) -> dict[str, Any] | None:
         "decided": v.decided(target),
         "preemptions": v.preemptions,
         "preemptions_per_s": v.preemptions_per_s,
+        "ran_out": v.ran_out,
     }
 
 
@@ -212,6 +237,7 @@ def search_doc(
             "min_fail": _verdict_doc(r.min_fail, t),
             "kv_onset": _verdict_doc(r.onset, t),
             "kv_clean": _verdict_doc(r.clean, t),
+            "kv_ran_out": _verdict_doc(r.ran_out, t),
             "binding": r.binding,
         },
     }
@@ -301,8 +327,13 @@ def render_search(doc: dict[str, Any]) -> str:
     else:
         top = max((v["load"] for v in doc["loads"]), default=0)
         lines.append(f"KV onset: no preemption at any load probed (up to {top:g} {unit}).")
-    if res["binding"] == "kv cache":
-        lines.append("The KV cache binds first: preemption had begun by the load that failed.")
+    ran_out = res.get("kv_ran_out")
+    if res["binding"] == "kv cache" and ran_out is not None:
+        how = "preempting" if ran_out["preemptions"] else "queueing requests it had no room for"
+        lines.append(
+            f"The KV cache binds first: it had run out ({how}) at {ran_out['load']:g} {unit}, "
+            "by the load that failed."
+        )
     elif res["binding"] == "compute":
         lines.append("Compute binds first: the SLOs failed on a cache that had not run out.")
     adv = doc.get("advice")

@@ -8,9 +8,9 @@ the lowest failing load to the precision (concurrency: to neighbours). Each load
 of that attainment still straddles the target, it is probed again, up to `max_repeats` times.
 
 The KV onset is the lowest load whose probes preempted; the same probes bracket it, and it is
-bisected the same way once the SLO limit is found. Whichever of the two comes first at the lower
-load is the limit that binds: preemption by the time the SLOs fail means the KV cache, SLOs
-failing on a cache that never ran out means compute.
+bisected the same way once the SLO limit is found. The limit that binds: a cache that had run
+out by the load that failed the SLOs (preempting, or queueing requests it had no room for) means
+the KV cache; SLOs failing on a cache with room means compute.
 """
 
 from __future__ import annotations
@@ -49,6 +49,10 @@ class ProbeResult:
     preemptions: float | None  # None: neither the server nor a sidecar said
     duration_s: float
     name: str = ""
+    # the cache ran out: it preempted, or requests waited while it had no room for a prompt
+    # (vLLM admits a request only when its prompt's blocks fit, so a cache can bind by queueing
+    # alone); None when the server's timeline could not tell
+    kv_ran_out: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,10 @@ class LoadVerdict:
     @property
     def preempted(self) -> bool:
         return (self.preemptions or 0.0) > 0
+
+    @property
+    def ran_out(self) -> bool:
+        return self.preempted or any(p.kv_ran_out for p in self.probes)
 
     def meets(self, target: float) -> bool:
         return self.requests > 0 and self.attainment >= target
@@ -133,14 +141,16 @@ class SearchResult:
     min_fail: LoadVerdict | None  # the lowest load failing them; None: none up to the maximum
     onset: LoadVerdict | None  # the lowest load that preempted; None: none did
     clean: LoadVerdict | None  # the highest load below the onset that did not preempt
+    ran_out: LoadVerdict | None = None  # the lowest load whose cache ran out (preempt or queue)
 
     @property
     def binding(self) -> str | None:
-        """"kv cache" when preemption had begun by the lowest failing load, "compute" when the
-        SLOs failed on a cache that never ran out; None when no load failed."""
+        """"kv cache" when the cache had run out (preempting, or queueing requests it had no
+        room for) by the lowest failing load; "compute" when the SLOs failed on a cache that
+        still had room; None when no load failed."""
         if self.min_fail is None:
             return None
-        if self.onset is not None and self.onset.load <= self.min_fail.load:
+        if self.ran_out is not None and self.ran_out.load <= self.min_fail.load:
             return "kv cache"
         return "compute"
 
@@ -231,6 +241,7 @@ class CapacitySearch:
             if not v.preempted and v.preemptions is not None
             and (onset is None or v.load < onset.load)
         ]  # fmt: skip
+        ran_out = [v for v in vs if v.ran_out]
         return SearchResult(
             self.plan.by,
             t,
@@ -239,4 +250,5 @@ class CapacitySearch:
             min_fail,
             onset,
             clean[-1] if clean else None,
+            ran_out[0] if ran_out else None,
         )

@@ -227,3 +227,45 @@ def test_refusals_are_one_line(
     assert main(argv) == code
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_probe_is_one_stage_sized_for_its_load() -> None:
+    from kvwatch.loadgen.arrivals import Concurrency, Poisson
+    from kvwatch.loadgen.cmd_search import probe_stage
+
+    c = probe_stage("concurrency", 8, "p", None, None)
+    assert c.pattern == Concurrency(8) and c.count == 32 and c.duration_s is None
+    assert probe_stage("concurrency", 2, "p", None, None).count == 16  # at least 16
+    r = probe_stage("rate", 2.5, "p", None, None)
+    assert r.pattern == Poisson(2.5) and r.duration_s == 30.0 and r.count is None
+    assert probe_stage("rate", 2.5, "p", 100, None).count == 100
+
+
+def _measured(timeline: list[dict[str, float]], preemptions: float = 0.0) -> object:
+    from kvwatch.loadgen.measure import Measured
+
+    cache = {"num_blocks": 40, "block_size": 32}
+    before = {"preemptions_total": 0.0, "cache": cache}
+    after = {"preemptions_total": preemptions, "cache": cache}
+    records = [{"prompt_tokens": 480}] * 3
+    return Measured(0.0, records, [], timeline, before, after)  # type: ignore[arg-type]
+
+
+def test_the_cache_ran_out_by_preempting_or_by_queueing_for_room() -> None:
+    from kvwatch.loadgen.cmd_search import kv_ran_out
+
+    room = [{"t": 0.0, "kv_usage": 0.5, "waiting": 1.0}]  # 640 tokens free: a prompt fits
+    full = [{"t": 0.0, "kv_usage": 0.7, "waiting": 1.0}]  # 384 free: a 480-token prompt waits
+    assert kv_ran_out(_measured(room)) is False  # type: ignore[arg-type]
+    assert kv_ran_out(_measured(full)) is True  # type: ignore[arg-type]
+    assert kv_ran_out(_measured(room, preemptions=2)) is True  # type: ignore[arg-type]
+    assert kv_ran_out(_measured([])) is None  # type: ignore[arg-type]
+
+
+def test_queueing_for_room_alone_makes_the_cache_bind() -> None:
+    s = CapacitySearch(SearchPlan("concurrency", repeats=1, max_repeats=1))
+    s.record(ProbeResult(2, 20, 20, 0.0, 10.0, "a", kv_ran_out=False))
+    s.record(ProbeResult(3, 20, 12, 0.0, 10.0, "b", kv_ran_out=True))
+    r = s.result()
+    assert r.onset is None and r.ran_out is not None and r.ran_out.load == 3
+    assert r.binding == "kv cache"

@@ -1,0 +1,103 @@
+"""`kvwatch loadgen search` on the real vLLM fixture, its answers checked by rerunning them.
+
+The fixture's cache is 40 blocks of 32 tokens (39 usable), and both searches rest on that block
+arithmetic rather than on the machine's speed:
+- 480 prompt + 120 generated tokens end at 19 blocks: two fit (38), a third waits for one of them
+  to finish before its 15-block prompt is admitted. Its time to first token jumps from under
+  0.5 s to about 2 s, so a 1 s TTFT limit is met at two in flight and missed at three, and the
+  cache binds (by queueing, with no preemption).
+- 30 prompt + 300 generated tokens end at 11 blocks: three fit (33), four started together do
+  not (44), so the KV onset is four in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvwatch.loadgen.local_server import LocalVLLM
+from tests.browser import open_page
+
+pytestmark = pytest.mark.integration
+
+ATTAINMENT = 0.8
+ADMISSION = ["--input-len", "480", "--output-len", "120", "--slo", "ttft=1s"]
+PREEMPTION = ["--input-len", "30", "--output-len", "300", "--slo", "e2e=30s"]
+
+
+def _kvwatch(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvwatch", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _search(base: str, run_dir: Path, workload: list[str], *extra: str) -> dict[str, Any]:
+    out = _kvwatch(
+        "loadgen", "search", "--url", base, "--attainment", str(ATTAINMENT), "--start", "2",
+        *workload, *extra, "--run-dir", str(run_dir), "--no-progress", "--json",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc: dict[str, Any] = json.loads(out.stdout)
+    seen = [(p["load"], p["attained"], p["requests"], p["preemptions"]) for p in doc["probes"]]
+    print(f"{run_dir.name}: probes (load, met, requests, preemptions) {seen}")
+    return doc
+
+
+def _rerun(base: str, run_dir: Path, workload: list[str], concurrency: float) -> dict[str, Any]:
+    """The same load as a plain `loadgen run` with new prompts: its overall summary and the
+    server's preemptions."""
+    out = _kvwatch(
+        "loadgen", "run", "--url", base, "--concurrency", str(int(concurrency)), "--requests",
+        "24", "--seed", "99", *workload, "--run-dir", str(run_dir), "--no-progress", "--json",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = json.loads(out.stdout)
+    return {**summary["overall"], "preemptions": summary["server"]["preemptions"]}
+
+
+def test_the_slo_limit_holds_when_rerun(vllm_server: LocalVLLM, tmp_path: Path) -> None:
+    base = vllm_server.base_url
+    run = tmp_path / "admission"
+    doc = _search(base, run, ADMISSION, "--max", "8", "--probe-requests", "12",
+                  "--repeats", "1", "--max-repeats", "2")  # fmt: skip
+    res = doc["result"]
+    ok, fail = res["max_ok"], res["min_fail"]
+    assert ok is not None and fail is not None, doc["loads"]
+    assert (ok["load"], fail["load"]) == (2, 3), doc["loads"]
+    assert res["binding"] == "kv cache" and res["kv_ran_out"]["load"] == 3, res
+    assert doc["advice"]["probe"] in fail["probes"]
+
+    at_max = _rerun(base, tmp_path / "max", ADMISSION, ok["load"])
+    above = _rerun(base, tmp_path / "above", ADMISSION, fail["load"])
+    assert at_max["slo_attainment"] >= ATTAINMENT, at_max
+    assert above["slo_attainment"] < ATTAINMENT, above
+
+    # the capacity page, in a real browser
+    page = _kvwatch("report", str(run))
+    assert page.returncode == 0, page.stderr
+    html = (run / "report.html").read_text()
+    assert ">SLO limit</text>" in html and "Limit that binds first: <b>kv cache</b>" in html
+    check = open_page(run / "report.html", tmp_path / "capacity.png")
+    assert not check.console_errors and not check.page_errors
+    assert all(r.startswith("file:") for r in check.requests), check.requests
+    assert len(check.svg_sizes) == 2 and all(w > 300 and h > 100 for w, h in check.svg_sizes)
+
+
+def test_the_kv_onset_is_where_a_rerun_starts_to_preempt(
+    vllm_server: LocalVLLM, tmp_path: Path
+) -> None:
+    base = vllm_server.base_url
+    doc = _search(base, tmp_path / "preemption", PREEMPTION, "--max", "8", "--probe-requests",
+                  "8", "--repeats", "1", "--max-repeats", "1")  # fmt: skip
+    res = doc["result"]
+    # a loose SLO: every load up to the maximum meets it, and the onset is narrowed alone
+    assert res["min_fail"] is None and res["max_ok"]["load"] == 8, doc["loads"]
+    assert (res["kv_clean"]["load"], res["kv_onset"]["load"]) == (3, 4), doc["loads"]
+    at_onset = _rerun(base, tmp_path / "onset", PREEMPTION, res["kv_onset"]["load"])
+    below = _rerun(base, tmp_path / "clean", PREEMPTION, res["kv_clean"]["load"])
+    assert at_onset["preemptions"] > 0 and below["preemptions"] == 0, (at_onset, below)
