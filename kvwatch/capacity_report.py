@@ -87,9 +87,10 @@ def render_capacity(run_dir: Path) -> str:
     by, target = res["by"], res["attainment_target"]
     unit = "in flight" if by == "concurrency" else "req/s"
     loads = doc["loads"]
+    limit = "SLO limit" if res["min_fail"] is not None else "met SLOs up to the maximum"
     marks = [
         Mark(res[k]["load"], label)
-        for k, label in (("max_ok", "SLO limit"), ("kv_onset", "KV onset"))
+        for k, label in (("max_ok", limit), ("kv_onset", "KV onset"))
         if res[k] is not None
     ]
     x_range = (min(v["load"] for v in loads), max(v["load"] for v in loads)) if loads else None
@@ -123,9 +124,14 @@ def render_capacity(run_dir: Path) -> str:
     )
     slo = ", ".join(f"{k} &le; {v * 1000:.0f} ms" for k, v in doc["slo"].items())
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(doc.get("started_unix") or 0))
-    binding = res["binding"]
+    binding = res["binding"] or (
+        "none found: no load up to the maximum failed the SLOs"
+        if res["min_fail"] is None
+        else "none found"
+    )
     verdict_class = "good" if res["max_ok"] is not None else "bad"
-    summary = escape(render_search(doc).split("\n\n", 1)[-1])
+    found = render_search(doc).split("\n\n", 1)[-1].splitlines()
+    summary = "".join(f"<p>{escape(line)}</p>" for line in found)
     advice_at = (res["kv_onset"] or res["min_fail"] or {}).get("probes") or []
     if not advice_at:
         advice = "<p class='note'>No load failed and none preempted: nothing to size for.</p>"
@@ -147,13 +153,13 @@ def render_capacity(run_dir: Path) -> str:
         f"<p class='sub'>{escape(str(doc.get('target')))} &middot; model "
         f"<code>{escape(str(doc.get('model')))}</code> &middot; started {started} &middot; "
         f"by {escape(by)}, SLOs {slo}, {target:.0%} of requests</p>",
-        f"<div class='verdict {verdict_class}'><pre>{summary}</pre></div>",
+        f"<div class='verdict {verdict_class}'>{summary}</div>",
         "<h2>Capacity</h2>",
         attain,
         preempt,
         "<p class='note'>Dotted lines: the highest load meeting the SLOs and the KV onset "
         "(the lowest load that preempted). Red dashes: the attainment target.</p>",
-        f"<p>Limit that binds first: <b>{escape(binding or 'none found')}</b>.</p>",
+        f"<p>Limit that binds first: <b>{escape(binding)}</b>.</p>",
         "<h2>Probes</h2>",
         "<table><tr><th>probe</th><th>load</th><th>requests</th><th>met SLOs</th>"
         f"<th>preemptions</th><th>seconds</th></tr>{probes}</table>",

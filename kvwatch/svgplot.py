@@ -159,10 +159,13 @@ def line_chart(
         )
     for m in marks:
         px = f.px(m.x)
+        # a label near the right edge goes on the line's left, so the frame does not cut it
+        right = px > f.w - _R - 8 * len(m.label)
+        tx, anchor = (px - 3, "end") if right else (px + 3, "start")
         body.append(
             f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{_T}" y2="{f.h - _B}" stroke="#555" '
-            f'stroke-dasharray="2 3"/><text x="{px + 3:.1f}" y="{_T + 10}" fill="#555">'
-            f"{escape(m.label)}</text>"
+            f'stroke-dasharray="2 3"/><text x="{tx:.1f}" y="{_T + 10}" fill="#555" '
+            f'text-anchor="{anchor}">{escape(m.label)}</text>'
         )
     legend = []
     for i, ln in enumerate(lines):
