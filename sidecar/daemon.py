@@ -154,6 +154,7 @@ async def _alert_loop(
             ),
         )
     )
+
     def judge() -> bool:
         """One look at the alerts; True if notifications were queued. Runs in a worker thread
         (the tracker and the outbox write to SQLite) so the scrape loops never wait on it."""
