@@ -273,7 +273,6 @@ def _register_search(lsub: Any) -> None:
     add("--probe-requests", type=int, metavar="N",
         help="requests per probe (concurrency: default 4 x the load, at least 16)")
     add("--probe-duration", type=float, metavar="S", help="seconds per probe (rate: default 30)")
-    # fmt: skip
     _request_args(g)
     _workload_args(r.add_argument_group("workload"))
     o = r.add_argument_group("output")
