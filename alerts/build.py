@@ -30,7 +30,6 @@ from kvwatch.sidecar.vocabulary import (
 __all__ = ["rule_groups", "render_rules", "render_prometheus_rule", "write_all", "ALERT_NAMES"]
 
 _BY = "instance, model_name, engine"
-_FULL_STATES = 'state=~"saturated|thrashing"'
 RULES_FILE = "kvwatch-rules.yaml"
 K8S_FILE = "kvwatch-prometheusrule.yaml"
 
@@ -168,12 +167,11 @@ def rule_groups(
         "rules": [
             a("KvwatchThrashing", cat.STATE.select('state="thrashing"') + " == 1", th,
               _TARGET_INSTANCE, s),
-            # as the sidecar raises it: the forecast within the horizon, and quiet once
-            # saturation or thrashing (their own pages) has taken over
-            a("KvwatchKvExhaustionImminent",
-              f"{cat.SECONDS_TO_KV_EXHAUSTION.select()} <= {th.exhaustion_warn_s:g} unless "
-              f"on(target, model_name, engine) {cat.STATE.select(_FULL_STATES)} == 1",
-              th, _TARGET_INSTANCE, s),
+            # the sidecar's own condition (the forecast counting down inside the horizon, and
+            # quiet once saturation or thrashing, their own pages, has taken over): the
+            # countdown needs the forecast's history at the sidecar's grain, not Prometheus's
+            a("KvwatchKvExhaustionImminent", f"{cat.KV_EXHAUSTION_IMMINENT.select()} == 1", th,
+              _TARGET_INSTANCE, s),
             a("KvwatchTargetDown", f"{cat.TARGET_UP.select()} == 0", th, _TARGET_INSTANCE, s),
             a("KvwatchEngineDead", f"{cat.ENGINE_ALIVE.select()} == 0", th, _TARGET_INSTANCE, s),
             a("KvwatchVllmMetricsMissing", f"{cat.VLLM_METRICS_PRESENT.select()} == 0", th,

@@ -1,30 +1,38 @@
 """How right is the KV-exhaustion forecast, and does its alert come first? Measured on the fixture.
 
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py record [--runs 5] [--first N]
+    PYTHONPATH=. .venv/bin/python bench/bench_forecast.py record --poisson-ramp [--runs 5]
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py record --steady 1.0 [--runs 3]
-    PYTHONPATH=. .venv/bin/python bench/bench_forecast.py evaluate
+    PYTHONPATH=. .venv/bin/python bench/bench_forecast.py evaluate [--countdown S]
 
 `record` starts the fixture vLLM (tiny model, 40 blocks of 32 tokens), and for each run sends a
-seeded rate ramp (0.2 to 3 requests/s over 90 s, 30 + 300 tokens) while it scrapes `/metrics`
-every 0.5 s, until the cache has run out; each body (the lines the forecast reads) and its time
-go to `bench/results/forecast/run-N.jsonl` (about 1 min a run). With `--steady RATE` a run is
-90 s of Poisson arrivals at that rate instead (a busy, healthy load), `steady-N.jsonl`.
+rate ramp (0.2 to 3 requests/s over 90 s, 30 + 300 tokens) while it scrapes `/metrics` every
+0.5 s, until the cache has run out; each body (the lines the forecasts read) and its time go to
+`bench/results/forecast/run-N.jsonl` (about 2 min a run). loadgen's ramp spaces its sends evenly
+by the rate's integral, so every run sends the same; what differs between runs is the server's
+speed. `--poisson-ramp` sends the same rate as a Poisson process, seeded by the run's number
+(`poisson-N.jsonl`): the clusters real traffic has. With `--steady RATE` a run is 90 s of
+arrivals at that rate instead (a busy load, healthy if it never runs out), `steady-N.jsonl`.
 
 `evaluate` replays the bodies through the sidecar's own judge (sidecar/judging.py) and asks
 each forecaster, at every scrape, how many seconds remain until the free blocks are gone; the
 truth is the time of the first scrape at which the cache was full (KV usage 100%, or the
 preemption counter risen: vLLM preempts only when no block is free, and the counter lags the
-eviction). The first table gives each forecaster's median relative error when the truth was
-30, 10 and 5 s away (within +-1.5 s), on the runs the sidecar's window and lift were chosen on
-(0-3) and on those recorded after the choice. The second gives KvwatchKvExhaustionImminent's
-lead time on each ramp and the times it fired on the steady runs (false alerts), at the
-recorded 0.5 s and at the sidecar's default 1 s interval (every other scrape).
+eviction). The first tables give each forecaster's median relative error when the truth was
+30, 10 and 5 s away (within +-1.5 s): on the even ramps the sidecar's window and lift were
+chosen on (0-3), on those recorded after the choice, and on the Poisson ramps. Then
+KvwatchKvExhaustionImminent's lead time on each ramp, and the times it fired on the steady runs
+(on a run that never ran out, a false alert), at the recorded 0.5 s and at the sidecar's
+default 1 s interval (every other scrape). `--countdown 0` judges the alert without its
+countdown, as it was before.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import random
 import statistics
 import subprocess
 import sys
@@ -32,14 +40,17 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
+import numpy as np
+from fixture_sim import FIXTURE, Engine, Shape, Speeds, run_until_out
 
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig
 from kvwatch.loadgen.tiny_model import build_tiny_model
 from kvwatch.sidecar.exposition import parse_exposition
-from kvwatch.sidecar.forecast import line_fit
+from kvwatch.sidecar.forecast import MIN_POINTS, line_fit
 from kvwatch.sidecar.judging import EngineJudge
 from kvwatch.sidecar.observe import EngineObservation, observe
 from kvwatch.sidecar.signals import derive
@@ -50,7 +61,8 @@ OUT = Path(__file__).resolve().parent / "results" / "forecast"
 HORIZONS = (30.0, 10.0, 5.0)
 TOLERANCE_S = 1.5
 TUNED_ON = 4  # runs 0-3: the forecast's window and lift were chosen on these
-RAMP = "ramp:start=0.2,end=3@90s"
+RAMP = "ramp:start=0.2,end=3@90s"  # evenly spaced sends, the same in every run
+POISSON_RAMP = "ramp:start=0.2,end=3,poisson=1@90s"  # the same rate, Poisson arrivals (seeded)
 
 
 def _load(base: str, run_dir: Path, seed: int, stage: str) -> None:
@@ -63,15 +75,26 @@ def _load(base: str, run_dir: Path, seed: int, stage: str) -> None:
 
 
 def record(
-    runs: int, first: int = 0, steady: float | None = None, arrival: str = "poisson"
+    runs: int,
+    first: int = 0,
+    steady: float | None = None,
+    arrival: str = "poisson",
+    poisson_ramp: bool = False,
+    nice: int = 10,
+    prefix: str | None = None,
 ) -> None:
     """`steady`: a steady load at that rate (requests/s) for 90 s instead of the ramp, with
-    `arrival` spacing; such a run is recorded to its end."""
+    `arrival` spacing; such a run is recorded to its end. `poisson_ramp`: the ramp's rate with
+    Poisson arrivals (`poisson-N.jsonl`). `nice`: the server's CPU priority (10 leaves the
+    load generator and the scraper ahead of it on a small machine); `prefix` names the files."""
     OUT.mkdir(parents=True, exist_ok=True)
     log = Path(tempfile.mkdtemp()) / "vllm.log"
-    stage = RAMP if steady is None else f"{arrival}:rate={steady:g}@90s"
-    prefix = "run" if steady is None else "steady"
-    with LocalVLLM(ServerConfig(model=build_tiny_model(), nice=10), log_path=log) as srv:
+    if steady is not None:
+        stage, prefix = f"{arrival}:rate={steady:g}@90s", prefix or "steady"
+    else:
+        stage, kind = (POISSON_RAMP, "poisson") if poisson_ramp else (RAMP, "run")
+        prefix = prefix or kind
+    with LocalVLLM(ServerConfig(model=build_tiny_model(), nice=nice), log_path=log) as srv:
         for n in range(first, first + runs):
             rows = []
             load = threading.Thread(
@@ -102,8 +125,23 @@ def record(
             print(f"run {n}: {len(rows)} scrapes, cache full at {full_at} s -> {path}")
 
 
-_KEPT = ("vllm:num_requests", "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total",
-         "vllm:generation_tokens_total", "vllm:prompt_tokens_total", "vllm:cache_config_info")
+_KEPT = (
+    "vllm:num_requests",
+    "vllm:kv_cache_usage_perc",
+    "vllm:num_preemptions_total",
+    "vllm:generation_tokens_total",
+    "vllm:prompt_tokens_total",
+    "vllm:cache_config_info",
+    # from run 11 on: what finished, and the requests' shape and lifetime
+    "vllm:request_success_total",
+    "vllm:request_num_preemptions",
+    "vllm:request_prompt_tokens_sum",
+    "vllm:request_prompt_tokens_count",
+    "vllm:request_generation_tokens_sum",
+    "vllm:request_generation_tokens_count",
+    "vllm:e2e_request_latency_seconds_sum",
+    "vllm:e2e_request_latency_seconds_count",
+)
 
 
 def _trim(body: str) -> str:
@@ -170,16 +208,88 @@ def peak_slope(window_s: float, bin_s: float = 5.0) -> Forecaster:
     return forecast
 
 
+def _admissions(
+    pts: list[tuple[float, EngineObservation]], now: float, prompt: int
+) -> tuple[float, float]:
+    """The admission rate now and its slope (requests/s, /s^2): a parabola through the prompt
+    tokens counter, over the prompt length."""
+    x = np.array([t - now for t, _ in pts])
+    y = np.array([(o.prompt_tokens_total or 0.0) / prompt for _, o in pts])
+    _, b, c = np.linalg.lstsq(np.vstack([np.ones_like(x), x, x * x]).T, y, rcond=None)[0]
+    return float(b), float(2 * c)
+
+
+def engine_model(
+    told: Shape = FIXTURE, window_s: float = 60.0, speed_s: float = 10.0
+) -> Forecaster:
+    """Simulates the engine forward (bench/fixture_sim.py) from what /metrics says: the cache's
+    blocks, the running requests, the step time (running / generation tokens per second over
+    `speed_s`), the admission rate and its trend. Told the requests' prompt and output lengths
+    (a sidecar would read them from vLLM's request_prompt_tokens and request_generation_tokens
+    histograms). The running requests' lengths are not in /metrics: they are taken as admitted
+    at the rate, at the phase whose blocks best match the KV usage."""
+
+    def forecast(tl: Timeline, now: float) -> float | None:
+        pts = [
+            (t, o)
+            for t, o in tl.points
+            if t >= now - window_s and o.prompt_tokens_total is not None
+        ]
+        if len(pts) < MIN_POINTS or pts[-1][0] - pts[0][0] < 10:
+            return None
+        last = pts[-1][1]
+        cache = last.cache
+        if cache is None or not cache.num_blocks or not cache.block_size or last.kv_usage is None:
+            return None
+        sh = Shape(int(cache.num_blocks) - 1, int(cache.block_size), told.prompt, told.output)
+        rate, slope = _admissions(pts, now, sh.prompt)
+        recent = [(t, o) for t, o in pts if t >= now - speed_s]
+        (t0, a), (t1, b) = recent[0], recent[-1]
+        gen = ((b.generation_tokens_total or 0) - (a.generation_tokens_total or 0)) / max(
+            t1 - t0, 1e-9
+        )
+        running = statistics.fmean(o.running or 0.0 for _, o in recent)
+        if rate <= 0 or gen <= 0 or running <= 0:
+            return None
+        step, slope = running / gen, max(slope, 0.0)
+        used, n = last.kv_usage * sh.blocks, round(last.running or 0)
+
+        def lengths(phase: float) -> list[int]:
+            return [
+                min(sh.prompt + int((k + phase) / rate / step), sh.prompt + sh.output - 1)
+                for k in range(n)
+            ]
+
+        phase = min(
+            (i / 8 for i in range(8)),
+            key=lambda ph: abs(sum(map(sh.blocks_for, lengths(ph))) - used),
+        )
+        sends, k = [], 1.0 - phase  # the k-th send when the rate's integral reaches k - phase
+        while True:
+            t = k / rate if slope == 0 else (-rate + math.sqrt(rate * rate + 2 * slope * k)) / slope
+            if t > 120.0:
+                break
+            sends.append(t)
+            k += 1
+        engine = Engine(sh, 0.0, lengths(phase), 0, sends, 0, step, step, math.inf)
+        out = run_until_out(engine, random.Random(0), Speeds([step], [0.0]), until=120.0)
+        return None if out >= 120.0 else out
+
+    return forecast
+
+
 FORECASTERS: dict[str, Forecaster] = {
     "free tokens / generation rate (before #17)": before,
     "KV usage slope, 10 s": usage_slope(10.0),
     "KV usage slope, 20 s": usage_slope(20.0),
     "peaks of KV usage (5 s bins), 60 s": peak_slope(60.0),
     "usage band: fit + 1.5 x spread, 60 s (the sidecar's)": sidecar,
+    "a simulation of the engine, told the request shape": engine_model(),
 }
 
 
 Run = list[tuple[float, EngineObservation]]
+Errors = dict[str, dict[float, list[float]]]  # forecaster -> horizon -> relative errors
 
 
 def _load_run(path: Path) -> Run:
@@ -196,9 +306,9 @@ def _full_at(run: Run) -> float | None:
     )
 
 
-def _errors(run: Run, full_at: float) -> dict[str, dict[float, list[float]]]:
+def _errors(run: Run, full_at: float) -> Errors:
     """Each forecaster's relative errors at the scrapes the truth was a horizon away from."""
-    out: dict[str, dict[float, list[float]]] = {n: {h: [] for h in HORIZONS} for n in FORECASTERS}
+    out: Errors = {n: {h: [] for h in HORIZONS} for n in FORECASTERS}
     tl = Timeline()
     for t, o in run:
         if t > full_at:
@@ -230,7 +340,7 @@ def firings(run: Run, every: int = 1, th: Thresholds | None = None) -> list[floa
     return fired
 
 
-def _table(title: str, errors: list[dict[str, dict[float, list[float]]]]) -> None:
+def _table(title: str, errors: list[Errors]) -> None:
     print(f"\n{title}: median relative error (None counts as 100%) at the truth's distance")
     print("| forecaster | " + " | ".join(f"{h:g} s out" for h in HORIZONS) + " |")
     print("|---|" + "---|" * len(HORIZONS))
@@ -242,42 +352,76 @@ def _table(title: str, errors: list[dict[str, dict[float, list[float]]]]) -> Non
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 
-def evaluate() -> None:
-    tuned, held_out = [], []
-    leads: dict[int, list[float]] = {1: [], 2: []}
-    for path in sorted(OUT.glob("run-*.jsonl"), key=lambda p: int(p.stem.split("-")[1])):
+def _numbered(prefix: str) -> list[Path]:
+    return sorted(OUT.glob(f"{prefix}-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
+
+
+def _ramps(prefix: str, th: Thresholds) -> list[tuple[int, Errors, dict[int, float]]]:
+    """Each ramp that ran out: its number, the forecasters' errors, and the alert's lead time
+    at 0.5 s (every scrape) and 1 s (every other), -1 where it did not fire first."""
+    out = []
+    for path in _numbered(prefix):
         run = _load_run(path)
         full_at = _full_at(run)
         if full_at is None:
             print(f"{path.name}: the cache never ran out; skipped")
             continue
-        n = int(path.stem.split("-")[1])
-        (tuned if n < TUNED_ON else held_out).append(_errors(run, full_at))
-        for every in leads:
-            first = next(iter(firings([p for p in run if p[0] <= full_at], every)), None)
-            leads[every].append(-1.0 if first is None else full_at - first)
-        print(f"{path.name}: full at {full_at:.1f} s; alert lead {leads[1][-1]:.1f} s "
-              f"(0.5 s scrapes), {leads[2][-1]:.1f} s (1 s)")  # fmt: skip
-    _table(f"runs 0-{TUNED_ON - 1} (the window and lift were chosen on these)", tuned)
-    _table(f"runs {TUNED_ON}+ (recorded after the choice)", held_out)
-    _table("all runs", tuned + held_out)
-    print("\nKvwatchKvExhaustionImminent (-1: it did not fire before the cache ran out)")
+        leads = {}
+        for every in (1, 2):
+            first = next(iter(firings([p for p in run if p[0] <= full_at], every, th)), None)
+            leads[every] = -1.0 if first is None else full_at - first
+        print(f"{path.name}: full at {full_at:.1f} s; alert lead {leads[1]:.1f} s "
+              f"(0.5 s scrapes), {leads[2]:.1f} s (1 s)")  # fmt: skip
+        out.append((int(path.stem.split("-")[1]), _errors(run, full_at), leads))
+    return out
+
+
+def _leads(title: str, ramps: list[tuple[int, Errors, dict[int, float]]]) -> None:
+    print(f"\nKvwatchKvExhaustionImminent, {title} (-1: it did not fire before the cache ran out)")
     for every, name in ((1, "0.5 s"), (2, "1 s")):
-        got = leads[every]
+        got = [leads[every] for _, _, leads in ramps]
         if got:
-            print(f"- {name} scrapes: lead times {[round(x, 1) for x in got]}, "
-                  f"median {statistics.median(got):.1f} s")
+            missed = sum(1 for x in got if x < 0)
+            print(
+                f"- {name} scrapes: lead times {[round(x, 1) for x in got]}, "
+                f"median {statistics.median(got):.1f} s, missed {missed} of {len(got)}"
+            )
+
+
+def evaluate(th: Thresholds) -> None:
+    """`th`: the thresholds the alert is judged with (the sidecar's defaults, or a variant)."""
+    even, poisson = _ramps("run", th), _ramps("poisson", th)
+    _table(
+        f"even ramps 0-{TUNED_ON - 1} (the window and lift were chosen on these)",
+        [e for n, e, _ in even if n < TUNED_ON],
+    )
+    _table(
+        f"even ramps {TUNED_ON}+ (recorded after the choice)",
+        [e for n, e, _ in even if n >= TUNED_ON],
+    )
+    if poisson:
+        _table("Poisson ramps (recorded after every choice)", [e for _, e, _ in poisson])
+    _leads("even ramps", even)
+    if poisson:
+        _leads("Poisson ramps", poisson)
     print("\nSteady runs (a false alert: one that fired on a run whose cache never ran out)")
-    for path in sorted(OUT.glob("steady-*.jsonl"), key=lambda p: int(p.stem.split("-")[1])):
+    healthy = false = 0
+    for path in _numbered("steady"):
         stage = json.loads(path.read_text().partition("\n")[0]).get("stage", "?")
         run = _load_run(path)
         full_at = _full_at(run)
         peak = max((o.kv_usage or 0) for _, o in run)
-        fired = {every: firings(run, every) for every in (1, 2)}
+        fired = {every: firings(run, every, th) for every in (1, 2)}
         ran_out = "never ran out" if full_at is None else f"ran out at {full_at:.0f} s"
-        print(f"- {path.name} ({stage}): {run[-1][0]:.0f} s, peak KV {peak:.0%}, {ran_out}; "
-              f"fired at {[round(t) for t in fired[1]]} s (0.5 s scrapes), "
-              f"{[round(t) for t in fired[2]]} s (1 s)")
+        if full_at is None:
+            healthy += 1
+            false += len(fired[1]) + len(fired[2])
+        print(
+            f"- {path.name} ({stage}): {run[-1][0]:.0f} s, peak KV {peak:.0%}, {ran_out}; "
+            f"fired at {[round(t) for t in fired[1]]} s (0.5 s scrapes), "
+            f"{[round(t) for t in fired[2]]} s (1 s)"
+        )
+    print(f"false alerts on {healthy} healthy steady runs, both intervals together: {false}")
 
 
 def main() -> None:
@@ -287,19 +431,35 @@ def main() -> None:
     r.add_argument("--runs", type=int, default=5)
     r.add_argument("--first", type=int, default=0, help="number of the first run (its seed)")
     r.add_argument(
-        "--steady", type=float, metavar="RATE",
+        "--steady",
+        type=float,
+        metavar="RATE",
         help="record steady runs instead: RATE requests/s for 90 s",
     )
     r.add_argument(
         "--arrival", choices=("poisson", "constant"), default="poisson",
         help="how a steady run's requests are spaced (default: poisson)",
     )  # fmt: skip
-    sub.add_parser("evaluate")
+    r.add_argument(
+        "--poisson-ramp", action="store_true",
+        help="the ramp's rate with Poisson arrivals (poisson-N.jsonl) instead of even sends",
+    )  # fmt: skip
+    r.add_argument(
+        "--nice", type=int, default=10,
+        help="the server's nice value (default 10: the load generator and scraper first)",
+    )  # fmt: skip
+    r.add_argument("--prefix", help="name the files PREFIX-N.jsonl (default: by the load)")
+    e = sub.add_parser("evaluate")
+    e.add_argument(
+        "--countdown", type=float, metavar="S",
+        help="judge the alert with exhaustion_countdown_s=S (0: no countdown, as before it)",
+    )  # fmt: skip
     ns = ap.parse_args()
     if ns.cmd == "record":
-        record(ns.runs, ns.first, ns.steady, ns.arrival)
+        record(ns.runs, ns.first, ns.steady, ns.arrival, ns.poisson_ramp, ns.nice, ns.prefix)
     else:
-        evaluate()
+        th = Thresholds()
+        evaluate(th if ns.countdown is None else replace(th, exhaustion_countdown_s=ns.countdown))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ their next request when the previous one ends.
 | constant | rate | exactly 1/rate |
 | poisson | rate | exponential, mean 1/rate |
 | gamma | rate, burstiness | gamma(shape=burstiness, mean 1/rate); 1 = Poisson, < 1 burstier |
-| ramp | start, end (rates) | the rate grows linearly; sends spaced by its integral |
+| ramp | start, end (rates), poisson (0/1) | the rate grows linearly; sends spaced by its integral |
 | burst | size, every (seconds) | `size` at once, every `every` seconds (traffic spikes) |
 | concurrency | n | closed loop, n in flight |
 """
@@ -77,19 +77,27 @@ class Gamma:
 
 @dataclass(frozen=True)
 class Ramp:
+    """Evenly spaced sends (the default) measure a server's response to the rate alone; real
+    traffic comes as a Poisson process, whose clusters run a cache out earlier and at random
+    (`poisson=1`: Poisson arrivals at the ramp's rate)."""
+
     start: float
     end: float
+    poisson: int = 0
 
     def __post_init__(self) -> None:
         if self.start < 0 or self.end < 0 or self.start == self.end == 0:
             raise ValueError(
                 f"ramp rates must be >= 0 and not both 0, got {self.start}, {self.end}"
             )
+        if self.poisson not in (0, 1):
+            raise ValueError(f"poisson must be 0 or 1, got {self.poisson}")
 
     def offsets(self, rng: random.Random, duration_s: float) -> Iterator[float]:
-        # The k-th send is where the cumulative rate r0*t + (r1-r0)*t^2/(2D) reaches k.
+        # The k-th send is where the cumulative rate r0*t + (r1-r0)*t^2/(2D) reaches k: evenly,
+        # or (time rescaling) where it reaches the k-th arrival of a Poisson process of rate 1.
         r0, slope = self.start, (self.end - self.start) / duration_s
-        k = 0
+        k = rng.expovariate(1.0) if self.poisson else 0.0
         while True:
             if slope == 0:
                 t = k / r0
@@ -101,7 +109,7 @@ class Ramp:
             if t >= duration_s:
                 return
             yield t
-            k += 1
+            k += rng.expovariate(1.0) if self.poisson else 1
 
 
 @dataclass(frozen=True)

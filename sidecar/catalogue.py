@@ -35,7 +35,7 @@ __all__ = [
     "EXPOSITION_PARSE_ERRORS", "REJECTED_SAMPLES",
     "SCRAPE_DURATION", "PREEMPTIONS_OBSERVED", "COUNTER_RESETS", "LOG_PREEMPTION_WARNINGS",
     "LOG_INCIDENTS",
-    "STATE", "STATE_LEVEL", "THRASHING_EPISODES", "EPISODE_PREEMPTIONS",
+    "STATE", "STATE_LEVEL", "KV_EXHAUSTION_IMMINENT", "THRASHING_EPISODES", "EPISODE_PREEMPTIONS",
     "EPISODE_RECOMPUTED_TOKENS", "KV_CACHE_USAGE", "KV_CACHE_CAPACITY_BLOCKS",
     "KV_CACHE_CAPACITY_TOKENS", "KV_CACHE_BLOCK_SIZE", "KV_CACHE_FREE_BLOCKS",
     "KV_CACHE_FREE_TOKENS", "REQUESTS_RUNNING", "REQUESTS_WAITING", "REQUESTS_WAITING_CAPACITY",
@@ -152,7 +152,13 @@ BLOCK_DEMAND_PER_STEP = _g(
 )  # fmt: skip
 SECONDS_TO_KV_EXHAUSTION = _g(
     "kvwatch_seconds_to_kv_exhaustion", E,
-    "free KV tokens / generation tokens per second (short window)",
+    "seconds until the band KV usage peaks in reaches 100% at its pace over the last minute; "
+    "absent while usage is not rising",
+)  # fmt: skip
+KV_EXHAUSTION_IMMINENT = _g(
+    "kvwatch_kv_exhaustion_imminent", E,
+    "1 while the exhaustion forecast counts down inside the warning horizon and the engine is "
+    "below saturated (KvwatchKvExhaustionImminent's condition), else 0",
 )  # fmt: skip
 GENERATION_TOKENS_PER_SECOND = _g(
     "kvwatch_generation_tokens_per_second", E, "generation throughput over the short window"
@@ -245,8 +251,8 @@ ENGINE_GAUGES: tuple[tuple[Metric, str], ...] = (
 METRICS: tuple[Metric, ...] = (
     TARGET_UP, VLLM_METRICS_PRESENT, ENGINE_ALIVE, SCRAPES, SCRAPE_ERRORS, EXPOSITION_PARSE_ERRORS,
     REJECTED_SAMPLES, SCRAPE_DURATION, PREEMPTIONS_OBSERVED, COUNTER_RESETS,
-    LOG_PREEMPTION_WARNINGS, LOG_INCIDENTS, STATE, STATE_LEVEL, THRASHING_EPISODES,
-    EPISODE_PREEMPTIONS, EPISODE_RECOMPUTED_TOKENS,
+    LOG_PREEMPTION_WARNINGS, LOG_INCIDENTS, STATE, STATE_LEVEL, KV_EXHAUSTION_IMMINENT,
+    THRASHING_EPISODES, EPISODE_PREEMPTIONS, EPISODE_RECOMPUTED_TOKENS,
     *(m for m, _ in ENGINE_GAUGES),
     ALERTS_FIRING, WEBHOOK_PENDING, WEBHOOK_DELIVERED, WEBHOOK_DROPPED, LOAD_STAGE,
     INTERNAL_ERRORS, LOG_LINES,
@@ -448,7 +454,8 @@ ALERTS: tuple[Alert, ...] = (
         "KvwatchKvExhaustionImminent", "warning",
         "vLLM KV cache about to run out on {target} ({model_name}, engine {engine})",
         "The kvwatch sidecar forecasts that this engine's KV cache runs out within "
-        "{th.exhaustion_warn_s:g} s (the band KV usage peaks in is rising towards 100%), for "
+        "{th.exhaustion_warn_s:g} s (the band KV usage peaks in is rising towards 100%, and the "
+        "forecast has counted down for {th.exhaustion_countdown_s:g} s), for "
         "{th.exhaustion_for_s:g} s: preemptions come next. Shed or hold load now; size the "
         "cache for it (kvwatch advise). It clears once the forecast does, or when saturation "
         "or thrashing takes over.",

@@ -7,6 +7,7 @@ shown and stored) and persists what comes back.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from kvwatch.sidecar.archconfig import Architecture
@@ -72,6 +73,7 @@ class EngineJudge:
         # while the engine is below saturated: KvwatchKvExhaustionImminent's condition
         self.exhaustion_imminent_since: float | None = None
         self._imminent_lapsed_at: float | None = None  # the forecast left the horizon then
+        self._forecasts: deque[tuple[float, float | None]] = deque()  # (monotonic, seconds)
 
     def _growth_for(self, cache: CacheConfig | None) -> float | None:
         """Blocks a running request adds per step under the model's groups, once per cache
@@ -94,7 +96,33 @@ class EngineJudge:
                 self._growth, self.model_error = None, str(e)
         return self._growth
 
-    def _judge_imminent(self, unix: float, sig: EngineSignals) -> None:
+    def _counting_down(self, now: float, left: float) -> bool:
+        """A trend counts down: its forecast shrinks as the clock runs. A step in the load
+        (idle, then busy and level) looks like a trend to a line through the window at first,
+        but its forecast recedes as the level holds; that is no warning. True when every
+        forecast made from exhaustion_countdown_s (the newest one at least that old) to half of
+        it ago said at least half the time since then more than this one (or this one says the
+        band is already full)."""
+        span = self.th.exhaustion_countdown_s
+        if left == 0.0 or span <= 0:
+            return True
+        if not self._forecasts or self._forecasts[0][0] > now - span:
+            return False  # not enough history yet
+        # the forecasts kept start at the newest one at least `span` old: never an empty test
+        return all(
+            f is not None and f >= left + (now - t) / 2
+            for t, f in self._forecasts
+            if t <= now - span / 2
+        )
+
+    def _remember_forecast(self, now: float, left: float | None) -> None:
+        """Keep the forecasts since the newest one at least exhaustion_countdown_s old."""
+        self._forecasts.append((now, left))
+        span = self.th.exhaustion_countdown_s
+        while len(self._forecasts) > 1 and self._forecasts[1][0] <= now - span:
+            self._forecasts.popleft()
+
+    def _judge_imminent(self, now: float, unix: float, sig: EngineSignals) -> None:
         """Warned before it runs out, quiet once it has: saturation and thrashing have their
         own pages, so the warning clears at once when they take over (no double page). A
         forecast that drifts past the horizon clears it only after exit_after_s (the states'
@@ -103,7 +131,8 @@ class EngineJudge:
             self.exhaustion_imminent_since = self._imminent_lapsed_at = None
             return
         left = sig.seconds_to_exhaustion
-        if left is not None and left <= self.th.exhaustion_warn_s:
+        warn = left is not None and left <= self.th.exhaustion_warn_s
+        if warn and left is not None and self._counting_down(now, left):
             self._imminent_lapsed_at = None
             if self.exhaustion_imminent_since is None:
                 self.exhaustion_imminent_since = unix
@@ -143,7 +172,8 @@ class EngineJudge:
                 self.detector.level.label,
                 tuple(self.detector.reasons),
             )
-        self._judge_imminent(unix, sig)
+        self._judge_imminent(now, unix, sig)
+        self._remember_forecast(now, sig.seconds_to_exhaustion)
         opened = self.episodes.current is None
         ep = self.episodes.tick(
             unix,

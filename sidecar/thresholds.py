@@ -68,6 +68,10 @@ class Thresholds:
     exhaustion_warn_s: float = 30.0
     # ...and only once the forecast has said so this long: one swing is not a trend.
     exhaustion_for_s: float = 5.0
+    # ...and only while it counts down: the forecast made this long ago said at least half
+    # this much more. A step in the load (idle, then busy and level) looks like a trend at
+    # first, but its forecast recedes as the level holds. 0 turns the countdown off.
+    exhaustion_countdown_s: float = 10.0
     # How often a still-firing alert is sent again, in seconds.
     repeat_interval_s: float = 3600.0
     # Where alert annotations point for the runbook (one section per alert).

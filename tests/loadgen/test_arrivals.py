@@ -45,6 +45,21 @@ class TestRamp:
         first, last = gaps(offs[:5]), gaps(offs[-5:])
         assert statistics.mean(first) > 3 * statistics.mean(last)
 
+    def test_a_poisson_ramp_has_the_rate_and_the_scatter(self) -> None:
+        """The same rate as the even ramp, with Poisson gaps: exponential around the local
+        mean (coefficient of variation 1 over a stretch where the rate barely moves)."""
+        offs = list(Ramp(2, 2, poisson=1).offsets(random.Random(3), 2000.0))
+        assert len(offs) == pytest.approx(4000, rel=0.05)
+        g = gaps(offs)
+        assert statistics.pstdev(g) / statistics.mean(g) == pytest.approx(1.0, rel=0.08)
+        ramp = Ramp(1, 9, poisson=1)
+        counts = [len(list(ramp.offsets(random.Random(s), 10.0))) for s in range(200)]
+        assert statistics.mean(counts) == pytest.approx(50, rel=0.05)
+        assert statistics.pvariance(counts) == pytest.approx(50, rel=0.3)  # Poisson: var = mean
+        assert list(Ramp(1, 9, poisson=1).offsets(random.Random(5), 10.0)) == list(
+            Ramp(1, 9, poisson=1).offsets(random.Random(5), 10.0)
+        )  # seeded
+
     def test_down_ramp_and_flat(self) -> None:
         assert len(list(Ramp(10, 0).offsets(random.Random(0), 10.0))) == pytest.approx(50, abs=1)
         assert len(list(Ramp(2, 2).offsets(random.Random(0), 10.0))) == 20
@@ -64,6 +79,7 @@ class TestValidation:
             lambda: Constant(-1),
             lambda: Gamma(1, 0),
             lambda: Ramp(0, 0),
+            lambda: Ramp(1, 2, poisson=2),
             lambda: Burst(0, 1),
             lambda: Burst(2, 0),
             lambda: Concurrency(0),

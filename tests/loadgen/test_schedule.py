@@ -14,6 +14,7 @@ class TestParseStage:
         s = parse_stage("concurrency:n=16@45s#500")
         assert s.pattern == Concurrency(16) and (s.duration_s, s.count) == (45, 500)
         assert parse_stage("ramp:start=1,end=10@60s").pattern == Ramp(1, 10)
+        assert parse_stage("ramp:start=1,end=10,poisson=1@60s").pattern == Ramp(1, 10, 1)
         assert parse_stage("burst:size=8,every=12@72s").pattern == Burst(8, 12.0)
 
     @pytest.mark.parametrize(
@@ -21,6 +22,8 @@ class TestParseStage:
         [
             ("poisson:rate=4", "needs a duration"),
             ("ramp:start=1,end=2#10", "needs a duration"),
+            ("ramp:start=1,end=2,poisson=yes@5s", "not a whole number"),
+            ("ramp:start=1,end=2,poisson=3@5s", "poisson must be 0 or 1"),
             ("zigzag:rate=1@5s", "unknown pattern"),
             ("poisson:speed=1@5s", "takes rate"),
             ("poisson:rate=fast@5s", "not a number"),

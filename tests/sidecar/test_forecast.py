@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from kvwatch.sidecar.alerting import active_alerts
 from kvwatch.sidecar.detect import Level
+from kvwatch.sidecar.exporter import StateCollector
 from kvwatch.sidecar.forecast import MIN_POINTS, forecast_exhaustion, line_fit
 from kvwatch.sidecar.judging import EngineJudge
 from kvwatch.sidecar.observe import CacheConfig, EngineObservation
@@ -83,6 +85,48 @@ def test_the_warning_holds_across_a_dip_and_clears_once_the_forecast_has() -> No
     assert judge.level is Level.OK
 
 
+def test_a_step_from_idle_to_a_level_load_does_not_warn() -> None:
+    """Idle, then a busy load that levels off at once (swinging 20-50% as requests come and
+    go): a line through the window rises steeply for a while, but its forecast recedes."""
+    th = Thresholds(exhaustion_warn_s=30, exhaustion_for_s=5)
+    swings = [0.2, 0.35, 0.5, 0.3, 0.45, 0.25, 0.4, 0.5, 0.3, 0.35]
+    usage = [0.0] * 20 + [swings[t % len(swings)] for t in range(120)]
+    judge, seen = _judge_ramp(th, usage)
+    assert all(s is None for s in seen)
+    # the forecast alone said "within the horizon" after the step: the countdown is what held
+    forecasts = []
+    for t in range(len(usage)):
+        tl_usage = [(float(i), u) for i, u in enumerate(usage[: t + 1])]
+        f = forecast_exhaustion(tl_usage, float(t))
+        forecasts.append(None if f is None else f.seconds)
+    assert any(f is not None and f <= th.exhaustion_warn_s for f in forecasts[20:60])
+
+
+def test_a_forecast_that_appears_inside_the_horizon_waits_for_its_countdown() -> None:
+    th = Thresholds(exhaustion_warn_s=30, exhaustion_for_s=5, exhaustion_countdown_s=10)
+    rise = [0.2] * 30 + [0.2 + 0.015 * t for t in range(40)]  # flat, then a steady climb
+    _, seen = _judge_ramp(th, rise)
+    first = next(i for i, s in enumerate(seen) if s is not None)
+    assert 30 + 10 <= first < 70  # not before the climb has counted down for 10 s
+
+
+def test_a_gap_in_the_scrapes_is_no_countdown() -> None:
+    """After 12 s without a scrape (a stalled server), a forecast inside the horizon has nothing
+    it counted down from: it waits for the next countdown like a new one."""
+    th = Thresholds(exhaustion_warn_s=30, exhaustion_for_s=0, exhaustion_countdown_s=10)
+    judge = EngineJudge("http://vllm", ("m", "0"), th, 0)
+    times = [*range(20), *range(32, 60)]  # no scrape from 20 to 32 s
+    seen = {}
+    for t in times:
+        u = 0.2 if t < 20 else 0.6 + 0.01 * (t - 32)  # flat, then found climbing
+        obs = EngineObservation(kv_usage=u, running=2, waiting=0, cache=CACHE)
+        judge.observe(float(t), 1000.0 + t, obs, None)
+        seen[t] = judge.exhaustion_imminent_since
+    # inside the horizon from 35 s, with nothing from 22-30 s it could have counted down from
+    assert all(seen[t] is None for t in range(32, 41))
+    assert seen[59] is not None  # it counts down over the next 10 s, and warns
+
+
 def test_saturation_takes_over_from_the_warning() -> None:
     th = Thresholds(exhaustion_warn_s=30, exhaustion_for_s=5, enter_after_s=0)
     judge = EngineJudge("http://vllm", ("m", "0"), th, 0)
@@ -132,3 +176,9 @@ def test_the_alert_fires_after_its_for_with_the_forecast_in_its_text() -> None:
     (engine,) = state.view(59.0).targets[0].engines
     since = engine.exhaustion_imminent_since_unix
     assert since is not None and fired_at >= since - 1000 + th.exhaustion_for_s - 1
+    # the Prometheus rule reads the same condition from the exporter
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(StateCollector(lambda: state.view(59.0)))
+    text = generate_latest(reg).decode()
+    labels = 'engine="0",model_name="m",target="http://vllm"'
+    assert f"kvwatch_kv_exhaustion_imminent{{{labels}}} 1.0" in text
