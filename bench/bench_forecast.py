@@ -13,6 +13,9 @@ by the rate's integral, so every run sends the same; what differs between runs i
 speed. `--poisson-ramp` sends the same rate as a Poisson process, seeded by the run's number
 (`poisson-N.jsonl`): the clusters real traffic has. With `--steady RATE` a run is 90 s of
 arrivals at that rate instead (a busy load, healthy if it never runs out), `steady-N.jsonl`.
+The server runs at nice 10, behind the load generator and the scraper; `--nice 0 --prefix nice0`
+records even ramps with it at their priority (`nice0-N.jsonl`), where it stalls less, and
+`--steady ... --nice 0 --prefix steady0` steady runs so (`steady0-N.jsonl`).
 
 `evaluate` replays the bodies through the sidecar's own judge (sidecar/judging.py) and asks
 each forecaster, at every scrape, how many seconds remain until the free blocks are gone; the
@@ -20,7 +23,8 @@ truth is the time of the first scrape at which the cache was full (KV usage 100%
 preemption counter risen: vLLM preempts only when no block is free, and the counter lags the
 eviction). The first tables give each forecaster's median relative error when the truth was
 30, 10 and 5 s away (within +-1.5 s): on the even ramps the sidecar's window and lift were
-chosen on (0-3), on those recorded after the choice, and on the Poisson ramps. Then
+chosen on (0-3), on those recorded after the choice, on the Poisson ramps, and on the nice 0
+ramps. Then
 KvwatchKvExhaustionImminent's lead time on each ramp, and the times it fired on the steady runs
 (on a run that never ran out, a false alert), at the recorded 0.5 s and at the sidecar's
 default 1 s interval (every other scrape). `--countdown 0` judges the alert without its
@@ -390,7 +394,7 @@ def _leads(title: str, ramps: list[tuple[int, Errors, dict[int, float]]]) -> Non
 
 def evaluate(th: Thresholds) -> None:
     """`th`: the thresholds the alert is judged with (the sidecar's defaults, or a variant)."""
-    even, poisson = _ramps("run", th), _ramps("poisson", th)
+    even, poisson, unstarved = _ramps("run", th), _ramps("poisson", th), _ramps("nice0", th)
     _table(
         f"even ramps 0-{TUNED_ON - 1} (the window and lift were chosen on these)",
         [e for n, e, _ in even if n < TUNED_ON],
@@ -401,12 +405,17 @@ def evaluate(th: Thresholds) -> None:
     )
     if poisson:
         _table("Poisson ramps (recorded after every choice)", [e for _, e, _ in poisson])
+    if unstarved:
+        _table("even ramps, the server at nice 0 (`--nice 0 --prefix nice0`)",
+               [e for _, e, _ in unstarved])  # fmt: skip
     _leads("even ramps", even)
     if poisson:
         _leads("Poisson ramps", poisson)
+    if unstarved:
+        _leads("even ramps, the server at nice 0", unstarved)
     print("\nSteady runs (a false alert: one that fired on a run whose cache never ran out)")
     healthy = false = 0
-    for path in _numbered("steady"):
+    for path in _numbered("steady") + _numbered("steady0"):
         stage = json.loads(path.read_text().partition("\n")[0]).get("stage", "?")
         run = _load_run(path)
         full_at = _full_at(run)

@@ -130,9 +130,8 @@ class EngineJudge:
         if self.detector.level >= Level.SATURATED:
             self.exhaustion_imminent_since = self._imminent_lapsed_at = None
             return
-        left = sig.seconds_to_exhaustion
-        warn = left is not None and left <= self.th.exhaustion_warn_s
-        if warn and left is not None and self._counting_down(now, left):
+        left, th = sig.seconds_to_exhaustion, self.th
+        if left is not None and left <= th.exhaustion_warn_s and self._counting_down(now, left):
             self._imminent_lapsed_at = None
             if self.exhaustion_imminent_since is None:
                 self.exhaustion_imminent_since = unix
@@ -141,7 +140,7 @@ class EngineJudge:
             return
         if self._imminent_lapsed_at is None:
             self._imminent_lapsed_at = unix
-        if unix - self._imminent_lapsed_at >= self.th.exit_after_s:
+        if unix - self._imminent_lapsed_at >= th.exit_after_s:
             self.exhaustion_imminent_since = self._imminent_lapsed_at = None
 
     @property
