@@ -18,6 +18,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -133,40 +135,49 @@ def _full_at(rows: list[dict], before: float) -> float | None:
     )  # fmt: skip
 
 
-def test_the_warning_gives_way_to_the_page_of_a_ramp(
-    vllm_server: LocalVLLM, tmp_path: Path
-) -> None:
-    base = vllm_server.base_url
+@contextmanager
+def _watched(
+    base: str, interval_s: float
+) -> Iterator[tuple[list[dict], TimelineRecorder, _Forecasts, float]]:
+    """A sidecar on `base` sending its webhooks to a receiver, with vLLM's own /metrics and the
+    sidecar's state polled beside it, after 3 s of idle points (a load then starts from idle).
+    Yields what the receiver got, the two pollers, and vLLM's preemption count so far."""
     with receiver() as (hook, got):
-        args = ["--target", base, "--interval", "0.5", "--webhook", hook]
+        args = ["--target", base, "--interval", f"{interval_s:g}", "--webhook", hook]
         with (
             running_sidecar(args) as url,
             TimelineRecorder(base, period_s=0.25) as own,
             _Forecasts(url) as seen,
         ):
-            time.sleep(3.0)  # the sidecar has a few idle points before the load
-            assert own.rows, "vLLM's own /metrics gave nothing"
-            before = own.rows[-1]["preemptions_total"] or 0.0
-            assert not [e for e in _events(got) if e[2] == IMMINENT], _events(got)
-
-            t0 = time.time()
-            ramp = _loadgen(base, tmp_path / "ramp", RAMP, seed=32)
-            try:
-                deadline = time.monotonic() + 120
-                full_at = None
-                while full_at is None and time.monotonic() < deadline and ramp.poll() is None:
-                    time.sleep(0.5)
-                    full_at = _full_at([r for r in own.rows if r["t"] >= t0], before)
-                assert full_at is not None, "the ramp never ran the cache out"
-                # preemptions pile up: saturation or thrashing takes over (within seconds here;
-                # a starved machine gets longer, while the ramp still runs)
-                deadline = time.monotonic() + 30
-                while not _paged(got) and time.monotonic() < deadline and ramp.poll() is None:
-                    time.sleep(0.5)
-                time.sleep(2.0)
-            finally:
-                stop_process(ramp)
             time.sleep(3.0)
+            assert own.rows, "vLLM's own /metrics gave nothing"
+            assert not [e for e in _events(got) if e[2] == IMMINENT], _events(got)
+            yield got, own, seen, own.rows[-1]["preemptions_total"] or 0.0
+
+
+def test_the_warning_gives_way_to_the_page_of_a_ramp(
+    vllm_server: LocalVLLM, tmp_path: Path
+) -> None:
+    base = vllm_server.base_url
+    with _watched(base, 0.5) as (got, own, seen, before):
+        t0 = time.time()
+        ramp = _loadgen(base, tmp_path / "ramp", RAMP, seed=32)
+        try:
+            deadline = time.monotonic() + 120
+            full_at = None
+            while full_at is None and time.monotonic() < deadline and ramp.poll() is None:
+                time.sleep(0.5)
+                full_at = _full_at([r for r in own.rows if r["t"] >= t0], before)
+            assert full_at is not None, "the ramp never ran the cache out"
+            # preemptions pile up: saturation or thrashing takes over (within seconds here;
+            # a starved machine gets longer, while the ramp still runs)
+            deadline = time.monotonic() + 30
+            while not _paged(got) and time.monotonic() < deadline and ramp.poll() is None:
+                time.sleep(0.5)
+            time.sleep(2.0)
+        finally:
+            stop_process(ramp)
+        time.sleep(3.0)
     events = _events(got)
     saw = seen.around(full_at, 40, 2)
     print(f"the sidecar before the run-out: {saw}\n{seen.summary(full_at)}")
@@ -194,23 +205,14 @@ def test_a_busy_steady_load_from_idle_is_not_warned(
     vllm_server: LocalVLLM, tmp_path: Path
 ) -> None:
     base = vllm_server.base_url
-    with receiver() as (hook, got):
-        args = ["--target", base, "--interval", "1", "--webhook", hook]
-        with (
-            running_sidecar(args) as url,
-            TimelineRecorder(base, period_s=0.25) as own,
-            _Forecasts(url) as seen,
-        ):
-            time.sleep(3.0)  # idle points first: the load starts from an idle server
-            assert own.rows, "vLLM's own /metrics gave nothing"
-            before = own.rows[-1]["preemptions_total"] or 0.0
-            t0 = time.time()
-            load = _loadgen(base, tmp_path / "steady", STEADY, seed=7)
-            try:
-                assert load.wait(timeout=150) == 0, "the steady load failed"
-            finally:
-                stop_process(load)
-            time.sleep(2.0)
+    with _watched(base, 1.0) as (got, own, seen, before):
+        t0 = time.time()
+        load = _loadgen(base, tmp_path / "steady", STEADY, seed=7)
+        try:
+            assert load.wait(timeout=150) == 0, "the steady load failed"
+        finally:
+            stop_process(load)
+        time.sleep(2.0)
     rows = [r for r in own.rows if r["t"] >= t0]
     peak = max((r["kv_usage"] or 0.0) for r in rows)
     full_at = _full_at(rows, before)
