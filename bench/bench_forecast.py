@@ -136,7 +136,7 @@ _KEPT = (
     "vllm:generation_tokens_total",
     "vllm:prompt_tokens_total",
     "vllm:cache_config_info",
-    # from run 11 on: what finished, and the requests' shape and lifetime
+    # kept since steady-6 (not in run-0..13): what finished, the requests' shape and lifetime
     "vllm:request_success_total",
     "vllm:request_num_preemptions",
     "vllm:request_prompt_tokens_sum",
