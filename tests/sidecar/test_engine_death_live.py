@@ -19,6 +19,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -53,14 +55,39 @@ def state_of(side: str) -> dict:
     return t
 
 
-def wait_for(what, timeout: float = 30.0):  # type: ignore[no-untyped-def]
+def wait_for(what, timeout: float = 30.0, seen=None):  # type: ignore[no-untyped-def]
+    """`seen()` says, on a timeout, what there was instead."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = what()
         if got:
             return got
         time.sleep(0.3)
-    raise AssertionError("timed out")
+    raise AssertionError(f"timed out after {timeout:g} s" + (f"; {seen()}" if seen else ""))
+
+
+@contextmanager
+def _streaming(base_url: str) -> Iterator[list[str]]:
+    """Two 900-token streams at a time, burst after burst, until the block ends; yields how
+    each burst ended (for a failure message). A burst still in flight at the end is left to
+    end on its own (its thread is a daemon)."""
+    ended: list[str] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            try:
+                got = asyncio.run(run_burst(base_url, n=2, max_tokens=900))
+                ended.append(", ".join(f"{len(r.token_times)} tokens {r.error}" for r in got))
+            except Exception as e:  # a failing burst is said, and the next one tried
+                ended.append(repr(e))
+                stop.wait(0.5)
+
+    threading.Thread(target=loop, daemon=True).start()
+    try:
+        yield ended
+    finally:
+        stop.set()
 
 
 def test_an_engine_killed_behind_a_live_api(tiny_model: Path, tmp_path: Path) -> None:
@@ -76,30 +103,32 @@ def test_an_engine_killed_behind_a_live_api(tiny_model: Path, tmp_path: Path) ->
             wait_for(lambda: state_of(side).get("engine_status") == "alive")
             assert srv.pid is not None
             core = engine_core_pid(srv.pid)
-            stream = threading.Thread(
-                target=lambda: asyncio.run(run_burst(srv.base_url, n=2, max_tokens=900)),
-                daemon=True,
-            )
-            stream.start()
-            wait_for(lambda: any(
-                (e["signals"]["running"] or 0) > 0 for e in state_of(side)["engines"]
-            ))  # fmt: skip
-            os.kill(core, signal.SIGSTOP)
-            try:
-                t = wait_for(lambda: (s := state_of(side))["engine_status"] == "stuck" and s)
-                assert "no token generated for" in t["engine_status_reason"], t
-            finally:
-                os.kill(core, signal.SIGCONT)
-            wait_for(lambda: state_of(side)["engine_status"] == "alive")
+            with _streaming(srv.base_url) as ended:
+                # a stream must be running when the engine freezes: bursts follow one another,
+                # so a sidecar that misses the first (a machine stalled for seconds) sees the next
+                wait_for(
+                    lambda: any(
+                        (e["signals"]["running"] or 0) > 0 for e in state_of(side)["engines"]
+                    ),
+                    seen=lambda: f"bursts ended: {ended}; the sidecar: {state_of(side)}",
+                )
+                os.kill(core, signal.SIGSTOP)
+                try:
+                    t = wait_for(lambda: (s := state_of(side))["engine_status"] == "stuck" and s)
+                    assert "no token generated for" in t["engine_status_reason"], t
+                finally:
+                    os.kill(core, signal.SIGCONT)
+                wait_for(lambda: state_of(side)["engine_status"] == "alive")
             os.kill(core, signal.SIGKILL)
             t = wait_for(lambda: (s := state_of(side))["engine_status"] == "dead" and s)
             assert t["up"] is True  # the API still answers /metrics
             assert "/health failed (HTTP 503)" in t["engine_status_reason"]
             assert httpx.get(srv.base_url + "/health", timeout=5).status_code == 503
             text = httpx.get(side + "/metrics", timeout=5).text
-            assert "kvwatch_engine_alive{" in text and "} 0.0" in text.split(
-                "kvwatch_engine_alive{", 1
-            )[1].split("\n", 1)[0]
+            assert (
+                "kvwatch_engine_alive{" in text
+                and "} 0.0" in text.split("kvwatch_engine_alive{", 1)[1].split("\n", 1)[0]
+            )
             names = wait_for(lambda: [
                 g["body"]["commonLabels"]["alertname"] for g in got
                 if g["body"]["status"] == "firing"

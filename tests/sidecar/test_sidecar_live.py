@@ -24,12 +24,14 @@ def _value(samples: dict, name: str) -> float | None:
 
 
 class _Watcher:
-    """Polls the sidecar in a thread and keeps every reading; a poll it did not answer is
-    kept too (with its threads' stacks at the first), and polling goes on."""
+    """Polls the sidecar in a thread and keeps every reading; a poll it did not answer (or
+    answered with what does not parse) is kept too, with its threads' stacks at the first
+    unanswered one, and polling goes on."""
 
     def __init__(self, url: Sidecar, period: float = 0.5) -> None:
         self.url, self.period = url, period
         self.readings: list[dict] = []
+        self.times: list[float] = []  # monotonic, when each reading came
         self.errors: list[str] = []
         self.stacks = ""
         self._stop = threading.Event()
@@ -39,16 +41,19 @@ class _Watcher:
         while not self._stop.is_set():
             try:
                 self.readings.append(kvwatch_samples(self.url))
-            except httpx.HTTPError as e:
+                self.times.append(time.monotonic())
+            except Exception as e:  # a poll unanswered or unreadable: said, and polling goes on
                 self.errors.append(f"{time.monotonic():.1f}: {e!r}")
-                self.stacks = self.stacks or self.url.stacks()
+                if isinstance(e, httpx.HTTPError):
+                    self.stacks = self.stacks or self.url.stacks()
             self._stop.wait(self.period)
 
-    def seen(self) -> str:
-        """For an assertion's message."""
+    def seen(self, since: float) -> str:
+        """For an assertion's message; times from `since` (monotonic)."""
+        at = ", ".join(f"{t - since:.1f}" for t in self.times[:40])
         return (
-            f"{len(self.readings)} readings; polls not answered: {self.errors}; the sidecar's "
-            f"threads at the first: {self.stacks}"
+            f"{len(self.readings)} readings at {at} s; polls not answered: {self.errors}; the "
+            f"sidecar's threads at the first: {self.stacks}"
         )
 
     def __enter__(self) -> _Watcher:
@@ -76,12 +81,18 @@ def test_preempting_load_then_quiet(vllm_server: LocalVLLM) -> None:
         "3",
     ]
     with running_sidecar(args) as url, _Watcher(url) as w:
+        t0 = time.monotonic()
         records = asyncio.run(run_burst(vllm_server.base_url, n=32, max_tokens=300, seed=2))
-        assert all(r.ok for r in records)
+        took = time.monotonic() - t0
+        assert all(r.ok for r in records), [r.error for r in records if not r.ok]
+        assert all(r.output_tokens == 300 for r in records), [r.output_tokens for r in records]
         rate = w.series("kvwatch_preemptions_per_second_short")
         usage = w.series("kvwatch_kv_cache_usage_ratio")
-        assert max(rate, default=0) > 0, f"sidecar saw no preemption under load; {w.seen()}"
-        assert max(usage) >= 0.9
+        assert max(rate, default=0) > 0, (
+            f"sidecar saw no preemption in a {took:.1f} s burst; {w.seen(t0)}"
+        )
+        # twice a second, a gauge's poll misses most full moments: a preemption frees blocks
+        assert max(usage) >= 0.75, usage
         # after the load: rates fall to zero within the short window (plus a scrape or two)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
