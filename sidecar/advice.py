@@ -202,12 +202,18 @@ def _admission_assumption(obs: Observed) -> list[str]:
     ]
 
 
-def _recommend(no_room: bool, fp8: bool, cap_flag: str, cap: int) -> str:
+def _recommend(no_room: bool, fp8: bool, cap_flag: str, cap: int, preempted: bool) -> str:
     """The lever that fixes this load at the least throughput cost, and why. `no_room`: the
-    utilization the memory lever needs is past what vLLM can run with on this GPU."""
+    utilization the memory lever needs is past what vLLM can run with on this GPU. Without a
+    preemption the cache bound by queueing: the peak's requests waited for blocks."""
     if not no_room:
+        fixes = (
+            "it ends the preemption"
+            if preempted
+            else "the peak's requests then run at once instead of waiting for blocks"
+        )
         return (
-            "more KV memory: it ends the preemption and costs no throughput (more requests fit "
+            f"more KV memory: {fixes}, and it costs no throughput (more requests fit "
             "in the batch, so it usually raises it); where the GPU has no room for it, the "
             "next option"
         )
@@ -358,7 +364,9 @@ def advise(
         concurrency_flag=cap_flag,
         watermark=watermark,
         kv_offloading_gib=offload,
-        recommended=None if fits else _recommend(no_room, fp8, cap_flag, max_seqs),
+        recommended=None
+        if fits
+        else _recommend(no_room, fp8, cap_flag, max_seqs, obs.preemptions > 0),
         advised_for=server.describe(),
         fp8_suffices=fp8,
         options=options,

@@ -146,6 +146,15 @@ class TestLevers:
         fits = advise(spikes(peak_demand=2))
         assert fits.recommended is None and fits.options == []
 
+    def test_the_recommendation_says_what_it_ends(self) -> None:
+        # a cache that preempted: memory ends the preemption; one that bound by queueing
+        # (requests waited for blocks, none was preempted): it ends the wait
+        thrashed = advise(spikes(preemptions=36)).recommended
+        assert thrashed is not None and "it ends the preemption" in thrashed
+        queued = advise(spikes()).recommended
+        assert queued is not None and "preemption" not in queued
+        assert "instead of waiting for blocks" in queued
+
     def test_without_room_on_the_gpu_the_next_lever(self) -> None:
         # the L4 at 0.94 cannot give the KV 8 x 11 blocks of 8 MiB need: no room for memory
         big = spikes(kv_bytes_per_token=256 * 1024, gpu_memory_utilization=0.94,
