@@ -215,14 +215,20 @@ class _Connection(asyncio.Protocol):
         self.alive = True
         self.idle_since = 0.0
         self.last_io = 0.0
+        self.was_idle = False  # has waited in the pool: the server may have closed it meanwhile
+        self.answered = False  # a byte of the response in progress has come
+        self.request = b""
+        self.on_sent: Callable[[float], None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
-    def send(self, request: bytes, sink: ResponseSink) -> None:
+    def send(self, request: bytes, sink: ResponseSink, on_sent: Callable[[float], None]) -> None:
         assert self.transport is not None
         self.parser = ResponseParser(sink)
+        self.request, self.on_sent, self.answered = request, on_sent, False
         self.last_io = time.perf_counter()
+        on_sent(self.last_io)
         self.transport.write(request)
 
     def data_received(self, data: bytes) -> None:
@@ -232,6 +238,7 @@ class _Connection(asyncio.Protocol):
             self._close()  # bytes nobody asked for
             return
         self.last_io = now
+        self.answered = True
         try:
             parser.feed(data, now)
         except HttpProtocolError as e:
@@ -244,6 +251,8 @@ class _Connection(asyncio.Protocol):
         self.alive = False
         parser = self.parser
         if parser is None:
+            return
+        if self.was_idle and not self.answered and self.pool.resend(self):
             return
         try:
             parser.eof()
@@ -300,7 +309,9 @@ class Http1Pool:
     `post` writes at once on an idle connection (the bytes have left when it returns) and gives
     a future that is done when the response has ended; errors go to the sink's `end`, never up.
     A response that goes quiet for `read_timeout_s` is aborted. Idle connections are not reused
-    after `keepalive_expiry_s` (servers close idle ones: uvicorn after 5 s).
+    after `keepalive_expiry_s` (servers close idle ones: uvicorn after 5 s), and a request whose
+    idle connection closes before a byte of answer is sent once more on a new one: the server's
+    close and the request crossed, and the failure would be the client's, not the server's.
     """
 
     def __init__(
@@ -380,8 +391,7 @@ class Http1Pool:
         on_sent: Callable[[float], None],
     ) -> None:
         self.busy.add(conn)
-        on_sent(time.perf_counter())
-        conn.send(request, sink)
+        conn.send(request, sink, on_sent)
 
     def _take_idle(self) -> _Connection | None:
         now = time.perf_counter()
@@ -397,7 +407,20 @@ class Http1Pool:
             conn._close()
             return
         conn.idle_since = time.perf_counter()
+        conn.was_idle = True
         self.idle.append(conn)
+
+    def resend(self, conn: _Connection) -> bool:
+        """The server closed an idle connection as the request went out on it, before a byte
+        of answer (its keep-alive timer and our send crossed; a client stalled for a second
+        stamps the idle start late): send it again once, on a new connection, as browsers do.
+        The record's `sent_at` becomes the second send. False: the pool is closing."""
+        if self.closed or conn.parser is None or conn.on_sent is None:
+            return False
+        sink, conn.parser = conn.parser.sink, None
+        self.busy.discard(conn)
+        self._spawn(self._connect_and_send(conn.request, sink, conn.on_sent, fresh=True))
+        return True
 
     async def _open(self) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -415,9 +438,15 @@ class Http1Pool:
         return conn
 
     async def _connect_and_send(
-        self, request: bytes, sink: ResponseSink, on_sent: Callable[[float], None]
+        self,
+        request: bytes,
+        sink: ResponseSink,
+        on_sent: Callable[[float], None],
+        fresh: bool = False,
     ) -> None:
-        conn = self._take_idle()  # a spare may have opened while this task waited to run
+        """`fresh`: on a connection opened for this request (a resend), never an idle one."""
+        # a spare may have opened while this task waited to run
+        conn = None if fresh else self._take_idle()
         if conn is None:
             try:
                 conn = await self._open()

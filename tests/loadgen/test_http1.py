@@ -133,18 +133,31 @@ class TestTarget:
 
 @asynccontextmanager
 async def _sse_server(
-    close_after_response: bool = False, answer: bool = True, tls: ssl.SSLContext | None = None
+    close_after_response: bool = False,
+    answer: bool = True,
+    tls: ssl.SSLContext | None = None,
+    answers_per_connection: int | None = None,
+    requests: list[int] | None = None,
 ) -> AsyncIterator[tuple[str, list[int]]]:
-    """A keep-alive server that streams `max_tokens` SSE chunks; counts its connections."""
+    """A FAKE keep-alive server that streams `max_tokens` SSE chunks; counts its connections
+    (and the requests it read, into `requests`). After `answers_per_connection` answers on a
+    connection it closes it on the next request, unanswered: a keep-alive close that crossed
+    the request, which a real server does only by chance."""
     conns = [0]
+    got = requests if requests is not None else [0]
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conns[0] += 1
+        answered = 0
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
                 req = json.loads(await reader.readexactly(length))
+                got[0] += 1
+                if answers_per_connection is not None and answered >= answers_per_connection:
+                    break
+                answered += 1
                 if not answer:
                     await asyncio.sleep(3600)
                 pieces = [
@@ -229,6 +242,31 @@ class TestPool:
                 assert conns[0] >= 3
 
         asyncio.run(go())
+
+    def test_an_idle_connection_closed_as_the_request_went_is_sent_again_once(self) -> None:
+        async def go(answers: int) -> tuple[list[RequestRecord], int]:
+            requests = [0]
+            async with (
+                _sse_server(answers_per_connection=answers, requests=requests) as (url, _),
+                Http1Pool(url, spare=1) as pool,
+            ):
+                records = []
+                for _ in range(4):
+                    records.append(await _post(pool))
+                    await asyncio.sleep(0.02)
+            return records, requests[0]
+
+        # each connection answers once: every request after the first finds its idle
+        # connection closed unanswered, and goes again on a new one, where it is answered
+        records, requests = asyncio.run(go(1))
+        assert all(r.ok for r in records), [r.error for r in records]
+        assert all(r.output_tokens == 4 for r in records)
+        assert requests <= 2 * len(records)
+        # a server that never answers: the resend is tried once, then the record says so
+        records, requests = asyncio.run(go(0))
+        assert not any(r.ok for r in records)
+        assert all("closed before the response was complete" in str(r.error) for r in records)
+        assert requests == 2 * len(records)  # one resend each, never a loop
 
     def test_read_timeout_is_a_record(self) -> None:
         async def go() -> RequestRecord:
