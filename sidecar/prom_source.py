@@ -3,7 +3,10 @@
 Every selector matches both spellings (`vllm:` and `vllm_`, see sidecar/vocabulary.py). Per
 (instance, engine): the cache configuration, the most requests held at once over the window
 (running + waiting), the p95 request lengths from vLLM's per-request histograms, and the
-preemptions in the window.
+preemptions in the window. From the families vLLM 0.32+ exports, where the server has them: the
+prompt tokens served from a cache, the CPU tier's refused stores, and the requests refused at
+the queue limits (counted per model by the API server: booked on the instance's first engine,
+as the sidecar does, so a data-parallel server does not count them once per engine).
 """
 
 from __future__ import annotations
@@ -14,9 +17,13 @@ import httpx
 
 from kvwatch.sidecar.advice import Observed
 from kvwatch.sidecar.kvmath import SizingError
+from kvwatch.sidecar.signals import cached_share
 from kvwatch.sidecar.vocabulary import (
+    ADMISSION_REJECTIONS,
     CACHE_CONFIG,
+    KV_OFFLOAD_ALLOCATION_FAILURES,
     PREEMPTIONS,
+    PROMPT_TOKENS_BY_SOURCE,
     REQUEST_GENERATION_TOKENS,
     REQUEST_PROMPT_TOKENS,
     RUNNING,
@@ -57,6 +64,33 @@ def _quantile(fam_sel: str, window: str) -> str:
     return f"histogram_quantile(0.95, sum by ({_BY}, le) (increase({fam_sel}[{window}])))"
 
 
+def _increase(selector: str, window: str, by: str = _BY) -> str:
+    return f"sum by ({by}) (increase({selector}[{window}]))"
+
+
+def _growth(selector: str, window: str, by: str = _BY) -> str:
+    """The rise of a counter whose series are born at their first count (vLLM's labelled
+    refusal counters): `increase()` misses that first count (a new series' first sample is
+    its base), so a burst of refusals in one scrape would read 0. Now's value less the one
+    `window` ago, or less 0 for a series that did not exist then. A restart in the window
+    counts as no rise (the difference is clamped at 0)."""
+    return (
+        f"sum by ({by}) (clamp_min({selector} - ({selector} offset {window} or {selector} * 0), 0))"
+    )
+
+
+def _first_engines(
+    per_instance: dict[tuple[str, str], float], keys: list[tuple[str, str]]
+) -> dict[tuple[str, str], float]:
+    """Each instance's figure on its first engine (by label), where it has engines."""
+    out: dict[tuple[str, str], float] = {}
+    for (instance, _), v in per_instance.items():
+        engines = sorted(k for k in keys if k[0] == instance)
+        if engines:
+            out[engines[0]] = v
+    return out
+
+
 def observed_from_prometheus(
     base: str, window: str = "1h", step: str = "15s"
 ) -> list[tuple[str, Observed]]:
@@ -67,7 +101,7 @@ def observed_from_prometheus(
             client,
             base,
             f"max by ({_BY}, num_gpu_blocks, block_size, "
-            f"kv_cache_memory_bytes, gpu_memory_utilization, cache_dtype) "
+            f"kv_cache_memory_bytes, gpu_memory_utilization, cache_dtype, kv_offloading_size) "
             f"({promql_selector(CACHE_CONFIG)})",
         )
         demand = _by_key(
@@ -94,13 +128,23 @@ def observed_from_prometheus(
                 _quantile(promql_selector(REQUEST_GENERATION_TOKENS, suffix="bucket"), window),
             )
         )
-        preempt = _by_key(
-            _query(
-                client,
-                base,
-                (f"sum by ({_BY}) (increase({promql_selector(PREEMPTIONS)}[{window}]))"),
-            )
+        preempt = _by_key(_query(client, base, _increase(promql_selector(PREEMPTIONS), window)))
+
+        def prompt_tokens(sources: str) -> dict[tuple[str, str], float]:
+            selector = promql_selector(PROMPT_TOKENS_BY_SOURCE, f'source=~"{sources}"')
+            return _by_key(_query(client, base, _increase(selector, window)))
+
+        # as the sidecar reads them (sidecar/observe.py): a connector's transfer is a cache too
+        cached = prompt_tokens("local_cache_hit|external_kv_transfer")
+        computed = prompt_tokens("local_compute")
+        refused_stores = _by_key(
+            _query(client, base, _growth(promql_selector(KV_OFFLOAD_ALLOCATION_FAILURES), window))
         )
+        refused = _by_key(
+            _query(client, base, _growth(promql_selector(ADMISSION_REJECTIONS), window, "instance"))
+        )
+    keys = [(r["metric"].get("instance", ""), r["metric"].get("engine", "")) for r in caches]
+    refused = _first_engines(refused, keys)
     out = []
     for row in caches:
         m = row["metric"]
@@ -132,6 +176,10 @@ def observed_from_prometheus(
                     kv_cache_memory_bytes=mem,
                     kv_dtype=m.get("cache_dtype") or "auto",
                     source=f"prometheus {base}",
+                    admission_rejections=refused.get(key),
+                    offload_allocation_failures=refused_stores.get(key),
+                    kv_offloading_gib=_opt_float(m.get("kv_offloading_size")),
+                    prompt_cache_hit_share=cached_share(cached.get(key), computed.get(key)),
                 ),
             )
         )

@@ -7,10 +7,13 @@ import json
 import subprocess
 import sys
 
+import httpx
 import pytest
 
 from kvwatch.loadgen.burst import run_burst
 from kvwatch.loadgen.local_server import LocalVLLM
+from kvwatch.sidecar.exposition import parse_exposition
+from kvwatch.sidecar.observe import observe
 from tests.prometheus import running_prometheus, wait_for_series
 from tests.sidecar.running import running_sidecar
 
@@ -24,8 +27,15 @@ def advise(*args: str) -> tuple[int, list[dict]]:
         text=True,
         timeout=120,
     )
-    assert p.returncode in (0, 1), p.stderr
+    assert p.returncode in (0, 1) and p.stdout.strip(), p.stderr
     return p.returncode, json.loads(p.stdout)
+
+
+def prompt_tokens(base: str) -> tuple[float, float]:
+    """(cached, computed) prompt tokens so far, from vLLM's own /metrics."""
+    (e,) = observe(parse_exposition(httpx.get(base + "/metrics", timeout=10).text)).values()
+    assert e.prompt_tokens_cached_total is not None and e.prompt_tokens_computed_total is not None
+    return e.prompt_tokens_cached_total, e.prompt_tokens_computed_total
 
 
 def test_sidecar_metrics_and_prometheus_sources(vllm_server: LocalVLLM) -> None:
@@ -36,7 +46,9 @@ def test_sidecar_metrics_and_prometheus_sources(vllm_server: LocalVLLM) -> None:
         running_prometheus({"vllm": [host]}) as prom,
     ):
         wait_for_series(prom, '{__name__=~"vllm[:_]cache_config_info"}')
+        before = prompt_tokens(base)
         asyncio.run(run_burst(base, n=32, max_tokens=300, seed=31))
+        cached, computed = (a - b for a, b in zip(prompt_tokens(base), before, strict=True))
         rc, (item,) = advise("--sidecar", side)
         assert rc == 1 and item["advice"]["blocks_needed"] > 40
         assert item["observed"]["peak_demand"] >= 16 and item["observed"]["capacity_blocks"] == 40
@@ -49,3 +61,12 @@ def test_sidecar_metrics_and_prometheus_sources(vllm_server: LocalVLLM) -> None:
         assert rc == 1 and item["name"].startswith(host), item
         assert item["observed"]["peak_demand"] >= 16
         assert item["advice"]["max_num_seqs"] >= 1 and item["advice"]["blocks_needed"] > 40
+        # the 0.32 families, over the window Prometheus has (the burst): the prompt tokens
+        # served from the prefix cache as vLLM counted them; no queue limit, so none refused;
+        # no CPU tier, so no refused stores (absent, not 0)
+        seen = item["observed"]
+        assert seen["prompt_cache_hit_share"] == pytest.approx(
+            cached / (cached + computed), abs=0.02
+        ), (seen, cached, computed)
+        assert seen["admission_rejections"] == 0
+        assert seen["offload_allocation_failures"] is None

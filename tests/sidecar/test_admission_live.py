@@ -1,8 +1,11 @@
 """A real vLLM with a queue limit (--max-num-queued-reqs) refuses requests under a spike: its own
 `vllm:admission_rejections_total` counts them, the load generator records each refusal, and the
 sidecar exports the refusals and shows them in /api/state beside its judgement of the cache
-the admitted requests outgrew. (That refusals on a full cache count as waiting is the detector's
-unit test: here the admitted eight preempt anyway.) One extra server, about 20 s to start."""
+the admitted requests outgrew. `kvwatch advise --prometheus` reads the same count from a real
+Prometheus that scraped the server, though the series is born at the first refusal and all came
+within one scrape (`increase()` would read 0). (That refusals on a full cache count as waiting
+is the detector's unit test: here the admitted eight preempt anyway.) One extra server, about
+20 s to start."""
 
 from __future__ import annotations
 
@@ -14,8 +17,10 @@ import pytest
 
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig
 from kvwatch.sidecar.exposition import parse_exposition
-from kvwatch.sidecar.vocabulary import ADMISSION_REJECTIONS
+from kvwatch.sidecar.vocabulary import ADMISSION_REJECTIONS, promql_selector
+from tests.prometheus import running_prometheus, wait_for_series
 from tests.sidecar.running import running_sidecar
+from tests.test_advise_sources import advise
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +35,11 @@ def test_refusals_at_the_queue_limit(tiny_model: Path, tmp_path: Path) -> None:
     with LocalVLLM(cfg, log_path=tmp_path / "vllm.log") as srv:
         base = srv.base_url
         assert _vllm_rejections(base) == 0
-        with running_sidecar(["--target", base, "--interval", "0.5", "--db", ""]) as side:
+        with (
+            running_sidecar(["--target", base, "--interval", "0.5", "--db", ""]) as side,
+            running_prometheus({"vllm": [base.removeprefix("http://")]}) as prom,
+        ):
+            wait_for_series(prom, '{__name__=~"vllm[:_]cache_config_info"}')
             records = loadgen_run_allowing_failures(base, tmp_path / "run")
             refused = [r for r in records if not r["ok"]]
             assert refused, "a 32-request spike into a queue of 2 must be refused in part"
@@ -54,6 +63,10 @@ def test_refusals_at_the_queue_limit(tiny_model: Path, tmp_path: Path) -> None:
             assert share is None or 0 <= share <= 1
             # 8 admitted requests of 11 blocks each outgrow 39 usable blocks: the cache ran out
             assert states & {"saturated", "thrashing"}, states
+            wait_for_series(prom, promql_selector(ADMISSION_REJECTIONS))
+            _, (item,) = advise("--prometheus", prom, "--window", "5m", "--step", "1s")
+            assert item["observed"]["admission_rejections"] == len(refused), item["observed"]
+            assert "refused" in " ".join(item["advice"]["assumptions"]), item["advice"]
 
 
 def loadgen_run_allowing_failures(base: str, run_dir: Path) -> list[dict]:
