@@ -56,14 +56,26 @@ def state_of(side: str) -> dict:
 
 
 def wait_for(what, timeout: float = 30.0, seen=None):  # type: ignore[no-untyped-def]
-    """`seen()` says, on a timeout, what there was instead."""
+    """`seen()` says, on a timeout, what there was instead. A poll the sidecar did not answer
+    in time is polled again: this machine's proactive reclaim (DAMON pageout of pages idle for
+    a minute) can stall any process for seconds while its pages come back from disk."""
     deadline = time.monotonic() + timeout
+    unanswered: list[str] = []
     while time.monotonic() < deadline:
-        got = what()
+        try:
+            got = what()
+        except httpx.HTTPError as e:
+            unanswered.append(repr(e))
+            continue
         if got:
             return got
         time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:g} s" + (f"; {seen()}" if seen else ""))
+    said = f"; {len(unanswered)} polls unanswered ({unanswered[-1]})" if unanswered else ""
+    try:
+        instead = f"; {seen()}" if seen else ""
+    except httpx.HTTPError as e:
+        instead = f"; and then: {e!r}"
+    raise AssertionError(f"timed out after {timeout:g} s{said}{instead}")
 
 
 @contextmanager

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -205,28 +206,55 @@ def test_the_warning_gives_way_to_the_page_of_a_ramp(
         assert resolved and resolved[-1] <= pages[0] + 1.0, events
 
 
-def test_a_busy_steady_load_from_idle_is_not_warned(vllm_server: LocalVLLM, tmp_path: Path) -> None:
-    base = vllm_server.base_url
+@dataclass
+class _SteadyRun:
+    """One steady load under a watched sidecar: what it judged, and whether the run was valid
+    (a cache that ran out makes it no healthy load, and says nothing of false alerts)."""
+
+    events: list[tuple[float, str, str]]
+    peak: float
+    full_at: float | None
+    summary: str
+    forecasts_within: int
+
+
+def _steady_run(base: str, run_dir: Path, seed: int) -> _SteadyRun:
     # the rate is this machine's: a fixed one was idle on a fast machine and ran out on a slow one
-    probe = asyncio.run(run_burst(base, n=4, max_tokens=300, seed=5))
+    probe = asyncio.run(run_burst(base, n=4, max_tokens=300, seed=seed))
     assert all(r.ok for r in probe), [r.error for r in probe]
     took = max(r.e2e or 0.0 for r in probe)
     steady = f"constant:rate={STEADY_UTILIZATION * len(probe) / took:.3f}@60s"
     with _watched(base, 1.0) as (got, own, seen, before):
         t0 = time.time()
-        load = _loadgen(base, tmp_path / "steady", steady, seed=7)
+        load = _loadgen(base, run_dir, steady, seed=seed)
         try:
             assert load.wait(timeout=150) == 0, "the steady load failed"
         finally:
             stop_process(load)
         time.sleep(2.0)
     rows = [r for r in own.rows if r["t"] >= t0]
-    peak = max((r["kv_usage"] or 0.0) for r in rows)
-    full_at = _full_at(rows, before)
-    summary = f"{steady} (4 requests at once took {took:.1f} s); {seen.summary(t0)}"
-    assert full_at is None, f"the steady load ran the cache out (a stalled server?): {summary}"
-    assert peak >= 0.3, f"the load was not busy (peak KV {peak:.0%}): {summary}"
-    within = [fc for _, _, fc, _ in seen.rows if fc is not None and fc <= 30]
-    print(f"peak KV {peak:.0%}; forecast within 30 s at {len(within)} polls; {summary}")
-    warned = [e for e in _events(got) if e[2] == IMMINENT]
-    assert not warned, f"a busy healthy load was warned about: {warned}; {summary}"
+    return _SteadyRun(
+        events=_events(got),
+        peak=max((r["kv_usage"] or 0.0) for r in rows),
+        full_at=_full_at(rows, before),
+        summary=f"{steady} (4 requests at once took {took:.1f} s); {seen.summary(t0)}",
+        forecasts_within=len([fc for _, _, fc, _ in seen.rows if fc is not None and fc <= 30]),
+    )
+
+
+def test_a_busy_steady_load_from_idle_is_not_warned(vllm_server: LocalVLLM, tmp_path: Path) -> None:
+    # one more run when the first ran the cache out: on these machines the server and the
+    # observers stall for seconds at times (proactive reclaim pages out what was idle for a
+    # minute), and a stalled server admits what queued at once
+    runs = []
+    for attempt in range(2):
+        run = _steady_run(vllm_server.base_url, tmp_path / f"steady-{attempt}", seed=7 + attempt)
+        runs.append(run)
+        if run.full_at is None:
+            break
+    said = " | ".join(r.summary for r in runs)
+    assert run.full_at is None, f"the steady load ran the cache out twice (stalls?): {said}"
+    assert run.peak >= 0.3, f"the load was not busy (peak KV {run.peak:.0%}): {run.summary}"
+    print(f"peak KV {run.peak:.0%}; forecast within 30 s at {run.forecasts_within} polls; {said}")
+    warned = [e for e in run.events if e[2] == IMMINENT]
+    assert not warned, f"a busy healthy load was warned about: {warned}; {run.summary}"

@@ -56,6 +56,11 @@ class _Watcher:
             f"sidecar's threads at the first: {self.stacks}"
         )
 
+    def longest_gap(self, since: float) -> float:
+        """The longest time from `since` to now without a reading."""
+        at = [since, *(t for t in self.times if t > since), time.monotonic()]
+        return max(b - a for a, b in zip(at, at[1:], strict=False))
+
     def __enter__(self) -> _Watcher:
         self._th.start()
         return self
@@ -81,12 +86,20 @@ def test_preempting_load_then_quiet(vllm_server: LocalVLLM) -> None:
         "3",
     ]
     with running_sidecar(args) as url, _Watcher(url) as w:
-        t0 = time.monotonic()
-        records = asyncio.run(run_burst(vllm_server.base_url, n=32, max_tokens=300, seed=2))
-        took = time.monotonic() - t0
-        assert all(r.ok for r in records), [r.error for r in records if not r.ok]
-        assert all(r.output_tokens == 300 for r in records), [r.output_tokens for r in records]
-        rate = w.series("kvwatch_preemptions_per_second_short")
+        # a second burst only when the polls left a gap as long as the short window: on these
+        # machines a process can stall for seconds (proactive reclaim pages out what was idle
+        # for a minute), and a stalled poller can miss the whole window a preemption is in
+        for attempt in range(2):
+            t0 = time.monotonic()
+            records = asyncio.run(
+                run_burst(vllm_server.base_url, n=32, max_tokens=300, seed=2 + attempt)
+            )
+            took = time.monotonic() - t0
+            assert all(r.ok for r in records), [r.error for r in records if not r.ok]
+            assert all(r.output_tokens == 300 for r in records), [r.output_tokens for r in records]
+            rate = w.series("kvwatch_preemptions_per_second_short")
+            if max(rate, default=0) > 0 or w.longest_gap(t0) < 3.0:
+                break
         usage = w.series("kvwatch_kv_cache_usage_ratio")
         assert max(rate, default=0) > 0, (
             f"sidecar saw no preemption in a {took:.1f} s burst; {w.seen(t0)}"
