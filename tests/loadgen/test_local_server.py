@@ -17,6 +17,7 @@ from kvwatch.loadgen.local_server import (
     ServerStartError,
     free_port,
     group_alive,
+    set_autogroup_nice,
 )
 from kvwatch.sidecar.exposition import parse_exposition
 from kvwatch.sidecar.vocabulary import KV_USAGE, PREEMPTIONS
@@ -29,6 +30,23 @@ def _read(base_url: str, client: httpx.Client | None = None) -> tuple[float, flo
     text = (client or httpx).get(base_url + "/metrics", timeout=10).text
     exp = parse_exposition(text)
     return exp.family(PREEMPTIONS)[0].value, exp.family(KV_USAGE)[0].value
+
+
+def test_the_server_session_is_niced_as_a_group() -> None:
+    """With autogroups, a nice value counts only inside its session: the server's session
+    (its own, to be stopped as a group) is niced too."""
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        if not Path(f"/proc/{child.pid}/autogroup").exists():
+            pytest.skip("this kernel has no autogroups")
+        assert set_autogroup_nice(child.pid, 7)
+        assert Path(f"/proc/{child.pid}/autogroup").read_text().split()[-1] == "7"
+    finally:
+        child.kill()
+        child.wait()
+    assert not set_autogroup_nice(child.pid, 7)  # gone: said, not raised
 
 
 class TestLocalVLLM:

@@ -3,9 +3,11 @@
 The fixture's cache is 40 blocks of 32 tokens (39 usable), and both searches rest on that block
 arithmetic rather than on the machine's speed:
 - 480 prompt + 120 generated tokens end at 19 blocks: two fit (38), a third waits for one of them
-  to finish before its 15-block prompt is admitted. Its time to first token jumps from under
-  0.5 s to about 2 s, so a 1 s TTFT limit is met at two in flight and missed at three, and the
-  cache binds (by queueing, with no preemption).
+  to finish before its 15-block prompt is admitted. Its time to first token jumps from a prefill
+  to a prefill plus part of a request's time, so a TTFT limit between the two is met at two in
+  flight and missed at three, and the cache binds (by queueing, with no preemption). The limit
+  is this machine's: twice one request's TTFT alone plus a quarter of its whole time (a fixed
+  1 s held where a request took 3 s, and was met at three where it took 1 s).
 - 30 prompt + 300 generated tokens end at 11 blocks: three fit (33), four started together do
   not (44), so the KV onset is four in flight.
 """
@@ -26,7 +28,7 @@ from tests.browser import open_page
 pytestmark = pytest.mark.integration
 
 ATTAINMENT = 0.8
-ADMISSION = ["--input-len", "480", "--output-len", "120", "--slo", "ttft=1s"]
+ADMISSION_SHAPE = ["--input-len", "480", "--output-len", "120"]
 PREEMPTION = ["--input-len", "30", "--output-len", "300", "--slo", "e2e=30s"]
 
 
@@ -60,10 +62,24 @@ def _rerun(base: str, run_dir: Path, workload: list[str], concurrency: float) ->
     return {**summary["overall"], "preemptions": summary["server"]["preemptions"]}
 
 
+def _admission_workload(base: str, run_dir: Path) -> list[str]:
+    """The admission workload with its TTFT limit for this machine (the module's docstring)."""
+    out = _kvwatch(
+        "loadgen", "run", "--url", base, "--concurrency", "1", "--requests", "4", "--seed", "98",
+        *ADMISSION_SHAPE, "--run-dir", str(run_dir), "--no-progress", "--json",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    alone = json.loads(out.stdout)["overall"]
+    limit = 2 * alone["ttft"]["p50"] + alone["e2e"]["p50"] / 4
+    print(f"alone: TTFT {alone['ttft']['p50']:.3f} s, e2e {alone['e2e']['p50']:.3f} s")
+    return [*ADMISSION_SHAPE, "--slo", f"ttft={limit * 1000:.0f}ms"]
+
+
 def test_the_slo_limit_holds_when_rerun(vllm_server: LocalVLLM, tmp_path: Path) -> None:
     base = vllm_server.base_url
+    workload = _admission_workload(base, tmp_path / "alone")
     run = tmp_path / "admission"
-    doc = _search(base, run, ADMISSION, "--max", "8", "--probe-requests", "12",
+    doc = _search(base, run, workload, "--max", "8", "--probe-requests", "12",
                   "--repeats", "1", "--max-repeats", "2")  # fmt: skip
     res = doc["result"]
     ok, fail = res["max_ok"], res["min_fail"]
@@ -72,8 +88,8 @@ def test_the_slo_limit_holds_when_rerun(vllm_server: LocalVLLM, tmp_path: Path) 
     assert res["binding"] == "kv cache" and res["kv_ran_out"]["load"] == 3, res
     assert doc["advice"]["probe"] in fail["probes"]
 
-    at_max = _rerun(base, tmp_path / "max", ADMISSION, ok["load"])
-    above = _rerun(base, tmp_path / "above", ADMISSION, fail["load"])
+    at_max = _rerun(base, tmp_path / "max", workload, ok["load"])
+    above = _rerun(base, tmp_path / "above", workload, fail["load"])
     assert at_max["slo_attainment"] >= ATTAINMENT, at_max
     assert above["slo_attainment"] < ATTAINMENT, above
 
