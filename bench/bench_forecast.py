@@ -14,8 +14,10 @@ speed. `--poisson-ramp` sends the same rate as a Poisson process, seeded by the 
 (`poisson-N.jsonl`): the clusters real traffic has. With `--steady RATE` a run is 90 s of
 arrivals at that rate instead (a busy load, healthy if it never runs out), `steady-N.jsonl`.
 The server runs at nice 10, behind the load generator and the scraper; `--nice 0 --prefix nice0`
-records even ramps with it at their priority (`nice0-N.jsonl`), where it stalls less, and
-`--steady ... --nice 0 --prefix steady0` steady runs so (`steady0-N.jsonl`).
+records even ramps with it at their priority (`nice0-N.jsonl`), and
+`--steady ... --nice 0 --prefix steady0` steady runs so (`steady0-N.jsonl`). The recordings in
+bench/results/forecast were made before LocalVLLM niced the server's session (autogroups), so
+the nice value had no effect on them (docs/detection.md).
 
 `evaluate` replays the bodies through the sidecar's own judge (sidecar/judging.py) and asks
 each forecaster, at every scrape, how many seconds remain until the free blocks are gone; the
