@@ -7,6 +7,7 @@ V0 servers have no `engine` label: their engine is "" (and so is their cache con
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kvwatch.sidecar.exposition import Exposition, Sample
@@ -38,6 +39,7 @@ from kvwatch.sidecar.vocabulary import (
 
 __all__ = [
     "EngineKey",
+    "per_first_engine",
     "CacheConfig",
     "EngineObservation",
     "observe",
@@ -177,7 +179,7 @@ def observe(exp: Exposition) -> dict[EngineKey, EngineObservation]:
     pinned = _gauge(exp, KV_OFFLOAD_CPU_CACHE_USAGE)
 
     keys = set(kv) | set(running) | set(waiting) | set(preempt) | set(gen)
-    rejected = _per_first_engine(_gauge(exp, ADMISSION_REJECTIONS), keys)
+    rejected = per_first_engine(_gauge(exp, ADMISSION_REJECTIONS), keys)
     out: dict[EngineKey, EngineObservation] = {}
     for k in keys:
         fin = finished.get(k)
@@ -230,10 +232,12 @@ def _offload_bytes(exp: Exposition) -> tuple[dict[EngineKey, float], dict[Engine
     return load, store
 
 
-def _per_first_engine(
-    per_model: dict[EngineKey, float], engines: set[EngineKey]
+def per_first_engine(
+    per_model: dict[EngineKey, float], engines: Iterable[EngineKey]
 ) -> dict[EngineKey, float]:
-    """A per-model count (engine label "") on the model's lowest-numbered engine."""
+    """A per-model count (engine label "") on the model's lowest-numbered engine; the key's
+    first part may be an instance as well (`advise --prometheus`)."""
+    engines = list(engines)
     out: dict[EngineKey, float] = {}
     for (model, _), value in per_model.items():
         mine = sorted((k for k in engines if k[0] == model), key=lambda k: (len(k[1]), k[1]))

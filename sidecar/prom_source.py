@@ -17,6 +17,7 @@ import httpx
 
 from kvwatch.sidecar.advice import Observed
 from kvwatch.sidecar.kvmath import SizingError
+from kvwatch.sidecar.observe import per_first_engine
 from kvwatch.sidecar.signals import cached_share
 from kvwatch.sidecar.vocabulary import (
     ADMISSION_REJECTIONS,
@@ -79,18 +80,6 @@ def _growth(selector: str, window: str, by: str = _BY) -> str:
     )
 
 
-def _first_engines(
-    per_instance: dict[tuple[str, str], float], keys: list[tuple[str, str]]
-) -> dict[tuple[str, str], float]:
-    """Each instance's figure on its first engine (by label), where it has engines."""
-    out: dict[tuple[str, str], float] = {}
-    for (instance, _), v in per_instance.items():
-        engines = sorted(k for k in keys if k[0] == instance)
-        if engines:
-            out[engines[0]] = v
-    return out
-
-
 def observed_from_prometheus(
     base: str, window: str = "1h", step: str = "15s"
 ) -> list[tuple[str, Observed]]:
@@ -144,7 +133,7 @@ def observed_from_prometheus(
             _query(client, base, _growth(promql_selector(ADMISSION_REJECTIONS), window, "instance"))
         )
     keys = [(r["metric"].get("instance", ""), r["metric"].get("engine", "")) for r in caches]
-    refused = _first_engines(refused, keys)
+    refused = per_first_engine(refused, keys)
     out = []
     for row in caches:
         m = row["metric"]

@@ -50,6 +50,14 @@ def test_the_server_session_is_niced_as_a_group() -> None:
 
 
 class TestLocalVLLM:
+    def test_the_fixture_server_session_is_niced(self, vllm_server: LocalVLLM) -> None:
+        # the session fixture runs at nice 10 (tests/conftest.py); without its autogroup niced
+        # the observers starved for seconds
+        group = Path(f"/proc/{vllm_server.pid}/autogroup")
+        if not group.exists():
+            pytest.skip("this kernel has no autogroups")
+        assert group.read_text().split()[-1] == "10"
+
     def test_concurrent_streams_preempt(self, vllm_server: LocalVLLM) -> None:
         before, _ = _read(vllm_server.base_url)
         peak = 0.0
