@@ -3,6 +3,8 @@
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py record [--runs 5] [--first N]
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py record --poisson-ramp [--runs 5]
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py record --steady 1.0 [--runs 3]
+    PYTHONPATH=. .venv/bin/python bench/bench_forecast.py record --steady-share 0.6 --idle 3 \
+        --prefix steadyn [--runs 3]
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py evaluate [--countdown S]
 
 `record` starts the fixture vLLM (tiny model, 40 blocks of 32 tokens), and for each run sends a
@@ -12,7 +14,10 @@ rate ramp (0.2 to 3 requests/s over 90 s, 30 + 300 tokens) while it scrapes `/me
 by the rate's integral, so every run sends the same; what differs between runs is the server's
 speed. `--poisson-ramp` sends the same rate as a Poisson process, seeded by the run's number
 (`poisson-N.jsonl`): the clusters real traffic has. With `--steady RATE` a run is 90 s of
-arrivals at that rate instead (a busy load, healthy if it never runs out), `steady-N.jsonl`.
+arrivals at that rate instead (a busy load, healthy if it never runs out), `steady-N.jsonl`;
+`--steady-share F` paces it as the live test does, at F times what the server finishes with 4
+requests in flight (measured before each run). `--idle S` scrapes S seconds of idle first, as
+the live tests' sidecar sees them (t = 0 stays the load's start).
 The server runs at nice 10, behind the load generator and the scraper; `--nice 0 --prefix nice0`
 records even ramps with it at their priority (`nice0-N.jsonl`), and
 `--steady ... --nice 0 --prefix steady0` steady runs so (`steady0-N.jsonl`). The recordings in
@@ -36,6 +41,7 @@ countdown, as it was before.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import random
@@ -46,13 +52,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
 import numpy as np
 from fixture_sim import FIXTURE, Engine, Shape, Speeds, run_until_out
 
+from kvwatch.loadgen.burst import rate_for_share
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig
 from kvwatch.loadgen.tiny_model import build_tiny_model
 from kvwatch.sidecar.exposition import parse_exposition
@@ -80,55 +87,65 @@ def _load(base: str, run_dir: Path, seed: int, stage: str) -> None:
     )  # fmt: skip
 
 
-def record(
-    runs: int,
-    first: int = 0,
-    steady: float | None = None,
-    arrival: str = "poisson",
-    poisson_ramp: bool = False,
-    nice: int = 10,
-    prefix: str | None = None,
-) -> None:
-    """`steady`: a steady load at that rate (requests/s) for 90 s instead of the ramp, with
-    `arrival` spacing; such a run is recorded to its end. `poisson_ramp`: the ramp's rate with
-    Poisson arrivals (`poisson-N.jsonl`). `nice`: the server's CPU priority (10 leaves the
-    load generator and the scraper ahead of it on a small machine); `prefix` names the files."""
+@dataclass(frozen=True)
+class Recipe:
+    """What `record` sends each run: a loadgen stage (None: a steady load at `share` of what
+    the server finishes with 4 requests in flight, measured before each run, as the live test
+    paces its steady load), the files' prefix, the server's nice value, and the idle seconds
+    scraped before the load starts (the live tests' sidecar sees 3 s of idle first)."""
+
+    stage: str | None
+    prefix: str
+    nice: int = 10
+    share: float = 0.6
+    idle_s: float = 0.0
+
+
+def record(recipe: Recipe, runs: int, first: int = 0) -> None:
+    """Each run until the cache has run out (a ramp) or to its end (a steady load)."""
     OUT.mkdir(parents=True, exist_ok=True)
     log = Path(tempfile.mkdtemp()) / "vllm.log"
-    if steady is not None:
-        stage, prefix = f"{arrival}:rate={steady:g}@90s", prefix or "steady"
-    else:
-        stage, kind = (POISSON_RAMP, "poisson") if poisson_ramp else (RAMP, "run")
-        prefix = prefix or kind
-    with LocalVLLM(ServerConfig(model=build_tiny_model(), nice=nice), log_path=log) as srv:
+    config = ServerConfig(model=build_tiny_model(), nice=recipe.nice)
+    with LocalVLLM(config, log_path=log) as srv:
         for n in range(first, first + runs):
-            rows = []
-            load = threading.Thread(
-                target=_load, args=(srv.base_url, Path(tempfile.mkdtemp()), 100 + n, stage)
-            )
-            t0 = time.monotonic()
-            load.start()
-            full_at, before = None, None
-            with httpx.Client(timeout=30) as client:
-                while load.is_alive():
-                    try:
-                        body = client.get(srv.base_url + "/metrics").text
-                    except httpx.HTTPError:  # a starved server answers late: the next one
-                        continue
-                    t = time.monotonic() - t0
-                    rows.append({"t": t, "body": _trim(body)} | ({} if rows else {"stage": stage}))
-                    (obs,) = observe(parse_exposition(body)).values()
-                    pre = obs.preemptions_total or 0.0
-                    before = pre if before is None else before  # the server's count so far
-                    if full_at is None and ((obs.kv_usage or 0) >= 1.0 or pre > before):
-                        full_at = t
-                    if steady is None and full_at is not None and t - full_at > 5:
-                        break
-                    time.sleep(max(0.0, 0.5 - (time.monotonic() - t0 - t)))
-            load.join()  # the rest of the ramp drains before the next run starts
-            path = OUT / f"{prefix}-{n}.jsonl"
+            stage = recipe.stage
+            if stage is None:
+                rate, _ = asyncio.run(rate_for_share(srv.base_url, recipe.share, seed=100 + n))
+                stage = f"constant:rate={rate:.3f}@90s"
+            rows, full_at = _record_run(srv.base_url, stage, recipe.idle_s, seed=100 + n)
+            rows[0]["stage"] = stage
+            path = OUT / f"{recipe.prefix}-{n}.jsonl"
             path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-            print(f"run {n}: {len(rows)} scrapes, cache full at {full_at} s -> {path}")
+            print(f"run {n} ({stage}): {len(rows)} scrapes, cache full at {full_at} s -> {path}")
+
+
+def _record_run(base: str, stage: str, idle_s: float, seed: int) -> tuple[list[dict], float | None]:
+    """Scrape every 0.5 s, `idle_s` before the load starts (t = 0) and until it ends or, on a
+    ramp, 5 s after the cache ran out: the rows, and when it ran out."""
+    load = threading.Thread(target=_load, args=(base, Path(tempfile.mkdtemp()), seed, stage))
+    t0 = time.monotonic() + idle_s
+    rows: list[dict] = []
+    full_at, before = None, None
+    with httpx.Client(timeout=30) as client:
+        while load.ident is None or load.is_alive():
+            try:
+                body = client.get(base + "/metrics").text
+            except httpx.HTTPError:  # a starved server answers late: the next one
+                continue
+            t = time.monotonic() - t0
+            rows.append({"t": t, "body": _trim(body)})
+            (obs,) = observe(parse_exposition(body)).values()
+            pre = obs.preemptions_total or 0.0
+            before = pre if before is None else before  # the server's count so far
+            if full_at is None and ((obs.kv_usage or 0) >= 1.0 or pre > before):
+                full_at = t
+            if stage.startswith("ramp") and full_at is not None and t - full_at > 5:
+                break
+            if t >= 0 and load.ident is None:
+                load.start()
+            time.sleep(max(0.0, 0.5 - (time.monotonic() - t0 - t)))
+    load.join()  # the rest of the ramp drains before the next run starts
+    return rows, full_at
 
 
 _KEPT = (
@@ -359,7 +376,13 @@ def _table(title: str, errors: list[Errors]) -> None:
 
 
 def _numbered(prefix: str) -> list[Path]:
-    return sorted(OUT.glob(f"{prefix}-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
+    """`prefix` may be a glob: the files by prefix, then by number."""
+
+    def key(p: Path) -> tuple[str, int]:
+        name, _, n = p.stem.rpartition("-")
+        return name, int(n)
+
+    return sorted(OUT.glob(f"{prefix}-*.jsonl"), key=key)
 
 
 def _ramps(prefix: str, th: Thresholds) -> list[tuple[int, Errors, dict[int, float]]]:
@@ -417,7 +440,7 @@ def evaluate(th: Thresholds) -> None:
         _leads("even ramps, the server at nice 0", unstarved)
     print("\nSteady runs (a false alert: one that fired on a run whose cache never ran out)")
     healthy = false = 0
-    for path in _numbered("steady") + _numbered("steady0"):
+    for path in _numbered("steady*"):  # steady-N, steady0-N, any steady prefix
         stage = json.loads(path.read_text().partition("\n")[0]).get("stage", "?")
         run = _load_run(path)
         full_at = _full_at(run)
@@ -433,6 +456,17 @@ def evaluate(th: Thresholds) -> None:
             f"{[round(t) for t in fired[2]]} s (1 s)"
         )
     print(f"false alerts on {healthy} healthy steady runs, both intervals together: {false}")
+
+
+def _recipe(ns: argparse.Namespace) -> Recipe:
+    if ns.steady_share is not None:
+        stage, kind = None, "steady"
+    elif ns.steady is not None:
+        stage, kind = f"{ns.arrival}:rate={ns.steady:g}@90s", "steady"
+    else:
+        stage, kind = (POISSON_RAMP, "poisson") if ns.poisson_ramp else (RAMP, "run")
+    share = 0.6 if ns.steady_share is None else ns.steady_share
+    return Recipe(stage, ns.prefix or kind, ns.nice, share, ns.idle)
 
 
 def main() -> None:
@@ -459,6 +493,15 @@ def main() -> None:
         "--nice", type=int, default=10,
         help="the server's nice value (default 10: the load generator and scraper first)",
     )  # fmt: skip
+    r.add_argument(
+        "--steady-share", type=float, metavar="F",
+        help="a constant steady load at F times what the server finishes with 4 requests in "
+        "flight, measured before each run (as the live test paces its steady load)",
+    )  # fmt: skip
+    r.add_argument(
+        "--idle", type=float, default=0.0, metavar="S",
+        help="scrape S seconds of idle before the load starts (default 0; the live tests: 3)",
+    )  # fmt: skip
     r.add_argument("--prefix", help="name the files PREFIX-N.jsonl (default: by the load)")
     e = sub.add_parser("evaluate")
     e.add_argument(
@@ -467,7 +510,7 @@ def main() -> None:
     )  # fmt: skip
     ns = ap.parse_args()
     if ns.cmd == "record":
-        record(ns.runs, ns.first, ns.steady, ns.arrival, ns.poisson_ramp, ns.nice, ns.prefix)
+        record(_recipe(ns), ns.runs, ns.first)
     else:
         th = Thresholds()
         evaluate(th if ns.countdown is None else replace(th, exhaustion_countdown_s=ns.countdown))

@@ -12,7 +12,7 @@ from kvwatch.loadgen.client import served_model, stream_completion
 from kvwatch.loadgen.http1 import Http1Pool
 from kvwatch.loadgen.records import RequestRecord
 
-__all__ = ["burst_prompts", "run_burst"]
+__all__ = ["burst_prompts", "rate_for_share", "run_burst"]
 
 _WORDS = [
     "the",
@@ -53,3 +53,18 @@ async def run_burst(
             *(stream_completion(pool, b, r) for b, r in zip(bodies, records, strict=True))
         )
     return records
+
+
+async def rate_for_share(
+    base_url: str, share: float, seed: int = 0, n: int = 4, max_tokens: int = 300
+) -> tuple[float, float]:
+    """A request rate that is `share` of what the server finishes with `n` requests of
+    `max_tokens` in flight, measured by sending them at once: (rate, seconds they took). The
+    live tests and the forecast bench pace their steady loads so; a fixed rate was idle on a
+    fast machine and ran the cache out on a slow one."""
+    probe = await run_burst(base_url, n=n, max_tokens=max_tokens, seed=seed)
+    failed = [r.error for r in probe if not r.ok]
+    if failed:
+        raise RuntimeError(f"the probe's requests failed: {failed}")
+    took = max(r.e2e or 0.0 for r in probe)
+    return share * n / took, took

@@ -57,8 +57,8 @@ def state_of(side: str) -> dict:
 
 def wait_for(what, timeout: float = 30.0, seen=None):  # type: ignore[no-untyped-def]
     """`seen()` says, on a timeout, what there was instead. A poll the sidecar did not answer
-    in time is polled again: this machine's proactive reclaim (DAMON pageout of pages idle for
-    a minute) can stall any process for seconds while its pages come back from disk."""
+    in time is polled again: a shared machine can stall any process for seconds
+    (docs/testing.md)."""
     deadline = time.monotonic() + timeout
     unanswered: list[str] = []
     while time.monotonic() < deadline:

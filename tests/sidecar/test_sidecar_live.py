@@ -87,8 +87,8 @@ def test_preempting_load_then_quiet(vllm_server: LocalVLLM) -> None:
     ]
     with running_sidecar(args) as url, _Watcher(url) as w:
         # a second burst only when the polls left a gap as long as the short window: on these
-        # machines a process can stall for seconds (proactive reclaim pages out what was idle
-        # for a minute), and a stalled poller can miss the whole window a preemption is in
+        # machines a process can stall for seconds (docs/testing.md), and a stalled poller can
+        # miss the whole window a preemption is in
         for attempt in range(2):
             t0 = time.monotonic()
             records = asyncio.run(
