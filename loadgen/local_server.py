@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,6 +166,7 @@ class LocalVLLM:
         self.stop_grace_s = stop_grace_s
         self.port: int | None = None
         self.proc: subprocess.Popen[bytes] | None = None
+        self._sigterm_before: signal._HANDLER | None = None  # see _sigterm_interrupts
 
     @property
     def base_url(self) -> str:
@@ -238,12 +240,37 @@ class LocalVLLM:
         return proc.returncode
 
     def __enter__(self) -> LocalVLLM:
-        return self.start()
+        self._sigterm_before = _sigterm_interrupts()
+        try:
+            return self.start()
+        except BaseException:
+            _restore_sigterm(self._sigterm_before)
+            raise
 
     def __exit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.stop()
+        try:
+            self.stop()
+        finally:
+            _restore_sigterm(self._sigterm_before)
+
+
+def _sigterm_interrupts() -> signal._HANDLER | None:
+    """While a `with LocalVLLM(...)` runs, a SIGTERM to this process interrupts it like Ctrl-C,
+    so the `with` exits and stops the server: by default SIGTERM ends Python at once and the
+    server (in a session of its own) lives on. Only in the main thread, and only where nobody
+    set a handler: the old one, or None where it was left alone."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None
+    return signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+def _restore_sigterm(before: signal._HANDLER | None) -> None:
+    if before is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, before)
 
 
 def wait_until_ok(
