@@ -3,7 +3,7 @@
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py record [--runs 5] [--first N]
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py record --poisson-ramp [--runs 5]
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py record --steady 1.0 [--runs 3]
-    PYTHONPATH=. .venv/bin/python bench/bench_forecast.py record --steady-share 0.6 --idle 3 \
+    PYTHONPATH=. .venv/bin/python bench/bench_forecast.py record --steady-in-flight 2 --idle 3 \
         --prefix steadyn [--runs 3]
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py evaluate [--countdown S]
 
@@ -15,9 +15,10 @@ by the rate's integral, so every run sends the same; what differs between runs i
 speed. `--poisson-ramp` sends the same rate as a Poisson process, seeded by the run's number
 (`poisson-N.jsonl`): the clusters real traffic has. With `--steady RATE` a run is 90 s of
 arrivals at that rate instead (a busy load, healthy if it never runs out), `steady-N.jsonl`;
-`--steady-share F` paces it as the live test does, at F times what the server finishes with 4
-requests in flight (measured before each run). `--idle S` scrapes S seconds of idle first, as
-the live tests' sidecar sees them (t = 0 stays the load's start).
+`--steady-in-flight N` paces it as the live test does, to keep N requests running on average
+(Little's law, with the time ceil(N) take together, measured before each run). `--idle S`
+scrapes S seconds of idle first, as the live tests' sidecar sees them (t = 0 stays the load's
+start).
 The server runs at nice 10, behind the load generator and the scraper; `--nice 0 --prefix nice0`
 records even ramps with it at their priority (`nice0-N.jsonl`), and
 `--steady ... --nice 0 --prefix steady0` steady runs so (`steady0-N.jsonl`). The recordings in
@@ -59,7 +60,7 @@ import httpx
 import numpy as np
 from fixture_sim import FIXTURE, Engine, Shape, Speeds, run_until_out
 
-from kvwatch.loadgen.burst import rate_for_share
+from kvwatch.loadgen.burst import rate_for_in_flight
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig
 from kvwatch.loadgen.tiny_model import build_tiny_model
 from kvwatch.sidecar.exposition import parse_exposition
@@ -89,15 +90,15 @@ def _load(base: str, run_dir: Path, seed: int, stage: str) -> None:
 
 @dataclass(frozen=True)
 class Recipe:
-    """What `record` sends each run: a loadgen stage (None: a steady load at `share` of what
-    the server finishes with 4 requests in flight, measured before each run, as the live test
-    paces its steady load), the files' prefix, the server's nice value, and the idle seconds
-    scraped before the load starts (the live tests' sidecar sees 3 s of idle first)."""
+    """What `record` sends each run: a loadgen stage (None: a steady load that keeps
+    `in_flight` requests running, paced before each run as the live test paces its steady
+    load), the files' prefix, the server's nice value, and the idle seconds scraped before
+    the load starts (the live tests' sidecar sees 3 s of idle first)."""
 
     stage: str | None
     prefix: str
     nice: int = 10
-    share: float = 0.6
+    in_flight: float = 2.0
     idle_s: float = 0.0
 
 
@@ -110,7 +111,9 @@ def record(recipe: Recipe, runs: int, first: int = 0) -> None:
         for n in range(first, first + runs):
             stage = recipe.stage
             if stage is None:
-                rate, _ = asyncio.run(rate_for_share(srv.base_url, recipe.share, seed=100 + n))
+                rate, _ = asyncio.run(
+                    rate_for_in_flight(srv.base_url, recipe.in_flight, seed=100 + n)
+                )
                 stage = f"constant:rate={rate:.3f}@90s"
             rows, full_at = _record_run(srv.base_url, stage, recipe.idle_s, seed=100 + n)
             rows[0]["stage"] = stage
@@ -459,14 +462,14 @@ def evaluate(th: Thresholds) -> None:
 
 
 def _recipe(ns: argparse.Namespace) -> Recipe:
-    if ns.steady_share is not None:
+    if ns.steady_in_flight is not None:
         stage, kind = None, "steady"
     elif ns.steady is not None:
         stage, kind = f"{ns.arrival}:rate={ns.steady:g}@90s", "steady"
     else:
         stage, kind = (POISSON_RAMP, "poisson") if ns.poisson_ramp else (RAMP, "run")
-    share = 0.6 if ns.steady_share is None else ns.steady_share
-    return Recipe(stage, ns.prefix or kind, ns.nice, share, ns.idle)
+    in_flight = 2.0 if ns.steady_in_flight is None else ns.steady_in_flight
+    return Recipe(stage, ns.prefix or kind, ns.nice, in_flight, ns.idle)
 
 
 def main() -> None:
@@ -494,9 +497,9 @@ def main() -> None:
         help="the server's nice value (default 10: the load generator and scraper first)",
     )  # fmt: skip
     r.add_argument(
-        "--steady-share", type=float, metavar="F",
-        help="a constant steady load at F times what the server finishes with 4 requests in "
-        "flight, measured before each run (as the live test paces its steady load)",
+        "--steady-in-flight", type=float, metavar="N",
+        help="a constant steady load that keeps N requests running on average, paced by "
+        "Little's law before each run (as the live test paces its steady load)",
     )  # fmt: skip
     r.add_argument(
         "--idle", type=float, default=0.0, metavar="S",

@@ -54,6 +54,7 @@ def observed_from_engines(
                     gpu_memory_utilization=s.gpu_memory_utilization,
                     kv_cache_memory_bytes=mem,
                     kv_dtype=s.cache_dtype or "auto",
+                    ssm_state_dtype=s.ssm_state_dtype,
                     source=source,
                     notes=several_groups_note(
                         s.capacity_blocks, s.block_size, s.capacity_tokens, None
@@ -142,6 +143,7 @@ def _with_model(obs: Observed, model: str) -> Observed:
         obs.kv_dtype,
         obs.capacity_blocks,
         obs.kv_cache_memory_bytes,
+        ssm_state_dtype=obs.ssm_state_dtype,
     )
     return replace(obs, layout=layout, source=f"{obs.source} (model {arch.name})")
 

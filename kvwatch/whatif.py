@@ -43,7 +43,7 @@ class WhatIfAnswer:
 
     def to_dict(self) -> dict[str, Any]:
         p = self.plan
-        device = "CPU" if self.gpu.platform == "cpu" else "GPU"
+        device = "CPU" if PLATFORMS[self.gpu.platform].is_cpu else "GPU"
         return {
             "model": self.model.name,
             "architecture": self.model.architecture,
@@ -88,7 +88,7 @@ def what_if(ns: argparse.Namespace) -> WhatIfAnswer:
         tp=ns.tp,
         pp=ns.pp,
         max_num_batched_tokens=ns.max_num_batched_tokens
-        or gpu.batched_tokens * (ns.tp * ns.pp if gpu.platform == "cpu" else 1),
+        or gpu.batched_tokens * (ns.tp * ns.pp if PLATFORMS[gpu.platform].is_cpu else 1),
         enable_prefix_caching=not ns.no_prefix_caching,
     )
     weights = model.weight_bytes / (ns.tp * ns.pp)
@@ -154,7 +154,7 @@ def what_if(ns: argparse.Namespace) -> WhatIfAnswer:
 def render_what_if(a: WhatIfAnswer) -> list[str]:
     p, m = a.plan, a.model
     kinds = ", ".join(f"{n} {k}" for k, n in m.kinds().items())
-    device = "CPU" if a.gpu.platform == "cpu" else "GPU"
+    device = "CPU" if PLATFORMS[a.gpu.platform].is_cpu else "GPU"
     lines = [
         f"  model: {m.architecture} ({kinds}; {m.params_total / 1e9:,.1f}B parameters"
         + (f", {m.params_active / 1e9:,.1f}B active" if m.params_active < m.params_total else "")

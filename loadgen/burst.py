@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 
@@ -12,7 +13,7 @@ from kvwatch.loadgen.client import served_model, stream_completion
 from kvwatch.loadgen.http1 import Http1Pool
 from kvwatch.loadgen.records import RequestRecord
 
-__all__ = ["burst_prompts", "rate_for_share", "run_burst"]
+__all__ = ["burst_prompts", "rate_for_in_flight", "run_burst"]
 
 _WORDS = [
     "the",
@@ -55,16 +56,21 @@ async def run_burst(
     return records
 
 
-async def rate_for_share(
-    base_url: str, share: float, seed: int = 0, n: int = 4, max_tokens: int = 300
+async def rate_for_in_flight(
+    base_url: str, in_flight: float, seed: int = 0, max_tokens: int = 300
 ) -> tuple[float, float]:
-    """A request rate that is `share` of what the server finishes with `n` requests of
-    `max_tokens` in flight, measured by sending them at once: (rate, seconds they took). The
-    live tests and the forecast bench pace their steady loads so; a fixed rate was idle on a
-    fast machine and ran the cache out on a slow one."""
+    """A request rate that keeps `in_flight` requests of `max_tokens` running on average, by
+    Little's law with the time they take at that concurrency (ceil(in_flight) of them sent at
+    once): (rate, seconds they took). The live tests and the forecast bench pace their steady
+    loads so. A fixed rate was idle on a fast machine and ran the cache out on a slow one; a
+    share of the rate at 4 in flight kept one request running where the server is compute
+    bound (a request alone takes a third of the time four take together)."""
+    if not 0 < in_flight <= 64:
+        raise ValueError(f"in_flight must be in (0, 64], got {in_flight}")
+    n = math.ceil(in_flight)
     probe = await run_burst(base_url, n=n, max_tokens=max_tokens, seed=seed)
     failed = [r.error for r in probe if not r.ok]
     if failed:
         raise RuntimeError(f"the probe's requests failed: {failed}")
     took = max(r.e2e or 0.0 for r in probe)
-    return share * n / took, took
+    return in_flight / took, took

@@ -147,6 +147,7 @@ def observed_from_run(run_dir: Path) -> Observed:
         gpu_memory_utilization=cache.get("gpu_memory_utilization"),
         kv_cache_memory_bytes=mem,
         kv_dtype=cache.get("cache_dtype") or "auto",
+        ssm_state_dtype=cache.get("ssm_state_dtype"),
         source=f"run {run_dir}",
         prompt_len_p95=prompt_p95,
         notes=several_groups_note(blocks, bs, cache.get("kv_tokens"), cache.get("sliding_window")),

@@ -80,6 +80,7 @@ class Observed:
     gpu_memory_utilization: float | None = None
     kv_cache_memory_bytes: float | None = None
     kv_dtype: str = "auto"
+    ssm_state_dtype: str | None = None  # as vLLM resolved it; "auto" or None: the model's
     source: str = ""
     prompt_len_p95: float | None = None  # prompt tokens (p95): what admission must fit
     # the engine's KV groups (from the model, checked against vLLM): blocks a request holds

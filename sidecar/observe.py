@@ -63,6 +63,9 @@ class CacheConfig:
     enable_prefix_caching: bool | None = None
     sliding_window: int | None = None  # set only when every layer slides (vLLM 0.32)
     kv_offloading_gib: float | None = None  # --kv-offloading-size: the CPU tier, GiB
+    # the Mamba/GDN state dtype as vLLM resolved it ("auto": the model's); CPU platforms
+    # decide it by the ISA (kvplan.PLATFORMS)
+    ssm_state_dtype: str | None = None
 
     @classmethod
     def from_labels(cls, labels: dict[str, str]) -> CacheConfig:
@@ -84,6 +87,7 @@ class CacheConfig:
             enable_prefix_caching=None if prefix is None else prefix == "True",
             sliding_window=None if window is None else int(window),
             kv_offloading_gib=_label_float(labels, "kv_offloading_size"),
+            ssm_state_dtype=labels.get("mamba_ssm_cache_dtype"),
         )
 
 

@@ -317,8 +317,11 @@ GPU_PRESETS: dict[str, GpuSpec] = {
         GpuSpec("l40s", 48e9, 362e12, 864e9, "pcie4", "cuda", 2048),
         GpuSpec("l4", 24e9, 121e12, 300e9, "pcie4", "cuda", 2048),
         GpuSpec("mi300x", 192e9, 1307e12, 5.3e12, "pcie5", "rocm", 16384),
-        # vLLM's CPU backend, as these machines run it: its block rules, no async scheduling
-        GpuSpec("cpu", None, None, None, None, "cpu", 2048),
+        # vLLM's CPU backend: its block rules, no async scheduling; what the CPU can do
+        # decides the SSM state dtype and whether fp8 KV is allowed (kvplan.PLATFORMS)
+        GpuSpec("cpu", None, None, None, None, "cpu", 2048),  # x86 with AVX-512 BF16
+        GpuSpec("cpu-avx512", None, None, None, None, "cpu-avx512", 2048),
+        GpuSpec("cpu-avx2", None, None, None, None, "cpu-avx2", 2048),
     )
 }
 GPU_ALIASES = {"a100-80gb": "a100", "h100-sxm": "h100"}

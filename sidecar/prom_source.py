@@ -90,7 +90,8 @@ def observed_from_prometheus(
             client,
             base,
             f"max by ({_BY}, num_gpu_blocks, block_size, "
-            f"kv_cache_memory_bytes, gpu_memory_utilization, cache_dtype, kv_offloading_size) "
+            f"kv_cache_memory_bytes, gpu_memory_utilization, cache_dtype, kv_offloading_size, "
+            f"mamba_ssm_cache_dtype) "
             f"({promql_selector(CACHE_CONFIG)})",
         )
         demand = _by_key(
@@ -164,6 +165,7 @@ def observed_from_prometheus(
                     gpu_memory_utilization=_opt_float(m.get("gpu_memory_utilization")),
                     kv_cache_memory_bytes=mem,
                     kv_dtype=m.get("cache_dtype") or "auto",
+                    ssm_state_dtype=m.get("mamba_ssm_cache_dtype"),
                     source=f"prometheus {base}",
                     admission_rejections=refused.get(key),
                     offload_allocation_failures=refused_stores.get(key),

@@ -54,6 +54,7 @@ class EngineSignals:
     kv_cache_memory_bytes: int | None
     gpu_memory_utilization: float | None
     cache_dtype: str | None
+    ssm_state_dtype: str | None = None
     # None where the server lacks the family (older releases, no offloading): absent, not zero
     prompt_cache_hit_share: float | None = None
     offload_load_bytes_per_s: float | None = None
@@ -126,6 +127,7 @@ def derive(
         kv_cache_memory_bytes=cache.kv_cache_memory_bytes,
         gpu_memory_utilization=cache.gpu_memory_utilization,
         cache_dtype=cache.cache_dtype,
+        ssm_state_dtype=cache.ssm_state_dtype,
         prompt_cache_hit_share=_cache_share(tl, th.short_window_s, now),
         offload_load_bytes_per_s=tl.rate("offload_load_bytes_total", th.short_window_s, now),
         offload_store_bytes_per_s=tl.rate("offload_store_bytes_total", th.short_window_s, now),

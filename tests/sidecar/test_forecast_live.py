@@ -32,7 +32,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvwatch.loadgen.burst import rate_for_share
+from kvwatch.loadgen.burst import rate_for_in_flight
 from kvwatch.loadgen.local_server import LocalVLLM, stop_process
 from kvwatch.loadgen.server_metrics import TimelineRecorder
 from tests.receiver import receiver
@@ -43,9 +43,10 @@ pytestmark = pytest.mark.integration
 IMMINENT = "KvwatchKvExhaustionImminent"
 _PAGES = ("KvwatchKvCacheSaturated", "KvwatchThrashing")
 RAMP = "ramp:start=0.2,end=3@90s"  # the bench's ramp: the cache runs out 28-51 s in
-# the steady load's rate, as a share of what the server finishes with 4 requests in flight:
-# evenly spaced, KV then peaks at 60-70% of 40 blocks with no queue (measured at 0.5-0.75 req/s)
-STEADY_UTILIZATION = 0.6
+# the steady load keeps this many requests (30 + 300 tokens, 11 blocks each) running on
+# average, paced by Little's law with the time two take together: evenly spaced, KV then
+# peaks at 60-75% of 40 blocks with no queue
+STEADY_IN_FLIGHT = 2.0
 # the steady load has filled the cache to its level by then (5-15 s here and in CI): a warning
 # after it is one the countdown should have held
 LEVELLED_S = 30.0
@@ -228,7 +229,7 @@ class _SteadyRun:
 
 def _steady_run(base: str, run_dir: Path, seed: int) -> _SteadyRun:
     # the rate is this machine's: a fixed one was idle on a fast machine and ran out on a slow one
-    rate, took = asyncio.run(rate_for_share(base, STEADY_UTILIZATION, seed=seed))
+    rate, took = asyncio.run(rate_for_in_flight(base, STEADY_IN_FLIGHT, seed=seed))
     steady = f"constant:rate={rate:.3f}@60s"
     with _watched(base, 1.0) as (got, own, seen, before):
         t0 = time.time()
@@ -244,7 +245,7 @@ def _steady_run(base: str, run_dir: Path, seed: int) -> _SteadyRun:
         started=t0,
         peak=max((r["kv_usage"] or 0.0) for r in rows),
         full_at=_full_at(rows, before),
-        summary=f"{steady} (4 requests at once took {took:.1f} s); {seen.summary(t0)}",
+        summary=f"{steady} (2 requests at once took {took:.1f} s); {seen.summary(t0)}",
         forecasts_within=len([fc for _, _, fc, _ in seen.rows if fc is not None and fc <= 30]),
     )
 

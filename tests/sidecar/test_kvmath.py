@@ -122,7 +122,7 @@ class TestArchitectures:
             p = plan(m, Serving(4096, tp=8), PLATFORMS["cuda"], 20 * 2**30)
             assert p.num_gpu_blocks > 0 and p.max_concurrency > 1, name
         for g in GPU_PRESETS.values():
-            if g.platform != "cpu":
+            if not PLATFORMS[g.platform].is_cpu:
                 assert g.memory_bytes and g.bf16_flops and g.hbm_bytes_per_s and g.link, g.name
 
     def test_roofline_step_per_gpu(self) -> None:
