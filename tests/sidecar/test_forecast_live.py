@@ -44,8 +44,8 @@ IMMINENT = "KvwatchKvExhaustionImminent"
 _PAGES = ("KvwatchKvCacheSaturated", "KvwatchThrashing")
 RAMP = "ramp:start=0.2,end=3@90s"  # the bench's ramp: the cache runs out 28-51 s in
 # the steady load keeps this many requests (30 + 300 tokens, 11 blocks each) running on
-# average, paced by Little's law with the time two take together: evenly spaced, KV then
-# peaks at 60-75% of 40 blocks with no queue
+# average, paced by Little's law with the time two take together: evenly spaced, with no
+# queue (peak KV 41% on an AVX2 machine here, where the old pacing gave 28%)
 STEADY_IN_FLIGHT = 2.0
 # the steady load has filled the cache to its level by then (5-15 s here and in CI): a warning
 # after it is one the countdown should have held
