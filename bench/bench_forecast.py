@@ -4,7 +4,7 @@
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py record --poisson-ramp [--runs 5]
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py record --steady 1.0 [--runs 3]
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py record --steady-in-flight 2 --idle 3 \
-        --prefix steadyn [--runs 3]
+        --prefix steadyn [--runs 3] [--cpu-hog]
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py evaluate [--countdown S]
 
 `record` starts the fixture vLLM (tiny model, 40 blocks of 32 tokens), and for each run sends a
@@ -21,9 +21,11 @@ scrapes S seconds of idle first, as the live tests' sidecar sees them (t = 0 sta
 start).
 The server runs at nice 10, behind the load generator and the scraper; `--nice 0 --prefix nice0`
 records even ramps with it at their priority (`nice0-N.jsonl`), and
-`--steady ... --nice 0 --prefix steady0` steady runs so (`steady0-N.jsonl`). The recordings in
-bench/results/forecast were made before LocalVLLM niced the server's session (autogroups), so
-the nice value had no effect on them (docs/detection.md).
+`--steady ... --nice 0 --prefix steady0` steady runs so (`steady0-N.jsonl`). The recordings
+`run-N`, `poisson-N`, `nice0-N`, `steady-N` and `steady0-N` were made before LocalVLLM niced the
+server's session (autogroups), so the nice value had no effect on them (docs/detection.md);
+`--prefix niced` (even ramps), `steadyn`, `steadyf` and `steadyh` (steady loads of 2 and 3 in
+flight, the last beside a CPU hog) were recorded with it niced.
 
 `evaluate` replays the bodies through the sidecar's own judge (sidecar/judging.py) and asks
 each forecaster, at every scrape, how many seconds remain until the free blocks are gone; the
@@ -31,8 +33,8 @@ truth is the time of the first scrape at which the cache was full (KV usage 100%
 preemption counter risen: vLLM preempts only when no block is free, and the counter lags the
 eviction). The first tables give each forecaster's median relative error when the truth was
 30, 10 and 5 s away (within +-1.5 s): on the even ramps the sidecar's window and lift were
-chosen on (0-3), on those recorded after the choice, on the Poisson ramps, and on the nice 0
-ramps. Then
+chosen on (0-3), on those recorded after the choice, and on each held-out batch (HELD_OUT:
+Poisson, nice 0, niced). Then
 KvwatchKvExhaustionImminent's lead time on each ramp, and the times it fired on the steady runs
 (on a run that never ran out, a false alert), at the recorded 0.5 s and at the sidecar's
 default 1 s interval (every other scrape). `--countdown 0` judges the alert without its
@@ -45,6 +47,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import random
 import statistics
 import subprocess
@@ -52,7 +55,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -61,7 +65,7 @@ import numpy as np
 from fixture_sim import FIXTURE, Engine, Shape, Speeds, run_until_out
 
 from kvwatch.loadgen.burst import rate_for_in_flight
-from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig
+from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig, set_autogroup_nice, stop_process
 from kvwatch.loadgen.tiny_model import build_tiny_model
 from kvwatch.sidecar.exposition import parse_exposition
 from kvwatch.sidecar.forecast import MIN_POINTS, line_fit
@@ -77,6 +81,12 @@ TOLERANCE_S = 1.5
 TUNED_ON = 4  # runs 0-3: the forecast's window and lift were chosen on these
 RAMP = "ramp:start=0.2,end=3@90s"  # evenly spaced sends, the same in every run
 POISSON_RAMP = "ramp:start=0.2,end=3,poisson=1@90s"  # the same rate, Poisson arrivals (seeded)
+# ramps recorded after every choice: (file prefix, what they are)
+HELD_OUT = (
+    ("poisson", "Poisson ramps"),
+    ("nice0", "even ramps, the server at nice 0 (its session unniced)"),
+    ("niced", "even ramps, the server's session niced (LocalVLLM since 7dc659b)"),
+)
 
 
 def _load(base: str, run_dir: Path, seed: int, stage: str) -> None:
@@ -93,13 +103,16 @@ class Recipe:
     """What `record` sends each run: a loadgen stage (None: a steady load that keeps
     `in_flight` requests running, paced before each run as the live test paces its steady
     load), the files' prefix, the server's nice value, and the idle seconds scraped before
-    the load starts (the live tests' sidecar sees 3 s of idle first)."""
+    the load starts (the live tests' sidecar sees 3 s of idle first). `cpu_hog`: a busy loop
+    per CPU shares them with the server at its priority throughout (a slower, contended
+    machine)."""
 
     stage: str | None
     prefix: str
     nice: int = 10
     in_flight: float = 2.0
     idle_s: float = 0.0
+    cpu_hog: bool = False
 
 
 def record(recipe: Recipe, runs: int, first: int = 0) -> None:
@@ -107,7 +120,7 @@ def record(recipe: Recipe, runs: int, first: int = 0) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     log = Path(tempfile.mkdtemp()) / "vllm.log"
     config = ServerConfig(model=build_tiny_model(), nice=recipe.nice)
-    with LocalVLLM(config, log_path=log) as srv:
+    with LocalVLLM(config, log_path=log) as srv, _cpu_hog(recipe.nice if recipe.cpu_hog else None):
         for n in range(first, first + runs):
             stage = recipe.stage
             if stage is None:
@@ -120,6 +133,29 @@ def record(recipe: Recipe, runs: int, first: int = 0) -> None:
             path = OUT / f"{recipe.prefix}-{n}.jsonl"
             path.write_text("".join(json.dumps(r) + "\n" for r in rows))
             print(f"run {n} ({stage}): {len(rows)} scrapes, cache full at {full_at} s -> {path}")
+
+
+@contextmanager
+def _cpu_hog(nice: int | None) -> Iterator[None]:
+    """A busy loop per CPU, each in a session of its own at `nice` (its session too, as
+    LocalVLLM nices the server's): the server gets about half the core it had. Stopped on exit;
+    nothing where `nice` is None."""
+    if nice is None:
+        yield
+        return
+    hogs = []
+    try:
+        for _ in range(os.cpu_count() or 1):
+            hog = subprocess.Popen(
+                [sys.executable, "-c", "while True: pass"], start_new_session=True,
+                preexec_fn=lambda: os.nice(nice),
+            )  # fmt: skip
+            hogs.append(hog)
+            set_autogroup_nice(hog.pid, nice)
+        yield
+    finally:
+        for hog in hogs:
+            stop_process(hog)
 
 
 def _record_run(base: str, stage: str, idle_s: float, seed: int) -> tuple[list[dict], float | None]:
@@ -422,7 +458,7 @@ def _leads(title: str, ramps: list[tuple[int, Errors, dict[int, float]]]) -> Non
 
 def evaluate(th: Thresholds) -> None:
     """`th`: the thresholds the alert is judged with (the sidecar's defaults, or a variant)."""
-    even, poisson, unstarved = _ramps("run", th), _ramps("poisson", th), _ramps("nice0", th)
+    even = _ramps("run", th)
     _table(
         f"even ramps 0-{TUNED_ON - 1} (the window and lift were chosen on these)",
         [e for n, e, _ in even if n < TUNED_ON],
@@ -431,16 +467,12 @@ def evaluate(th: Thresholds) -> None:
         f"even ramps {TUNED_ON}+ (recorded after the choice)",
         [e for n, e, _ in even if n >= TUNED_ON],
     )
-    if poisson:
-        _table("Poisson ramps (recorded after every choice)", [e for _, e, _ in poisson])
-    if unstarved:
-        _table("even ramps, the server at nice 0 (`--nice 0 --prefix nice0`)",
-               [e for _, e, _ in unstarved])  # fmt: skip
     _leads("even ramps", even)
-    if poisson:
-        _leads("Poisson ramps", poisson)
-    if unstarved:
-        _leads("even ramps, the server at nice 0", unstarved)
+    for prefix, title in HELD_OUT:
+        ramps = _ramps(prefix, th)
+        if ramps:
+            _table(f"{title} (`{prefix}-N`)", [e for _, e, _ in ramps])
+            _leads(title, ramps)
     print("\nSteady runs (a false alert: one that fired on a run whose cache never ran out)")
     healthy = false = 0
     for path in _numbered("steady*"):  # steady-N, steady0-N, any steady prefix
@@ -469,7 +501,7 @@ def _recipe(ns: argparse.Namespace) -> Recipe:
     else:
         stage, kind = (POISSON_RAMP, "poisson") if ns.poisson_ramp else (RAMP, "run")
     in_flight = 2.0 if ns.steady_in_flight is None else ns.steady_in_flight
-    return Recipe(stage, ns.prefix or kind, ns.nice, in_flight, ns.idle)
+    return Recipe(stage, ns.prefix or kind, ns.nice, in_flight, ns.idle, ns.cpu_hog)
 
 
 def main() -> None:
@@ -504,6 +536,10 @@ def main() -> None:
     r.add_argument(
         "--idle", type=float, default=0.0, metavar="S",
         help="scrape S seconds of idle before the load starts (default 0; the live tests: 3)",
+    )  # fmt: skip
+    r.add_argument(
+        "--cpu-hog", action="store_true",
+        help="run a busy loop per CPU beside the server, at its priority (a slower machine)",
     )  # fmt: skip
     r.add_argument("--prefix", help="name the files PREFIX-N.jsonl (default: by the load)")
     e = sub.add_parser("evaluate")

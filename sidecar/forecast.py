@@ -9,10 +9,10 @@ however busy, is not heading for exhaustion), 0 once the band is already there.
 
 `free tokens / generation rate`, the signal kvwatch had before, assumed that nothing finishes: it
 said "3 s" on every busy run, 76-86% off (bench/bench_forecast.py, docs/detection.md). The window
-and the lift were chosen on four ramps recorded on the real fixture; on ten recorded after the
-choice the forecast is 48% off 10 s out (17% on a simulated fixture without the real machine's
-stalls): good enough to warn on, once it counts down (sidecar/judging.py), not yet a figure to
-plan by.
+and the lift were chosen on four ramps recorded on the real fixture. On the ramps recorded after
+the choice it is 21% and 18% off 10 s out where the server ran without stalls (two batches of
+ten), 48% where the machine stalled it for seconds: a figure to warn on, once it counts down
+(sidecar/judging.py), and a rough one to plan by.
 """
 
 from __future__ import annotations
