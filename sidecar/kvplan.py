@@ -87,21 +87,26 @@ class Platform:
         return bs
 
 
-def _cpu(name: str, ssm_state_dtype: str | None, fp8_kv: bool) -> Platform:
+def _cpu(name: str, ssm_state_dtype: str | None, fp8_kv: bool, mla_block: int | None) -> Platform:
     # vLLM's CPU backend: CPU_ATTN takes multiples of 32, default 128; the reference CPU MLA
-    # forces 16 over the user's choice; no async scheduling; API-server batch default 2048 x
-    # world size (platforms/cpu.py)
-    return Platform(name, 128, 32, 16, False, 2048, ssm_state_dtype, fp8_kv, True)
+    # forces 16 over the user's choice, AMX's MLA takes the user's (multiples of 32, default
+    # 128); no async scheduling; API-server batch default 2048 x world size (platforms/cpu.py)
+    return Platform(
+        name, 128, 32, mla_block, False, 2048, ssm_state_dtype, fp8_kv, mla_block is not None
+    )
 
 
 PLATFORMS = {
     # What the CPU can do changes the plan (platforms/cpu.py, v1/attention/backends/
     # cpu_attn.py): with AVX-512 BF16 vLLM resets an auto SSM state to float32 for its
     # accelerated GDN/Mamba kernels, without it the state stays in the model's dtype; an fp8
-    # KV cache needs AVX-512 (or AMX). AMX's own MLA backend (other block sizes) is not modeled.
-    "cpu": _cpu("cpu", "float32", True),  # x86 with AVX-512 BF16
-    "cpu-avx512": _cpu("cpu-avx512", None, True),  # AVX-512 without BF16
-    "cpu-avx2": _cpu("cpu-avx2", None, False),  # no AVX-512
+    # KV cache needs AVX-512 (or AMX); with AMX tiles an MLA model runs on AMX_MLA
+    # (v1/attention/backends/mla/amx_mla.py), which keeps the user's block size, instead of
+    # the reference CPU MLA's forced 16.
+    "cpu": _cpu("cpu", "float32", True, 16),  # x86 with AVX-512 BF16, no AMX
+    "cpu-amx": _cpu("cpu-amx", "float32", True, None),  # AVX-512 BF16 and AMX (Sapphire Rapids+)
+    "cpu-avx512": _cpu("cpu-avx512", None, True, 16),  # AVX-512 without BF16
+    "cpu-avx2": _cpu("cpu-avx2", None, False, 16),  # no AVX-512
     # CUDA (Hopper/Ampere/Ada): FlashAttention MultipleOf(16), FLASH_ATTN_MLA MultipleOf(16);
     # async scheduling with model runner V2; 8192 batched tokens for the API server on >= 70 GB
     # GPUs other than A100 (2048 on smaller ones, set per GPU by the caller). An auto SSM
@@ -119,7 +124,9 @@ def cpu_platform(flags: Iterable[str]) -> str:
     have = set(flags)
     if "avx512f" not in have:
         return "cpu-avx2"
-    return "cpu" if "avx512_bf16" in have else "cpu-avx512"
+    if "avx512_bf16" not in have:
+        return "cpu-avx512"
+    return "cpu-amx" if "amx_tile" in have else "cpu"
 
 
 @dataclass(frozen=True)

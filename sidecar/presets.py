@@ -320,6 +320,7 @@ GPU_PRESETS: dict[str, GpuSpec] = {
         # vLLM's CPU backend: its block rules, no async scheduling; what the CPU can do
         # decides the SSM state dtype and whether fp8 KV is allowed (kvplan.PLATFORMS)
         GpuSpec("cpu", None, None, None, None, "cpu", 2048),  # x86 with AVX-512 BF16
+        GpuSpec("cpu-amx", None, None, None, None, "cpu-amx", 2048),  # and AMX
         GpuSpec("cpu-avx512", None, None, None, None, "cpu-avx512", 2048),
         GpuSpec("cpu-avx2", None, None, None, None, "cpu-avx2", 2048),
     )
