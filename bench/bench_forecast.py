@@ -4,7 +4,7 @@
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py record --poisson-ramp [--runs 5]
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py record --steady 1.0 [--runs 3]
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py record --steady-in-flight 2 --idle 3 \
-        --prefix steadyn [--runs 3] [--cpu-hog]
+        --prefix steadyn [--runs 3] [--cpu-hog] [--throttle CORES]
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py evaluate [--countdown S]
 
 `record` starts the fixture vLLM (tiny model, 40 blocks of 32 tokens), and for each run sends a
@@ -56,7 +56,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -105,7 +105,9 @@ class Recipe:
     load), the files' prefix, the server's nice value, and the idle seconds scraped before
     the load starts (the live tests' sidecar sees 3 s of idle first). `cpu_hog`: a busy loop
     per CPU shares them with the server at its priority throughout (a slower, contended
-    machine)."""
+    machine). `throttle`: the server may use this many cores while the load runs (a cgroup
+    quota), after a steady load was paced at its full speed: a server that slows under the
+    arrivals it was sized for."""
 
     stage: str | None
     prefix: str
@@ -113,6 +115,7 @@ class Recipe:
     in_flight: float = 2.0
     idle_s: float = 0.0
     cpu_hog: bool = False
+    throttle: float | None = None
 
 
 def record(recipe: Recipe, runs: int, first: int = 0) -> None:
@@ -120,7 +123,11 @@ def record(recipe: Recipe, runs: int, first: int = 0) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     log = Path(tempfile.mkdtemp()) / "vllm.log"
     config = ServerConfig(model=build_tiny_model(), nice=recipe.nice)
-    with LocalVLLM(config, log_path=log) as srv, _cpu_hog(recipe.nice if recipe.cpu_hog else None):
+    with (
+        LocalVLLM(config, log_path=log) as srv,
+        _cpu_hog(recipe.nice if recipe.cpu_hog else None),
+        _cpu_quota(srv.pid if recipe.throttle else None) as quota,
+    ):
         for n in range(first, first + runs):
             stage = recipe.stage
             if stage is None:
@@ -128,8 +135,13 @@ def record(recipe: Recipe, runs: int, first: int = 0) -> None:
                     rate_for_in_flight(srv.base_url, recipe.in_flight, seed=100 + n)
                 )
                 stage = f"constant:rate={rate:.3f}@90s"
-            rows, full_at = _record_run(srv.base_url, stage, recipe.idle_s, seed=100 + n)
+            quota(recipe.throttle)
+            try:
+                rows, full_at = _record_run(srv.base_url, stage, recipe.idle_s, seed=100 + n)
+            finally:
+                quota(None)
             rows[0]["stage"] = stage
+            rows[0]["throttle"] = recipe.throttle
             path = OUT / f"{recipe.prefix}-{n}.jsonl"
             path.write_text("".join(json.dumps(r) + "\n" for r in rows))
             print(f"run {n} ({stage}): {len(rows)} scrapes, cache full at {full_at} s -> {path}")
@@ -138,8 +150,8 @@ def record(recipe: Recipe, runs: int, first: int = 0) -> None:
 @contextmanager
 def _cpu_hog(nice: int | None) -> Iterator[None]:
     """A busy loop per CPU, each in a session of its own at `nice` (its session too, as
-    LocalVLLM nices the server's): the server gets about half the core it had. Stopped on exit;
-    nothing where `nice` is None."""
+    LocalVLLM nices the server's). Measured, it slowed the server's requests by about 5% only:
+    `--throttle` slows it for sure. Stopped on exit; nothing where `nice` is None."""
     if nice is None:
         yield
         return
@@ -156,6 +168,54 @@ def _cpu_hog(nice: int | None) -> Iterator[None]:
     finally:
         for hog in hogs:
             stop_process(hog)
+
+
+_CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller
+
+
+def _session_pids(session: int) -> list[int]:
+    """The processes of a session (the server and every process it started)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:  # it ended meanwhile
+            continue
+        if int(fields[3]) == session:
+            out.append(int(stat.parent.name))
+    return out
+
+
+@contextmanager
+def _cpu_quota(session: int | None) -> Iterator[Callable[[float | None], None]]:
+    """A cpu cgroup holding the processes of the server's session (it leads one); yields a
+    setter of their quota in cores (None: unlimited). The processes go back to the root group
+    and the group is removed on exit. Nothing where `session` is None."""
+    if session is None:
+        yield lambda cores: None
+        return
+    if not (_CPU_CGROUP / "cgroup.procs").is_file():
+        raise SystemExit(f"--throttle needs cgroup v1's cpu controller at {_CPU_CGROUP} (as root)")
+    group = _CPU_CGROUP / f"kvwatch-bench-{os.getpid()}"
+    group.mkdir()
+    period = int((group / "cpu.cfs_period_us").read_text())
+
+    def move(to: Path) -> None:
+        for pid in _session_pids(session):
+            with suppress(OSError):  # it ended meanwhile
+                (to / "cgroup.procs").write_text(str(pid))
+
+    def quota(cores: float | None) -> None:
+        value = -1 if cores is None else max(1000, int(cores * period))
+        (group / "cpu.cfs_quota_us").write_text(str(value))
+
+    try:
+        move(group)
+        yield quota
+    finally:
+        quota(None)
+        move(_CPU_CGROUP)
+        group.rmdir()
 
 
 def _record_run(base: str, stage: str, idle_s: float, seed: int) -> tuple[list[dict], float | None]:
@@ -501,7 +561,7 @@ def _recipe(ns: argparse.Namespace) -> Recipe:
     else:
         stage, kind = (POISSON_RAMP, "poisson") if ns.poisson_ramp else (RAMP, "run")
     in_flight = 2.0 if ns.steady_in_flight is None else ns.steady_in_flight
-    return Recipe(stage, ns.prefix or kind, ns.nice, in_flight, ns.idle, ns.cpu_hog)
+    return Recipe(stage, ns.prefix or kind, ns.nice, in_flight, ns.idle, ns.cpu_hog, ns.throttle)
 
 
 def main() -> None:
@@ -540,6 +600,11 @@ def main() -> None:
     r.add_argument(
         "--cpu-hog", action="store_true",
         help="run a busy loop per CPU beside the server, at its priority (a slower machine)",
+    )  # fmt: skip
+    r.add_argument(
+        "--throttle", type=float, metavar="CORES",
+        help="let the server use CORES cores while the load runs (a cgroup v1 cpu quota, as "
+        "root), after a steady load was paced at its full speed: it slows under the load",
     )  # fmt: skip
     r.add_argument("--prefix", help="name the files PREFIX-N.jsonl (default: by the load)")
     e = sub.add_parser("evaluate")
