@@ -63,6 +63,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 from fixture_sim import FIXTURE, Engine, Shape, Speeds, run_until_out
+from procfs import session_pids
 
 from kvwatch.loadgen.burst import rate_for_in_flight
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig, set_autogroup_nice, stop_process
@@ -173,19 +174,6 @@ def _cpu_hog(nice: int | None) -> Iterator[None]:
 _CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller
 
 
-def _session_pids(session: int) -> list[int]:
-    """The processes of a session (the server and every process it started)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:  # it ended meanwhile
-            continue
-        if int(fields[3]) == session:
-            out.append(int(stat.parent.name))
-    return out
-
-
 @contextmanager
 def _cpu_quota(session: int | None) -> Iterator[Callable[[float | None], None]]:
     """A cpu cgroup holding the processes of the server's session (it leads one); yields a
@@ -201,7 +189,7 @@ def _cpu_quota(session: int | None) -> Iterator[Callable[[float | None], None]]:
     period = int((group / "cpu.cfs_period_us").read_text())
 
     def move(to: Path) -> None:
-        for pid in _session_pids(session):
+        for pid in session_pids(session):
             with suppress(OSError):  # it ended meanwhile
                 (to / "cgroup.procs").write_text(str(pid))
 

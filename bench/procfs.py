@@ -5,13 +5,32 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["cpu_seconds", "status_kb"]
+__all__ = ["cpu_seconds", "session_pids", "status_kb"]
+
+
+def _stat_fields(stat: Path) -> list[str]:
+    """/proc/PID/stat's fields after the command name (which may hold spaces and parentheses):
+    [0] is the state, [3] the session, [11] and [12] user and system time."""
+    return stat.read_text().rsplit(")", 1)[1].split()
 
 
 def cpu_seconds(pid: int) -> float:
     """User plus system time so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def session_pids(session: int) -> list[int]:
+    """The processes of a session (its leader and every process it started)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = _stat_fields(stat)
+        except OSError:  # it ended meanwhile
+            continue
+        if int(fields[3]) == session:
+            out.append(int(stat.parent.name))
+    return out
 
 
 def status_kb(pid: int, key: str) -> int:
