@@ -116,6 +116,22 @@ class EngineJudge:
             if t <= now - span / 2
         )
 
+    def _refuted(self, now: float) -> bool:
+        """A forecast made in the kept span gave a time that has passed exhaustion_refuted_factor
+        times over, plus the slack, and the cache has not run out since (no usage of 100%, no
+        preemption): the band overstates this load's peaks. The check is short-lived on
+        purpose; replayed with a minute of forecasts, the noisy ones of a load's first seconds
+        vetoed every warning of most ramps (docs/detection.md)."""
+        k, slack = self.th.exhaustion_refuted_factor, self.th.exhaustion_refuted_slack_s
+        if k <= 0:
+            return False
+        made = [t for t, f in self._forecasts if f is not None and now > t + k * f + slack]
+        if not made:
+            return False
+        since = now - max(made)  # the newest refuted one: if the cache ran out since, it did
+        full = (self.timeline.peak("kv_usage", since, now) or 0.0) >= 1.0
+        return not full and not self.timeline.increase("preemptions_total", since, now)
+
     def _remember_forecast(self, now: float, left: float | None) -> None:
         """Keep the forecasts since the newest one at least exhaustion_countdown_s old."""
         self._forecasts.append((now, left))
@@ -127,17 +143,30 @@ class EngineJudge:
         """Warned before it runs out, quiet once it has: saturation and thrashing have their
         own pages, so the warning clears at once when they take over (no double page). A
         forecast that drifts past the horizon clears it only after exit_after_s (the states'
-        own hysteresis), so a forecast that swings about the horizon does not warn twice."""
+        own hysteresis), so a forecast that swings about the horizon does not warn twice. A
+        forecast proved wrong (_refuted) is no warning either: one that has not fired yet is
+        dropped at once, a fired one lapses."""
         if self.detector.level >= Level.SATURATED:
             self.exhaustion_imminent_since = self._imminent_lapsed_at = None
             return
         left, th = sig.seconds_to_exhaustion, self.th
-        if left is not None and left <= th.exhaustion_warn_s and self._counting_down(now, left):
+        refuted = self._refuted(now)
+        if (
+            not refuted
+            and left is not None
+            and left <= th.exhaustion_warn_s
+            and self._counting_down(now, left)
+        ):
             self._imminent_lapsed_at = None
             if self.exhaustion_imminent_since is None:
                 self.exhaustion_imminent_since = unix
             return
-        if self.exhaustion_imminent_since is None:
+        since = self.exhaustion_imminent_since
+        if since is None:
+            return
+        if refuted and unix - since < th.exhaustion_for_s:
+            # not yet fired: a forecast proved wrong drops it; a fired one lapses as below
+            self.exhaustion_imminent_since = self._imminent_lapsed_at = None
             return
         if self._imminent_lapsed_at is None:
             self._imminent_lapsed_at = unix

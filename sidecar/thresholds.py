@@ -72,6 +72,15 @@ class Thresholds:
     # this much more. A step in the load (idle, then busy and level) looks like a trend at
     # first, but its forecast recedes as the level holds. 0 turns the countdown off.
     exhaustion_countdown_s: float = 10.0
+    # ...and not while the forecast has just been proved wrong: one made in that span said the
+    # cache runs out in F seconds, this factor times F plus exhaustion_refuted_slack_s have
+    # passed, and it has not (no usage of 100%, no preemption). A server that slows under its
+    # load fills the cache to a level its peaks nearly reach, where the band says "0 s" for a
+    # minute. A warning not yet fired is dropped then; a fired one lapses (clears after
+    # exit_after_s). Forecasts are kept for exhaustion_countdown_s, so 0 there turns this off
+    # too; exhaustion_refuted_factor=0 turns off only this.
+    exhaustion_refuted_factor: float = 1.5
+    exhaustion_refuted_slack_s: float = 2.0
     # How often a still-firing alert is sent again, in seconds.
     repeat_interval_s: float = 3600.0
     # Where alert annotations point for the runbook (one section per alert).

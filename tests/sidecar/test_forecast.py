@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -10,9 +12,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from kvwatch.sidecar.alerting import active_alerts
 from kvwatch.sidecar.detect import Level
 from kvwatch.sidecar.exporter import StateCollector
+from kvwatch.sidecar.exposition import parse_exposition
 from kvwatch.sidecar.forecast import MIN_POINTS, forecast_exhaustion, line_fit
 from kvwatch.sidecar.judging import EngineJudge
-from kvwatch.sidecar.observe import CacheConfig, EngineObservation
+from kvwatch.sidecar.observe import CacheConfig, EngineObservation, observe
 from kvwatch.sidecar.thresholds import Thresholds
 
 CACHE = CacheConfig(block_size=32, num_blocks=40)
@@ -182,3 +185,74 @@ def test_the_alert_fires_after_its_for_with_the_forecast_in_its_text() -> None:
     text = generate_latest(reg).decode()
     labels = 'engine="0",model_name="m",target="http://vllm"'
     assert f"kvwatch_kv_exhaustion_imminent{{{labels}}} 1.0" in text
+
+
+RECORDINGS = Path(__file__).resolve().parents[2] / "bench" / "results" / "forecast"
+
+
+def _replay(name: str, th: Thresholds, every: int = 1) -> tuple[list[float], float | None]:
+    """A bench recording of the real fixture (bench/bench_forecast.py) through the judge: the
+    times the warning fired (its `for` lasted), and when the cache was first full."""
+    judge = EngineJudge("http://vllm", ("m", "0"), th, 0)
+    fired: list[float] = []
+    full_at = None
+    rows = [json.loads(line) for line in (RECORDINGS / f"{name}.jsonl").read_text().splitlines()]
+    for row in rows[::every]:
+        (obs,) = observe(parse_exposition(row["body"])).values()
+        judge.observe(row["t"], row["t"], obs, None)
+        since = judge.exhaustion_imminent_since
+        fresh = since is not None and (not fired or fired[-1] < since)  # not the last one
+        if fresh and row["t"] - since >= th.exhaustion_for_s:
+            fired.append(row["t"])
+        if full_at is None and ((obs.kv_usage or 0) >= 1.0 or (obs.preemptions_total or 0) > 0):
+            full_at = row["t"]
+    return fired, full_at
+
+
+@pytest.mark.parametrize("every", [1, 2])  # 0.5 s scrapes as recorded, and 1 s (the default)
+def test_a_server_that_slows_under_its_load_and_levels_short_of_full_is_not_warned(
+    every: int,
+) -> None:
+    """`steadys-3`: paced for 2 in flight, then held to 0.9 cores; 5-6 ran, KV swung 62-95% for
+    a minute and never ran out. The band said "0 s" from 12 s to 63 s; those forecasts were
+    proved wrong within seconds, and a warning not yet fired is dropped then."""
+    fired, full_at = _replay("steadys-3", Thresholds(), every)
+    assert full_at is None and fired == []
+    # the same run judged without the check: warned 17-19 s in (the false alert it removed)
+    fired, _ = _replay("steadys-3", Thresholds(exhaustion_refuted_factor=0), every)
+    assert len(fired) == 1 and 15 < fired[0] < 21
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_a_ramp_that_runs_out_is_still_warned_well_ahead(every: int) -> None:
+    """`niced-0`, an even ramp into preemption: the check costs its warning no lead (17.4 s
+    and 15.8 s ahead, as before it)."""
+    fired, full_at = _replay("niced-0", Thresholds(), every)
+    assert full_at is not None and fired and full_at - fired[0] > 15
+
+
+def test_a_fired_warning_whose_forecast_is_proved_wrong_lapses_like_any_other() -> None:
+    """Once paged, a forecast proved wrong clears the warning after exit_after_s, not at once,
+    so a forecast that comes and goes does not page twice. Without the check the band's "0 s"
+    would hold it for the minute the climb stays in the window."""
+    th = Thresholds(exhaustion_warn_s=30, exhaustion_for_s=5, exit_after_s=15)
+    climb = [0.3 + 0.015 * t for t in range(40)]  # reaches 0.885 at 39 s
+    _, seen = _judge_ramp(th, climb + [0.96, 0.9] * 30)  # then swings just short of full
+    since = seen[39]
+    assert since is not None and 39 - (since - 1000) >= 5  # fired while climbing
+    cleared = next((i for i in range(40, len(seen)) if seen[i] is None), None)
+    assert cleared is not None and cleared >= 40 + 15  # lapsed, then cleared
+    assert all(s is None for s in seen[cleared:])  # and no second warning
+
+
+@pytest.mark.parametrize(("top", "dropped"), [(1.0, False), (0.97, True)])
+def test_a_forecast_that_comes_true_is_not_proved_wrong(top: float, dropped: bool) -> None:
+    """A warning still pending (a long `for`) when its forecast's time has passed: kept when
+    usage touched 100% since (the forecast came true), dropped when it peaked at 97%."""
+    th = Thresholds(exhaustion_warn_s=30, exhaustion_for_s=20)
+    climb = [0.3 + 0.02 * t for t in range(30)]
+    _, seen = _judge_ramp(th, climb + [top, 0.9] * 15)
+    onset = seen[29]
+    assert onset is not None
+    assert (seen[-1] is None) is dropped
+    assert {s for s in seen if s is not None} == {onset}  # never dropped, then warned again
