@@ -455,10 +455,10 @@ ALERTS: tuple[Alert, ...] = (
         "vLLM KV cache about to run out on {target} ({model_name}, engine {engine})",
         "The kvwatch sidecar forecasts that this engine's KV cache runs out within "
         "{th.exhaustion_warn_s:g} s (the band KV usage peaks in is rising towards 100%, and the "
-        "forecast has counted down for {th.exhaustion_countdown_s:g} s), for "
-        "{th.exhaustion_for_s:g} s: preemptions come next. Shed or hold load now; size the "
-        "cache for it (kvwatch advise). It clears once the forecast does, or when saturation "
-        "or thrashing takes over.",
+        "forecast has counted down for {th.exhaustion_countdown_s:g} s and not been proved "
+        "wrong), for {th.exhaustion_for_s:g} s: preemptions come next. Shed or hold load "
+        "now; size the cache for it (kvwatch advise). It clears once the forecast does, or "
+        "when saturation or thrashing takes over.",
         BOTH, for_threshold="exhaustion_for_s",
     ),
     Alert(
