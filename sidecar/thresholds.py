@@ -80,7 +80,9 @@ class Thresholds:
     # exit_after_s). Forecasts are kept for exhaustion_countdown_s, so 0 there turns this off
     # too; exhaustion_refuted_factor=0 turns off only this.
     exhaustion_refuted_factor: float = 1.5
-    exhaustion_refuted_slack_s: float = 2.0
+    # The slack is one scrape at the default interval: the cache running out is seen at a
+    # scrape. 2 s let one of five held-out healthy throttled runs warn (docs/detection.md).
+    exhaustion_refuted_slack_s: float = 1.0
     # How often a still-firing alert is sent again, in seconds.
     repeat_interval_s: float = 3600.0
     # Where alert annotations point for the runbook (one section per alert).

@@ -210,16 +210,18 @@ def _replay(name: str, th: Thresholds, every: int = 1) -> tuple[list[float], flo
 
 
 @pytest.mark.parametrize("every", [1, 2])  # 0.5 s scrapes as recorded, and 1 s (the default)
+@pytest.mark.parametrize("name", ["steadys-3", "steadyt-3"])
 def test_a_server_that_slows_under_its_load_and_levels_short_of_full_is_not_warned(
-    every: int,
+    name: str, every: int
 ) -> None:
-    """`steadys-3`: paced for 2 in flight, then held to 0.9 cores; 5-6 ran, KV swung 62-95% for
-    a minute and never ran out. The band said "0 s" from 12 s to 63 s; those forecasts were
-    proved wrong within seconds, and a warning not yet fired is dropped then."""
-    fired, full_at = _replay("steadys-3", Thresholds(), every)
+    """Paced for 2 in flight, then held to 0.9 cores: 4-6 ran, KV swung between 60% and 90-95%
+    for a minute and never ran out. The band said "0 s" from 12-15 s on; those forecasts were
+    proved wrong within seconds, and a warning not yet fired is dropped then. `steadyt-3` is
+    the held-out run a 2 s slack still warned on (at 0.5 s scrapes, 0.1 s before the check)."""
+    fired, full_at = _replay(name, Thresholds(), every)
     assert full_at is None and fired == []
     # the same run judged without the check: warned 17-19 s in (the false alert it removed)
-    fired, _ = _replay("steadys-3", Thresholds(exhaustion_refuted_factor=0), every)
+    fired, _ = _replay(name, Thresholds(exhaustion_refuted_factor=0), every)
     assert len(fired) == 1 and 15 < fired[0] < 21
 
 
