@@ -5,7 +5,8 @@
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py record --steady 1.0 [--runs 3]
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py record --steady-in-flight 2 --idle 3 \
         --prefix steadyn [--runs 3] [--cpu-hog] [--throttle CORES]
-    PYTHONPATH=. .venv/bin/python bench/bench_forecast.py evaluate [--countdown S]
+    PYTHONPATH=. .venv/bin/python bench/bench_forecast.py evaluate [--countdown S] \
+        [--refuted-factor K]
 
 `record` starts the fixture vLLM (tiny model, 40 blocks of 32 tokens), and for each run sends a
 rate ramp (0.2 to 3 requests/s over 90 s, 30 + 300 tokens) while it scrapes `/metrics` every
@@ -25,7 +26,8 @@ records even ramps with it at their priority (`nice0-N.jsonl`), and
 `run-N`, `poisson-N`, `nice0-N`, `steady-N` and `steady0-N` were made before LocalVLLM niced the
 server's session (autogroups), so the nice value had no effect on them (docs/detection.md);
 `--prefix niced` (even ramps), `steadyn`, `steadyf` and `steadyh` (steady loads of 2 and 3 in
-flight, the last beside a CPU hog) were recorded with it niced.
+flight, the last beside a CPU hog), `steadys`, `steadyt` and `steadyu` (2 in flight, then the
+server throttled: `--throttle`) were recorded with it niced.
 
 `evaluate` replays the bodies through the sidecar's own judge (sidecar/judging.py) and asks
 each forecaster, at every scrape, how many seconds remain until the free blocks are gone; the
@@ -38,7 +40,7 @@ Poisson, nice 0, niced). Then
 KvwatchKvExhaustionImminent's lead time on each ramp, and the times it fired on the steady runs
 (on a run that never ran out, a false alert), at the recorded 0.5 s and at the sidecar's
 default 1 s interval (every other scrape). `--countdown 0` judges the alert without its
-countdown, as it was before.
+countdown, as it was before; `--refuted-factor 0` without its check on past forecasts.
 """
 
 from __future__ import annotations
@@ -600,12 +602,20 @@ def main() -> None:
         "--countdown", type=float, metavar="S",
         help="judge the alert with exhaustion_countdown_s=S (0: no countdown, as before it)",
     )  # fmt: skip
+    e.add_argument(
+        "--refuted-factor", type=float, metavar="K",
+        help="judge the alert with exhaustion_refuted_factor=K (0: no check on past forecasts)",
+    )  # fmt: skip
     ns = ap.parse_args()
     if ns.cmd == "record":
         record(_recipe(ns), ns.runs, ns.first)
     else:
         th = Thresholds()
-        evaluate(th if ns.countdown is None else replace(th, exhaustion_countdown_s=ns.countdown))
+        if ns.countdown is not None:
+            th = replace(th, exhaustion_countdown_s=ns.countdown)
+        if ns.refuted_factor is not None:
+            th = replace(th, exhaustion_refuted_factor=ns.refuted_factor)
+        evaluate(th)
 
 
 if __name__ == "__main__":
