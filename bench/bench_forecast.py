@@ -5,8 +5,7 @@
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py record --steady 1.0 [--runs 3]
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py record --steady-in-flight 2 --idle 3 \
         --prefix steadyn [--runs 3] [--cpu-hog] [--throttle CORES]
-    PYTHONPATH=. .venv/bin/python bench/bench_forecast.py evaluate [--countdown S] \
-        [--refuted-factor K]
+    PYTHONPATH=. .venv/bin/python bench/bench_forecast.py evaluate [--threshold NAME=VALUE ...]
 
 `record` starts the fixture vLLM (tiny model, 40 blocks of 32 tokens), and for each run sends a
 rate ramp (0.2 to 3 requests/s over 90 s, 30 + 300 tokens) while it scrapes `/metrics` every
@@ -39,8 +38,9 @@ chosen on (0-3), on those recorded after the choice, and on each held-out batch 
 Poisson, nice 0, niced). Then
 KvwatchKvExhaustionImminent's lead time on each ramp, and the times it fired on the steady runs
 (on a run that never ran out, a false alert), at the recorded 0.5 s and at the sidecar's
-default 1 s interval (every other scrape). `--countdown 0` judges the alert without its
-countdown, as it was before; `--refuted-factor 0` without its check on past forecasts.
+default 1 s interval (every other scrape). `--threshold exhaustion_countdown_s=0` judges the
+alert without its countdown, as it was before; `--threshold exhaustion_refuted_factor=0`
+without its check on past forecasts.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -75,7 +75,7 @@ from kvwatch.sidecar.forecast import MIN_POINTS, line_fit
 from kvwatch.sidecar.judging import EngineJudge
 from kvwatch.sidecar.observe import EngineObservation, observe
 from kvwatch.sidecar.signals import derive
-from kvwatch.sidecar.thresholds import Thresholds
+from kvwatch.sidecar.thresholds import Thresholds, parse_overrides
 from kvwatch.sidecar.timeline import Timeline
 
 OUT = Path(__file__).resolve().parent / "results" / "forecast"
@@ -599,23 +599,20 @@ def main() -> None:
     r.add_argument("--prefix", help="name the files PREFIX-N.jsonl (default: by the load)")
     e = sub.add_parser("evaluate")
     e.add_argument(
-        "--countdown", type=float, metavar="S",
-        help="judge the alert with exhaustion_countdown_s=S (0: no countdown, as before it)",
-    )  # fmt: skip
-    e.add_argument(
-        "--refuted-factor", type=float, metavar="K",
-        help="judge the alert with exhaustion_refuted_factor=K (0: no check on past forecasts)",
+        "--threshold", action="append", default=[], metavar="NAME=VALUE",
+        help="judge the alert with this threshold changed, as the sidecar's --threshold "
+        "(exhaustion_countdown_s=0: no countdown; exhaustion_refuted_factor=0: no check on "
+        "past forecasts); repeatable",
     )  # fmt: skip
     ns = ap.parse_args()
     if ns.cmd == "record":
         record(_recipe(ns), ns.runs, ns.first)
-    else:
-        th = Thresholds()
-        if ns.countdown is not None:
-            th = replace(th, exhaustion_countdown_s=ns.countdown)
-        if ns.refuted_factor is not None:
-            th = replace(th, exhaustion_refuted_factor=ns.refuted_factor)
-        evaluate(th)
+        return
+    try:
+        th = parse_overrides(ns.threshold)
+    except ValueError as err:
+        ap.error(str(err))
+    evaluate(th)
 
 
 if __name__ == "__main__":
