@@ -19,7 +19,7 @@ from typing import Any
 from kvwatch.loadgen.rundir import read_jsonl, read_records
 from kvwatch.report_parts import CSS, advice_html
 from kvwatch.sidecar.command import EXIT_USAGE, CliError
-from kvwatch.sidecar.detect import Level
+from kvwatch.sidecar.levels import Level
 from kvwatch.sidecar.thresholds import DEFAULT_THRESHOLDS
 from kvwatch.sidecar.timeline import counter_increase
 from kvwatch.svgplot import Line, Mark, Span, bar_chart, format_value, line_chart

@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Literal
 
-from kvwatch.sidecar.detect import Level
+from kvwatch.sidecar.levels import Level
 from kvwatch.sidecar.thresholds import Thresholds
 
 __all__ = [

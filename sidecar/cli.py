@@ -14,9 +14,8 @@ from kvwatch.sidecar.command import (
     EXIT_OK,
     EXIT_UNREACHABLE,
     CliError,
-    add_threshold_option,
-    thresholds_from,
 )
+from kvwatch.sidecar.threshold_option import add_threshold_option, thresholds_from
 
 __all__ = ["register", "read_log_chunks"]
 

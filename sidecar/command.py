@@ -1,5 +1,5 @@
-"""What every command module shares: `CliError`, the exit codes, the `--threshold` option, and
-the one-line answer for a command whose optional extra is not installed.
+"""What every command module shares: `CliError`, the exit codes, the lazy handler, and the
+one-line answer for a command whose optional extra is not installed.
 
 A leaf: command modules import it, it imports no command module, so the CLI has no import
 circle. Exit codes scripts can rely on: 0 ok, 1 the job ran and found a problem (a failed
@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from kvwatch.sidecar.thresholds import Thresholds
+from collections.abc import Callable
 
 __all__ = [
     "CliError",
@@ -25,8 +21,6 @@ __all__ = [
     "EXIT_UNREACHABLE",
     "EXIT_INTERRUPTED",
     "EXTRA_OF_MODULE",
-    "add_threshold_option",
-    "thresholds_from",
     "missing_extra",
     "handler",
 ]
@@ -82,17 +76,3 @@ def handler(target: str) -> Callable[[argparse.Namespace], int]:
         return int(getattr(importlib.import_module(module), name)(ns) or 0)
 
     return run
-
-
-def add_threshold_option(parser: argparse.ArgumentParser, help: str) -> None:
-    parser.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE", help=help)
-
-
-def thresholds_from(ns: argparse.Namespace, extra: Sequence[str] = ()) -> Thresholds:
-    """The thresholds `--threshold NAME=VALUE` (and `extra` overrides) ask for."""
-    from kvwatch.sidecar.thresholds import parse_overrides
-
-    try:
-        return parse_overrides([*ns.threshold, *extra])
-    except ValueError as e:
-        raise CliError(str(e)) from None

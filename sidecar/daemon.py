@@ -26,7 +26,7 @@ import httpx
 from kvwatch.sidecar.alerting import AlertTracker, active_alerts
 from kvwatch.sidecar.archconfig import Architecture
 from kvwatch.sidecar.dbfile import connect
-from kvwatch.sidecar.episodes import EpisodeStore
+from kvwatch.sidecar.episode_store import EpisodeStore
 from kvwatch.sidecar.follow import FileFollower, FollowStats, read_stream, run_and_read
 from kvwatch.sidecar.outbox import Outbox
 from kvwatch.sidecar.scrape import check_health, fetch_version, metrics_url, scrape_once

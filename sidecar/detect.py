@@ -21,24 +21,13 @@ A worse state is entered once its conditions held `enter_after_s` (thrashing:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import IntEnum
 
+from kvwatch.sidecar.levels import Level
 from kvwatch.sidecar.signals import EngineSignals
 from kvwatch.sidecar.thresholds import Thresholds
 from kvwatch.sidecar.timeline import Timeline
 
-__all__ = ["Level", "Evidence", "judge", "Detector", "gather_evidence"]
-
-
-class Level(IntEnum):
-    OK = 0
-    PRESSURE = 1
-    SATURATED = 2
-    THRASHING = 3
-
-    @property
-    def label(self) -> str:
-        return self.name.lower()
+__all__ = ["Evidence", "judge", "Detector", "gather_evidence"]
 
 
 @dataclass(frozen=True)

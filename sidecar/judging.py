@@ -11,9 +11,10 @@ from collections import deque
 from dataclasses import dataclass
 
 from kvwatch.sidecar.archconfig import Architecture
-from kvwatch.sidecar.detect import Detector, Level, gather_evidence, judge
+from kvwatch.sidecar.detect import Detector, gather_evidence, judge
 from kvwatch.sidecar.episodes import Episode, EpisodeTracker
 from kvwatch.sidecar.kvplan import layout_for_engine
+from kvwatch.sidecar.levels import Level
 from kvwatch.sidecar.observe import CacheConfig, EngineKey, EngineObservation
 from kvwatch.sidecar.signals import EngineSignals, derive
 from kvwatch.sidecar.sizingerror import SizingError

@@ -11,13 +11,12 @@ duplicate (a crash between the receiver's 2xx and our commit).
 
 from __future__ import annotations
 
-import random
 import sqlite3
 import threading
 import time
 from dataclasses import dataclass
 
-__all__ = ["Outbox", "Pending", "DeliveryStats", "backoff_s"]
+__all__ = ["Outbox", "Pending", "DeliveryStats"]
 
 
 _VACUUM_AFTER = 10_000  # purged rows at start past which the file is compacted
@@ -39,15 +38,6 @@ class Pending:
     body: bytes
     attempts: int
     next_at: float
-
-
-def backoff_s(
-    attempts: int, base: float = 1.0, cap: float = 300.0, rng: random.Random | None = None
-) -> float:
-    """Exponential backoff with full jitter on the upper half: [d/2, d], d = base x 2^attempts."""
-    d = min(cap, base * 2.0 ** max(0, attempts - 1))
-    draw = rng.random() if rng is not None else random.random()
-    return d / 2 + draw * d / 2
 
 
 class Outbox:

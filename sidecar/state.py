@@ -16,7 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from kvwatch.sidecar.archconfig import Architecture
-from kvwatch.sidecar.episodes import Episode, EpisodeStore
+from kvwatch.sidecar.episode_store import EpisodeStore
+from kvwatch.sidecar.episodes import Episode
 from kvwatch.sidecar.follow import FollowStats
 from kvwatch.sidecar.judging import EngineJudge, Transition
 from kvwatch.sidecar.liveness import Liveness, Status, judge_liveness

@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar, get_args, get_type_hints
 
-from kvwatch.sidecar.detect import Level
 from kvwatch.sidecar.episodes import Episode
 from kvwatch.sidecar.follow import FollowStats
 from kvwatch.sidecar.incidents import Incident
 from kvwatch.sidecar.judging import Transition
+from kvwatch.sidecar.levels import Level
 from kvwatch.sidecar.levers import ServerInfo, valid_version
 from kvwatch.sidecar.liveness import Liveness
 from kvwatch.sidecar.logformats import Capacity, StatsLine, event_to_dict

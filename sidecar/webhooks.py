@@ -25,7 +25,8 @@ from typing import Any
 import httpx
 
 from kvwatch.sidecar.alerting import Notification
-from kvwatch.sidecar.outbox import Outbox, backoff_s
+from kvwatch.sidecar.backoff import backoff_s
+from kvwatch.sidecar.outbox import Outbox
 
 __all__ = [
     "Receiver",

@@ -152,7 +152,7 @@ class TestTheTwoPathsAgree:
         assert json.dumps(rule["annotations"]).count("{{ $labels.target }}") == 1
 
     def test_every_state_above_ok_has_a_webhook_alert(self) -> None:
-        from kvwatch.sidecar.detect import Level
+        from kvwatch.sidecar.levels import Level
 
         for level in Level:
             spec = cat.alert_for_level(level)

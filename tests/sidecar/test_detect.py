@@ -2,9 +2,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvwatch.sidecar.detect import Detector, Evidence, Level, judge
-from kvwatch.sidecar.episodes import EpisodeStore
+from kvwatch.sidecar.detect import Detector, Evidence, judge
+from kvwatch.sidecar.episode_store import EpisodeStore
 from kvwatch.sidecar.exposition import parse_exposition
+from kvwatch.sidecar.levels import Level
 from kvwatch.sidecar.scrape import ScrapeOutcome
 from kvwatch.sidecar.state import SidecarState
 from kvwatch.sidecar.thresholds import Thresholds, parse_overrides

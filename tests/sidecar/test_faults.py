@@ -485,7 +485,7 @@ def test_a_slow_disk_never_holds_up_the_scrapes(
     the scrapes keep their interval, and the alert still goes out. When the writes ran on the
     event loop, the sidecar made 16 scrapes in 16 s at a 0.25 s interval and said it was up."""
     from kvwatch.sidecar.daemon import SidecarConfig, _main
-    from kvwatch.sidecar.episodes import EpisodeStore
+    from kvwatch.sidecar.episode_store import EpisodeStore
     from kvwatch.sidecar.webhooks import load_receivers
 
     def slowly(f):  # type: ignore[no-untyped-def]

@@ -10,11 +10,11 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from kvwatch.sidecar.alerting import active_alerts
-from kvwatch.sidecar.detect import Level
 from kvwatch.sidecar.exporter import StateCollector
 from kvwatch.sidecar.exposition import parse_exposition
 from kvwatch.sidecar.forecast import MIN_POINTS, forecast_exhaustion, line_fit
 from kvwatch.sidecar.judging import EngineJudge
+from kvwatch.sidecar.levels import Level
 from kvwatch.sidecar.observe import CacheConfig, EngineObservation, observe
 from kvwatch.sidecar.thresholds import Thresholds
 
@@ -145,7 +145,7 @@ def test_saturation_takes_over_from_the_warning() -> None:
 
 
 def test_the_alert_fires_after_its_for_with_the_forecast_in_its_text() -> None:
-    from kvwatch.sidecar.episodes import EpisodeStore
+    from kvwatch.sidecar.episode_store import EpisodeStore
     from kvwatch.sidecar.exposition import parse_exposition
     from kvwatch.sidecar.scrape import ScrapeOutcome
     from kvwatch.sidecar.state import SidecarState

@@ -1,0 +1,147 @@
+"""Where `kvwatch advise` reads what a server saw: a run directory, a live sidecar's
+`/api/state`, a vLLM `/metrics` URL watched for a while (judged by the sidecar's own state), or
+Prometheus history (advise/prometheus.py). Each gives one `Observed` per engine and, where the
+source tells it, the server's vLLM release (which flags the advice may name)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import Sequence
+
+from kvwatch.sidecar.advice import Observed, kv_bytes_per_token_from, several_groups_note
+from kvwatch.sidecar.command import EXIT_UNREACHABLE, CliError
+from kvwatch.sidecar.kvmath import SizingError
+from kvwatch.sidecar.levers import ServerInfo
+from kvwatch.sidecar.views import EngineView, engines_from_json, servers_from_json
+
+__all__ = ["observed_from_source", "observed_from_engines"]
+
+
+def observed_from_source(ns: argparse.Namespace) -> tuple[list[tuple[str, Observed]], ServerInfo]:
+    """What the source `ns` names saw, per engine, and the server's release where it is one
+    server (`--model` re-plans each engine's KV groups from the model)."""
+    server = ServerInfo()  # one server's version, where the source tells it
+    if ns.run:
+        from kvwatch.loadgen.rundir import observed_from_run, server_from_run
+
+        items = [(str(ns.run), observed_from_run(ns.run))]
+        server = server_from_run(ns.run)
+    elif ns.sidecar:
+        import httpx
+
+        url = ns.sidecar.rstrip("/") + "/api/state"
+        try:
+            doc = httpx.get(url, timeout=10).json()
+        except (httpx.HTTPError, ValueError) as e:
+            raise CliError(f"cannot read {url}: {e}", EXIT_UNREACHABLE) from None
+        try:
+            engines = engines_from_json(doc)
+        except ValueError as e:
+            raise CliError(f"{url}: {e}") from None
+        items = observed_from_engines(engines, f"sidecar {ns.sidecar}")
+        servers = servers_from_json(doc)
+        if len(servers) == 1:
+            server = next(iter(servers.values()))
+    elif ns.prometheus:
+        from kvwatch.sidecar.prom_source import observed_from_prometheus
+
+        items = observed_from_prometheus(ns.prometheus, ns.window, ns.step)
+    else:
+        engines, version = asyncio.run(_watch_metrics(ns.metrics, ns.watch))
+        items = observed_from_engines(engines, f"metrics {ns.metrics}")
+        server = ServerInfo(version=version)
+    if ns.model:
+        items = [(name, _with_model(obs, ns.model)) for name, obs in items]
+    return items, server
+
+
+def observed_from_engines(
+    engines: Sequence[tuple[str, EngineView]], source: str
+) -> list[tuple[str, Observed]]:
+    """One Observed per engine a sidecar sees (its own state, or another's /api/state)."""
+    out = []
+    for target, e in engines:
+        s = e.signals
+        name = f"{target} {e.model_name} engine {e.engine}"
+        if not s.capacity_blocks or not s.block_size:
+            raise SizingError(f"{name}: capacity unknown (no cache_config_info)")
+        mem = s.kv_cache_memory_bytes
+        bpt = kv_bytes_per_token_from(mem, s.capacity_blocks, s.block_size, source)
+        p95 = (s.prompt_len_p95 or 0) + (s.output_len_p95 or 0)
+        if not p95:
+            raise SizingError(f"{name}: no finished requests yet, so no request lengths")
+        out.append(
+            (
+                name,
+                Observed(
+                    capacity_blocks=s.capacity_blocks,
+                    block_size=s.block_size,
+                    kv_bytes_per_token=bpt,
+                    peak_demand=s.peak_demand_long or 0,
+                    seq_len_p95=p95,
+                    seq_len_max=p95,
+                    preemptions=s.preemptions_observed or 0,
+                    gpu_memory_utilization=s.gpu_memory_utilization,
+                    kv_cache_memory_bytes=mem,
+                    kv_dtype=s.cache_dtype or "auto",
+                    ssm_state_dtype=s.ssm_state_dtype,
+                    source=source,
+                    notes=several_groups_note(
+                        s.capacity_blocks, s.block_size, s.capacity_tokens, None
+                    ),
+                    admission_rejections=s.admission_rejections_long,
+                    offload_allocation_failures=s.offload_allocation_failures_long,
+                    kv_offloading_gib=s.kv_offloading_gib,
+                    prompt_cache_hit_share=s.prompt_cache_hit_share,
+                ),
+            )
+        )
+    if not out:
+        raise SizingError(f"{source}: no vLLM engine seen")
+    return out
+
+
+async def _watch_metrics(
+    url: str, seconds: float
+) -> tuple[list[tuple[str, EngineView]], str | None]:
+    import httpx
+
+    from kvwatch.sidecar.scrape import fetch_version, metrics_url, scrape_once
+    from kvwatch.sidecar.state import SidecarState
+    from kvwatch.sidecar.thresholds import Thresholds
+
+    state = SidecarState([url], Thresholds(long_window_s=seconds + 5))
+    async with httpx.AsyncClient() as client:
+        end = time.monotonic() + seconds
+        while True:
+            out = await scrape_once(client, metrics_url(url), 5.0)
+            state.record_scrape(url, time.monotonic(), out)
+            if out.exposition is None:
+                raise CliError(f"cannot scrape {url}: {out.error}", EXIT_UNREACHABLE)
+            if time.monotonic() >= end:
+                version = await fetch_version(client, url, 5.0)
+                return [(t.target, e) for t in state.view().targets for e in t.engines], version
+            await asyncio.sleep(1.0)
+
+
+def _with_model(obs: Observed, model: str) -> Observed:
+    """The engine's KV groups from its model, checked against the server's own figures."""
+    from dataclasses import replace
+
+    from kvwatch.sidecar.kvmath import resolve_model
+    from kvwatch.sidecar.kvplan import layout_for_engine
+
+    arch = resolve_model(model)
+    layout = layout_for_engine(
+        arch,
+        obs.block_size,
+        obs.kv_dtype,
+        obs.capacity_blocks,
+        obs.kv_cache_memory_bytes,
+        ssm_state_dtype=obs.ssm_state_dtype,
+    )
+    return replace(obs, layout=layout, source=f"{obs.source} (model {arch.name})")
+
+
