@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kvwatch.sidecar.command import CliError
+from kvwatch.common.command import CliError
 from kvwatch.sidecar.threshold_option import add_threshold_option, thresholds_from
 
 __all__ = ["register"]

@@ -8,8 +8,8 @@ import json
 from typing import Any
 
 from kvwatch.advise_sources import observed_from_source
+from kvwatch.common.command import EXIT_FOUND, CliError
 from kvwatch.sidecar.advice import Advice, Observed, advise
-from kvwatch.sidecar.command import EXIT_FOUND, CliError
 from kvwatch.sidecar.kvmath import SizingError, lookup_gpu
 from kvwatch.sidecar.levers import ServerInfo
 

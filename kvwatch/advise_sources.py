@@ -10,8 +10,8 @@ import asyncio
 import time
 from collections.abc import Sequence
 
+from kvwatch.common.command import EXIT_UNREACHABLE, CliError
 from kvwatch.sidecar.advice import Observed, kv_bytes_per_token_from, several_groups_note
-from kvwatch.sidecar.command import EXIT_UNREACHABLE, CliError
 from kvwatch.sidecar.kvmath import SizingError
 from kvwatch.sidecar.levers import ServerInfo
 from kvwatch.sidecar.views import EngineView, engines_from_json, servers_from_json

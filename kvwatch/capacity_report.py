@@ -13,9 +13,9 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from kvwatch.common.command import EXIT_USAGE, CliError
 from kvwatch.loadgen.cmd_search import SEARCH_FILE, render_search
 from kvwatch.report_parts import CSS, advice_html
-from kvwatch.sidecar.command import EXIT_USAGE, CliError
 from kvwatch.svgplot import Line, Mark, line_chart
 
 __all__ = ["is_search_dir", "render_capacity"]

@@ -2,7 +2,7 @@
 
 The command modules import only what their parsers need; each command imports its work when it
 runs, so `kvwatch --help` and `kvwatch logs` start in a fraction of a second. Errors, exit codes
-and the `--threshold` option live in the leaf `kvwatch.sidecar.command`.
+and the `--threshold` option live in the leaf `kvwatch.common.command`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from kvwatch import __version__
-from kvwatch.sidecar.command import EXIT_INTERRUPTED, EXIT_OK, CliError, missing_extra
+from kvwatch.common.command import EXIT_INTERRUPTED, EXIT_OK, CliError, missing_extra
 
 __all__ = ["main", "build_parser", "COMMAND_MODULES"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvwatch.sidecar.command import handler
+from kvwatch.common.command import handler
 
 __all__ = ["register"]
 

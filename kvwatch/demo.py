@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from kvwatch.common.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
 from kvwatch.loadgen.local_server import (
     LocalVLLM,
     ServerConfig,
@@ -30,7 +31,6 @@ from kvwatch.loadgen.local_server import (
     stop_process,
     wait_until_ok,
 )
-from kvwatch.sidecar.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
 from kvwatch.sidecar.views import EngineView, engines_from_json
 
 __all__ = ["run_demo", "ramp_stages", "AlertReceiver"]

@@ -16,9 +16,9 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from kvwatch.common.command import EXIT_USAGE, CliError
 from kvwatch.loadgen.rundir import read_jsonl, read_records
 from kvwatch.report_parts import CSS, advice_html
-from kvwatch.sidecar.command import EXIT_USAGE, CliError
 from kvwatch.sidecar.levels import Level
 from kvwatch.sidecar.thresholds import DEFAULT_THRESHOLDS
 from kvwatch.sidecar.timeline import counter_increase

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvwatch.sidecar.command import EXIT_UNREACHABLE, CliError, handler
+from kvwatch.common.command import EXIT_UNREACHABLE, CliError, handler
 
 __all__ = ["register"]
 

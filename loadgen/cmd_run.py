@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from kvwatch.common.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
 from kvwatch.loadgen.arrivals import Concurrency, Constant, Gamma, Pattern, Poisson, Ramp
 from kvwatch.loadgen.client import served_model
 from kvwatch.loadgen.measure import measure, print_progress, run_spec
@@ -21,7 +22,6 @@ from kvwatch.loadgen.runner import Progress, RunOptions, run_loop, run_stages
 from kvwatch.loadgen.schedule import Stage, StageSpecError, parse_stage, sweep_stages
 from kvwatch.loadgen.server_metrics import sidecar_incidents
 from kvwatch.loadgen.workload import DatasetError, WorkloadSpec, tokenize_corpus
-from kvwatch.sidecar.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
 
 __all__ = ["run_command", "build_stages", "prepare_run", "send_stages"]
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from kvwatch.common.command import EXIT_FOUND, CliError
 from kvwatch.loadgen.arrivals import Concurrency, Poisson
 from kvwatch.loadgen.cmd_run import prepare_run, send_stages
 from kvwatch.loadgen.measure import Measured, measure, run_spec
@@ -28,7 +29,6 @@ from kvwatch.loadgen.search import CapacitySearch, LoadVerdict, ProbeResult, Sea
 from kvwatch.loadgen.server_metrics import sidecar_preemptions
 from kvwatch.loadgen.summary import SloError, parse_slo, summarize_records
 from kvwatch.loadgen.workload import WorkloadSpec
-from kvwatch.sidecar.command import EXIT_FOUND, CliError
 
 __all__ = [
     "search_command", "probe_stage", "search_doc", "render_search", "kv_ran_out", "SEARCH_FILE",

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from kvwatch.sidecar.command import (
+from kvwatch.common.command import (
     EXIT_FOUND,
     EXIT_OK,
     EXIT_UNREACHABLE,

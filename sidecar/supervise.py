@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from kvwatch.sidecar.backoff import backoff_s
+from kvwatch.common.backoff import backoff_s
 
 __all__ = ["LoopStatus", "Supervisor"]
 

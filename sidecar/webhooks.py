@@ -24,8 +24,8 @@ from typing import Any
 
 import httpx
 
+from kvwatch.common.backoff import backoff_s
 from kvwatch.sidecar.alerting import Notification
-from kvwatch.sidecar.backoff import backoff_s
 from kvwatch.sidecar.outbox import Outbox
 
 __all__ = [

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch.sidecar.command import EXTRA_OF_MODULE, missing_extra
+from kvwatch.common.command import EXTRA_OF_MODULE, missing_extra
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIRS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"][
@@ -24,9 +24,14 @@ def _modules() -> dict[str, Path]:
     """Every module of the installed package, by dotted name, from the package-dir mapping."""
     out = {}
     for package, folder in PACKAGE_DIRS.items():
-        for path in sorted((ROOT / folder).glob("*.py")):
-            name = package if path.stem == "__init__" else f"{package}.{path.stem}"
-            out[name] = path
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT / folder).with_suffix("").parts
+            if any(p in ("node_modules", "typecheck") for p in rel) or (
+                package == "kvwatch" and f"kvwatch.{rel[0]}" in PACKAGE_DIRS
+            ):
+                continue
+            parts = rel[:-1] if rel[-1] == "__init__" else rel
+            out[".".join([package, *parts])] = path
     return out
 
 
@@ -84,8 +89,8 @@ def test_no_import_circle() -> None:
 def test_the_circle_finder_finds_one(tmp_path: Path) -> None:
     a, b = tmp_path / "a.py", tmp_path / "b.py"
     a.write_text("from kvwatch.cli import main\n")
-    b.write_text("import kvwatch.sidecar.command\nif TYPE_CHECKING:\n    import kvwatch.cli\n")
-    assert _imports(a) == {"kvwatch.cli"} and _imports(b) == {"kvwatch.sidecar.command"}
+    b.write_text("import kvwatch.common.command\nif TYPE_CHECKING:\n    import kvwatch.cli\n")
+    assert _imports(a) == {"kvwatch.cli"} and _imports(b) == {"kvwatch.common.command"}
 
 
 def test_command_modules_never_import_the_top() -> None:

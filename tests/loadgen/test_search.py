@@ -199,8 +199,8 @@ def test_the_capacity_page_marks_both_limits(tmp_path: Path) -> None:
 )  # fmt: skip
 def test_a_broken_search_file_is_a_clear_error(tmp_path: Path, broken: str) -> None:
     from kvwatch.capacity_report import render_capacity
+    from kvwatch.common.command import CliError
     from kvwatch.loadgen.cmd_search import SEARCH_FILE
-    from kvwatch.sidecar.command import CliError
 
     (tmp_path / SEARCH_FILE).write_text(broken)
     with pytest.raises(CliError, match="not a readable capacity search"):

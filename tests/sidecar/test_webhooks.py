@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kvwatch.common.backoff import backoff_s
 from kvwatch.loadgen.local_server import free_port
 from kvwatch.sidecar.alerting import Alert, AlertTracker, Notification
-from kvwatch.sidecar.backoff import backoff_s
 from kvwatch.sidecar.outbox import Outbox
 from kvwatch.sidecar.webhooks import Receiver, load_receivers, redact_url, render, sign
 from tests.receiver import receiver
