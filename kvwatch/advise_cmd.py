@@ -9,9 +9,9 @@ from typing import Any
 
 from kvwatch.advise_sources import observed_from_source
 from kvwatch.common.command import EXIT_FOUND, CliError
-from kvwatch.sidecar.advice import Advice, Observed, advise
-from kvwatch.sidecar.kvmath import SizingError, lookup_gpu
-from kvwatch.sidecar.levers import ServerInfo
+from kvwatch.sizing.advice import Advice, Observed, advise
+from kvwatch.sizing.kvmath import SizingError, lookup_gpu
+from kvwatch.sizing.levers import ServerInfo
 
 __all__ = ["run_advise"]
 

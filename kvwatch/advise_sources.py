@@ -11,10 +11,10 @@ import time
 from collections.abc import Sequence
 
 from kvwatch.common.command import EXIT_UNREACHABLE, CliError
-from kvwatch.sidecar.advice import Observed, kv_bytes_per_token_from, several_groups_note
-from kvwatch.sidecar.kvmath import SizingError
-from kvwatch.sidecar.levers import ServerInfo
 from kvwatch.sidecar.views import EngineView, engines_from_json, servers_from_json
+from kvwatch.sizing.advice import Observed, kv_bytes_per_token_from, several_groups_note
+from kvwatch.sizing.kvmath import SizingError
+from kvwatch.sizing.levers import ServerInfo
 
 __all__ = ["observed_from_source", "observed_from_engines"]
 
@@ -130,8 +130,8 @@ def _with_model(obs: Observed, model: str) -> Observed:
     """The engine's KV groups from its model, checked against the server's own figures."""
     from dataclasses import replace
 
-    from kvwatch.sidecar.kvmath import resolve_model
-    from kvwatch.sidecar.kvplan import layout_for_engine
+    from kvwatch.sizing.kvmath import resolve_model
+    from kvwatch.sizing.kvplan import layout_for_engine
 
     arch = resolve_model(model)
     layout = layout_for_engine(

@@ -219,8 +219,8 @@ def _print_summary(
 ) -> None:
     from kvwatch.loadgen.rundir import observed_from_run, server_from_run
     from kvwatch.loadgen.summary import render_table
-    from kvwatch.sidecar.advice import advise
-    from kvwatch.sidecar.kvmath import SizingError
+    from kvwatch.sizing.advice import advise
+    from kvwatch.sizing.kvmath import SizingError
 
     full = json.loads((run_dir / "summary.json").read_text())
     summary = full["overall"]

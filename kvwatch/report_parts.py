@@ -24,8 +24,8 @@ svg.kvw-chart{width:100%;height:auto;margin:6px 0}.note{color:#666;font-size:13p
 
 def advice_html(run_dir: Path) -> tuple[str, str | None]:
     from kvwatch.loadgen.rundir import observed_from_run, server_from_run
-    from kvwatch.sidecar.advice import advise
-    from kvwatch.sidecar.kvmath import SizingError
+    from kvwatch.sizing.advice import advise
+    from kvwatch.sizing.kvmath import SizingError
 
     try:
         obs = observed_from_run(run_dir)

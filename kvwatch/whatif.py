@@ -14,11 +14,11 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kvwatch.sidecar.advice import Observed, byte_size
-from kvwatch.sidecar.archconfig import Architecture
-from kvwatch.sidecar.kvmath import Gpu, VictimCosts, lookup_gpu, resolve_model, victim_costs
-from kvwatch.sidecar.kvplan import PLATFORMS, KvPlan, Serving, capacity_line, plan
-from kvwatch.sidecar.sizingerror import SizingError
+from kvwatch.sizing.advice import Observed, byte_size
+from kvwatch.sizing.archconfig import Architecture
+from kvwatch.sizing.errors import SizingError
+from kvwatch.sizing.kvmath import Gpu, VictimCosts, lookup_gpu, resolve_model, victim_costs
+from kvwatch.sizing.kvplan import PLATFORMS, KvPlan, Serving, capacity_line, plan
 
 __all__ = ["WhatIfAnswer", "what_if", "render_what_if"]
 

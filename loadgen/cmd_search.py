@@ -247,8 +247,8 @@ def _advice(run_dir: Path, doc: dict[str, Any]) -> dict[str, Any] | None:
     """The sizing advice where the binding limit is met: the KV onset's first probe (the
     cache ran out there), else the lowest failing load's."""
     from kvwatch.loadgen.rundir import observed_from_run, server_from_run
-    from kvwatch.sidecar.advice import advise
-    from kvwatch.sidecar.kvmath import SizingError
+    from kvwatch.sizing.advice import advise
+    from kvwatch.sizing.kvmath import SizingError
 
     res = doc["result"]
     at = res["kv_onset"] or res["min_fail"]

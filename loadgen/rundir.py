@@ -17,10 +17,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvwatch.sidecar.advice import Observed, kv_bytes_per_token_from, several_groups_note
-from kvwatch.sidecar.kvmath import SizingError
-from kvwatch.sidecar.levers import ServerInfo, valid_version
 from kvwatch.sidecar.signals import cached_share
+from kvwatch.sizing.advice import Observed, kv_bytes_per_token_from, several_groups_note
+from kvwatch.sizing.kvmath import SizingError
+from kvwatch.sizing.levers import ServerInfo, valid_version
 
 __all__ = [
     "write_run", "read_records", "read_jsonl", "write_jsonl", "run_outcome", "observed_from_run",

@@ -138,7 +138,7 @@ def _sidecar(ns: argparse.Namespace) -> int:
         overrides.append(f"long_window_s={ns.long_window}")
     model = None
     if ns.model:
-        from kvwatch.sidecar.kvmath import resolve_model
+        from kvwatch.sizing.kvmath import resolve_model
 
         try:
             model = resolve_model(ns.model)

@@ -24,7 +24,6 @@ from typing import BinaryIO
 import httpx
 
 from kvwatch.sidecar.alerting import AlertTracker, active_alerts
-from kvwatch.sidecar.archconfig import Architecture
 from kvwatch.sidecar.dbfile import connect
 from kvwatch.sidecar.episode_store import EpisodeStore
 from kvwatch.sidecar.follow import FileFollower, FollowStats, read_stream, run_and_read
@@ -34,6 +33,7 @@ from kvwatch.sidecar.state import SidecarState
 from kvwatch.sidecar.thresholds import Thresholds
 from kvwatch.sidecar.views import AlertingView
 from kvwatch.sidecar.webhooks import Receiver, deliver_forever, enqueue
+from kvwatch.sizing.archconfig import Architecture
 
 __all__ = ["SidecarConfig", "run_sidecar"]
 

@@ -15,8 +15,6 @@ from typing import Any
 
 import httpx
 
-from kvwatch.sidecar.advice import Observed
-from kvwatch.sidecar.kvmath import SizingError
 from kvwatch.sidecar.observe import per_first_engine
 from kvwatch.sidecar.signals import cached_share
 from kvwatch.sidecar.vocabulary import (
@@ -31,6 +29,8 @@ from kvwatch.sidecar.vocabulary import (
     WAITING,
     promql_selector,
 )
+from kvwatch.sizing.advice import Observed
+from kvwatch.sizing.kvmath import SizingError
 
 __all__ = ["observed_from_prometheus"]
 

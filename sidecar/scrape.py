@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import httpx
 
 from kvwatch.sidecar.exposition import Exposition, parse_exposition
-from kvwatch.sidecar.levers import valid_version
+from kvwatch.sizing.levers import valid_version
 
 __all__ = [
     "health_url", "check_health",

@@ -15,7 +15,6 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from kvwatch.sidecar.archconfig import Architecture
 from kvwatch.sidecar.episode_store import EpisodeStore
 from kvwatch.sidecar.episodes import Episode
 from kvwatch.sidecar.follow import FollowStats
@@ -36,6 +35,7 @@ from kvwatch.sidecar.views import (
     StateView,
     TargetView,
 )
+from kvwatch.sizing.archconfig import Architecture
 
 __all__ = ["TargetState", "SidecarState"]
 

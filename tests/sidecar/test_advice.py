@@ -2,13 +2,13 @@ from __future__ import annotations
 
 import pytest
 
-from kvwatch.sidecar.advice import Observed, advise, several_groups_note
-from kvwatch.sidecar.archconfig import architecture_from_config
 from kvwatch.sidecar.judging import EngineJudge
-from kvwatch.sidecar.kvmath import SizingError, lookup_gpu, lookup_model
-from kvwatch.sidecar.kvplan import KvLayout, layout_for_engine
 from kvwatch.sidecar.observe import CacheConfig
 from kvwatch.sidecar.thresholds import Thresholds
+from kvwatch.sizing.advice import Observed, advise, several_groups_note
+from kvwatch.sizing.archconfig import architecture_from_config
+from kvwatch.sizing.kvmath import SizingError, lookup_gpu, lookup_model
+from kvwatch.sizing.kvplan import KvLayout, layout_for_engine
 
 
 def obs(**kw: object) -> Observed:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from kvwatch.sidecar.archconfig import AttentionLayer, architecture_from_config
-from kvwatch.sidecar.kvmath import (
+from kvwatch.sizing.archconfig import AttentionLayer, architecture_from_config
+from kvwatch.sizing.kvmath import (
     SizingError,
     blocks_for,
     decode_step_s,
@@ -20,8 +20,8 @@ from kvwatch.sidecar.kvmath import (
     model_from_config,
     victim_costs,
 )
-from kvwatch.sidecar.kvplan import PLATFORMS, Serving, layout_for, plan
-from kvwatch.sidecar.presets import GPU_PRESETS, MODEL_PRESETS
+from kvwatch.sizing.kvplan import PLATFORMS, Serving, layout_for, plan
+from kvwatch.sizing.presets import GPU_PRESETS, MODEL_PRESETS
 
 KIB, MIB = 1024, 1024**2
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from kvwatch.sidecar.advice import Observed, advise
-from kvwatch.sidecar.kvmath import lookup_gpu
-from kvwatch.sidecar.levers import ServerInfo, has_flag, parse_version, valid_version
 from kvwatch.sidecar.logformats import Malformed, ServerStart, parse_line
 from kvwatch.sidecar.logstate import LogState
 from kvwatch.sidecar.views import servers_from_json
+from kvwatch.sizing.advice import Observed, advise
+from kvwatch.sizing.kvmath import lookup_gpu
+from kvwatch.sizing.levers import ServerInfo, has_flag, parse_version, valid_version
 
 BANNER = "(APIServer pid=1) INFO 11-29 09:01:28 [api_utils.py:347]  ▄▄ ▄█ █     █  version 0.32.0"
 OLD = "INFO 07-01 10:00:00 [api_server.py:1043] vLLM API server version 0.9.2"

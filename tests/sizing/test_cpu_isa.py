@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch.sidecar.archconfig import Architecture, architecture_from_config, read_config
-from kvwatch.sidecar.kvmath import SizingError, lookup_gpu
-from kvwatch.sidecar.kvplan import PLATFORMS, Serving, cpu_platform, layout_for_engine, plan
+from kvwatch.sizing.archconfig import Architecture, architecture_from_config, read_config
+from kvwatch.sizing.kvmath import SizingError, lookup_gpu
+from kvwatch.sizing.kvplan import PLATFORMS, Serving, cpu_platform, layout_for_engine, plan
 
 ARCH = Path(__file__).parents[1] / "data" / "architectures"
 MIB = 2**20

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from kvwatch.sidecar.archconfig import architecture_from_config, read_config
-from kvwatch.sidecar.kvmath import SizingError
-from kvwatch.sidecar.kvplan import (
+from kvwatch.sizing.archconfig import architecture_from_config, read_config
+from kvwatch.sizing.kvmath import SizingError
+from kvwatch.sizing.kvplan import (
     PLATFORMS,
     KvPlan,
     Serving,

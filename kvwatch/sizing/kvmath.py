@@ -16,17 +16,17 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kvwatch.sidecar.archconfig import (
+from kvwatch.sizing.archconfig import (
     Architecture,
     AttentionLayer,
     MlaLayer,
     architecture_from_config,
     read_config,
 )
-from kvwatch.sidecar.kvplan import PLATFORMS, KvLayout, Serving, layout_for
-from kvwatch.sidecar.presets import GPU_ALIASES, GPU_PRESETS, LINK_BYTES_PER_S, MODEL_PRESETS
-from kvwatch.sidecar.presets import GpuSpec as Gpu
-from kvwatch.sidecar.sizingerror import SizingError
+from kvwatch.sizing.errors import SizingError
+from kvwatch.sizing.kvplan import PLATFORMS, KvLayout, Serving, layout_for
+from kvwatch.sizing.presets import GPU_ALIASES, GPU_PRESETS, LINK_BYTES_PER_S, MODEL_PRESETS
+from kvwatch.sizing.presets import GpuSpec as Gpu
 
 __all__ = [
     "Gpu",

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from kvwatch.sidecar.sizingerror import SizingError
+from kvwatch.sizing.errors import SizingError
 
 __all__ = [
     "AttentionLayer",

@@ -14,10 +14,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kvwatch.sidecar.kvmath import Gpu, SizingError, blocks_for
-from kvwatch.sidecar.kvplan import KvLayout
-from kvwatch.sidecar.levers import ServerInfo, has_flag
-from kvwatch.sidecar.presets import LINK_BYTES_PER_S
+from kvwatch.sizing.kvmath import Gpu, SizingError, blocks_for
+from kvwatch.sizing.kvplan import KvLayout
+from kvwatch.sizing.levers import ServerInfo, has_flag
+from kvwatch.sizing.presets import LINK_BYTES_PER_S
 
 __all__ = [
     "Observed",

@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from kvwatch.sidecar.archconfig import Architecture, AttentionLayer, MlaLayer, StateLayer
-from kvwatch.sidecar.sizingerror import SizingError
+from kvwatch.sizing.archconfig import Architecture, AttentionLayer, MlaLayer, StateLayer
+from kvwatch.sizing.errors import SizingError
 
 __all__ = [
     "Platform",
