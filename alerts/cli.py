@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kvwatch.common.command import CliError
-from kvwatch.sidecar.threshold_option import add_threshold_option, thresholds_from
+from kvwatch.sidecar.contract.threshold_option import add_threshold_option, thresholds_from
 
 __all__ = ["register"]
 

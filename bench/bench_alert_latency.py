@@ -23,8 +23,8 @@ import httpx
 from kvwatch.loadgen.burst import run_burst
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig
 from kvwatch.loadgen.tiny_model import build_tiny_model
+from kvwatch.sidecar.contract.vocabulary import PREEMPTIONS
 from kvwatch.sidecar.exposition import parse_exposition
-from kvwatch.sidecar.vocabulary import PREEMPTIONS
 from tests.alertmanager import running_alertmanager
 from tests.prometheus import prometheus_alerting
 from tests.receiver import receiver

@@ -70,12 +70,12 @@ from procfs import session_pids
 from kvwatch.loadgen.burst import rate_for_in_flight
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig, set_autogroup_nice, stop_process
 from kvwatch.loadgen.tiny_model import build_tiny_model
+from kvwatch.sidecar.contract.thresholds import Thresholds, parse_overrides
 from kvwatch.sidecar.exposition import parse_exposition
 from kvwatch.sidecar.forecast import MIN_POINTS, line_fit
 from kvwatch.sidecar.judging import EngineJudge
 from kvwatch.sidecar.observe import EngineObservation, observe
 from kvwatch.sidecar.signals import derive
-from kvwatch.sidecar.thresholds import Thresholds, parse_overrides
 from kvwatch.sidecar.timeline import Timeline
 
 OUT = Path(__file__).resolve().parent / "results" / "forecast"

@@ -1,7 +1,7 @@
 """Panels and layout of kvwatch's Grafana dashboards, built with grafana-foundation-sdk.
 
-Queries come from dashboards/queries.py and threshold lines from sidecar/thresholds.py, so a
-panel's orange line sits where the sidecar starts to say "pressure". `kvwatch dashboards` writes
+Queries come from dashboards/queries.py and threshold lines from sidecar/contract/thresholds.py, so
+a panel's orange line sits where the sidecar starts to say "pressure". `kvwatch dashboards` writes
 the JSON; a test fails when the checked-in files differ from what this renders.
 """
 
@@ -28,9 +28,9 @@ from grafana_foundation_sdk.models import prometheus as pm
 
 from kvwatch.dashboards import queries as q
 from kvwatch.dashboards.files import DASHBOARD_FILES
-from kvwatch.sidecar import catalogue as cat
-from kvwatch.sidecar.thresholds import DEFAULT_THRESHOLDS, Thresholds
-from kvwatch.sidecar.vocabulary import E2E, GENERATION_TOKENS, ITL, PROMPT_TOKENS, TTFT
+from kvwatch.sidecar.contract import catalogue as cat
+from kvwatch.sidecar.contract.thresholds import DEFAULT_THRESHOLDS, Thresholds
+from kvwatch.sidecar.contract.vocabulary import E2E, GENERATION_TOKENS, ITL, PROMPT_TOKENS, TTFT
 
 __all__ = ["DASHBOARDS", "OFFLOAD_PANELS", "kv_pressure", "fleet", "build", "render", "write_all"]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kvwatch.dashboards.files import DASHBOARD_FILES
-from kvwatch.sidecar.threshold_option import add_threshold_option, thresholds_from
+from kvwatch.sidecar.contract.threshold_option import add_threshold_option, thresholds_from
 
 __all__ = ["register"]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kvwatch.dashboards.live import PanelQuery, Series
-from kvwatch.sidecar.catalogue import STATES
+from kvwatch.sidecar.contract.catalogue import STATES
 from kvwatch.svgplot import Line, Span, bar_chart, line_chart, state_lanes
 
 __all__ = ["legend", "panel_svg", "spans_from", "write_preview"]

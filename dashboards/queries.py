@@ -8,8 +8,8 @@ are filtered by model and engine only. Layout lives in dashboards/build.py.
 
 from __future__ import annotations
 
-from kvwatch.sidecar.catalogue import STATE_LEVEL, Metric
-from kvwatch.sidecar.vocabulary import (
+from kvwatch.sidecar.contract.catalogue import STATE_LEVEL, Metric
+from kvwatch.sidecar.contract.vocabulary import (
     ADMISSION_REJECTIONS,
     KV_OFFLOAD_ALLOCATION_FAILURES,
     KV_OFFLOAD_LOAD_BYTES,

@@ -108,9 +108,9 @@ async def _watch_metrics(
 ) -> tuple[list[tuple[str, EngineView]], str | None]:
     import httpx
 
+    from kvwatch.sidecar.contract.thresholds import Thresholds
     from kvwatch.sidecar.scrape import fetch_version, metrics_url, scrape_once
     from kvwatch.sidecar.state import SidecarState
-    from kvwatch.sidecar.thresholds import Thresholds
 
     state = SidecarState([url], Thresholds(long_window_s=seconds + 5))
     async with httpx.AsyncClient() as client:

@@ -19,8 +19,8 @@ from typing import Any
 from kvwatch.common.command import EXIT_USAGE, CliError
 from kvwatch.loadgen.rundir import read_jsonl, read_records
 from kvwatch.report_parts import CSS, advice_html
-from kvwatch.sidecar.levels import Level
-from kvwatch.sidecar.thresholds import DEFAULT_THRESHOLDS
+from kvwatch.sidecar.contract.levels import Level
+from kvwatch.sidecar.contract.thresholds import DEFAULT_THRESHOLDS
 from kvwatch.sidecar.timeline import counter_increase
 from kvwatch.svgplot import Line, Mark, Span, bar_chart, format_value, line_chart
 

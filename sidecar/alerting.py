@@ -1,9 +1,9 @@
 """The sidecar's own alerts: which are active now, and what changed since the last look.
 
-Names, severities, windows and texts come from sidecar/catalogue.py, which the Prometheus rules
-and the runbook share. An alert is keyed by a fingerprint of its labels; the tracker turns the
-active set into firing, repeat and resolved notifications, and keeps what is firing in SQLite so
-a restarted sidecar neither re-announces nor forgets an alert.
+Names, severities, windows and texts come from sidecar/contract/catalogue.py, which the Prometheus
+rules and the runbook share. An alert is keyed by a fingerprint of its labels; the tracker turns the
+active set into firing, repeat and resolved notifications, and keeps what is firing in SQLite so a
+restarted sidecar neither re-announces nor forgets an alert.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import threading
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from kvwatch.sidecar import catalogue as cat
-from kvwatch.sidecar.thresholds import Thresholds
+from kvwatch.sidecar.contract import catalogue as cat
+from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.views import EngineView, FiringAlert, StateView
 
 __all__ = ["Alert", "AlertSet", "active_alerts", "AlertTracker", "Notification"]

@@ -15,7 +15,7 @@ from kvwatch.common.command import (
     EXIT_UNREACHABLE,
     CliError,
 )
-from kvwatch.sidecar.threshold_option import add_threshold_option, thresholds_from
+from kvwatch.sidecar.contract.threshold_option import add_threshold_option, thresholds_from
 
 __all__ = ["register", "read_log_chunks"]
 

@@ -24,13 +24,13 @@ from typing import BinaryIO
 import httpx
 
 from kvwatch.sidecar.alerting import AlertTracker, active_alerts
+from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.dbfile import connect
 from kvwatch.sidecar.episode_store import EpisodeStore
 from kvwatch.sidecar.follow import FileFollower, FollowStats, read_stream, run_and_read
 from kvwatch.sidecar.outbox import Outbox
 from kvwatch.sidecar.scrape import check_health, fetch_version, metrics_url, scrape_once
 from kvwatch.sidecar.state import SidecarState
-from kvwatch.sidecar.thresholds import Thresholds
 from kvwatch.sidecar.views import AlertingView
 from kvwatch.sidecar.webhooks import Receiver, deliver_forever, enqueue
 from kvwatch.sizing.archconfig import Architecture

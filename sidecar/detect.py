@@ -1,6 +1,6 @@
 """Judge each engine: ok, pressure, saturated or thrashing, with hysteresis so states do not flap.
 
-Values come from sidecar/thresholds.py:
+Values come from sidecar/contract/thresholds.py:
 - pressure: KV usage >= pressure_kv (left below pressure_exit_kv);
 - saturated: the cache ran out in the short window (peak KV usage >= saturated_kv, or any
   preemption: vLLM preempts only when a running request cannot get a block, and on a short spike
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvwatch.sidecar.levels import Level
+from kvwatch.sidecar.contract.levels import Level
+from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.signals import EngineSignals
-from kvwatch.sidecar.thresholds import Thresholds
 from kvwatch.sidecar.timeline import Timeline
 
 __all__ = ["Evidence", "judge", "Detector", "gather_evidence"]

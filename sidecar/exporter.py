@@ -1,8 +1,8 @@
 """The sidecar's own endpoint: `/metrics` (kvwatch_*), `/healthz` and `/api/state` (JSON).
 
 Metrics are built from a state view at scrape time (a custom collector on our own registry),
-with the names, types, labels and help of sidecar/catalogue.py. A target that is down exports
-`kvwatch_target_up 0` and no engine series: down is not zero.
+with the names, types, labels and help of sidecar/contract/catalogue.py. A target that is down
+exports `kvwatch_target_up 0` and no engine series: down is not zero.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kvwatch.sidecar import catalogue as cat
+from kvwatch.sidecar.contract import catalogue as cat
 from kvwatch.sidecar.episodes import Episode
 from kvwatch.sidecar.views import StateView, state_json
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from kvwatch.sidecar.vocabulary import WIRE_LOOKUP, Family
+from kvwatch.sidecar.contract.vocabulary import WIRE_LOOKUP, Family
 
 __all__ = ["Sample", "Exposition", "parse_exposition", "parse_lines"]
 

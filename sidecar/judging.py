@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from kvwatch.sidecar.contract.levels import Level
+from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.detect import Detector, gather_evidence, judge
 from kvwatch.sidecar.episodes import Episode, EpisodeTracker
-from kvwatch.sidecar.levels import Level
 from kvwatch.sidecar.observe import CacheConfig, EngineKey, EngineObservation
 from kvwatch.sidecar.signals import EngineSignals, derive
-from kvwatch.sidecar.thresholds import Thresholds
 from kvwatch.sidecar.timeline import COUNTERS, Timeline
 from kvwatch.sizing.archconfig import Architecture
 from kvwatch.sizing.errors import SizingError

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.incidents import Incident
-from kvwatch.sidecar.thresholds import Thresholds
 
 __all__ = ["Status", "Liveness", "judge_liveness"]
 

@@ -10,8 +10,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvwatch.sidecar.exposition import Exposition, Sample
-from kvwatch.sidecar.vocabulary import (
+from kvwatch.sidecar.contract.vocabulary import (
     ADMISSION_REJECTIONS,
     CACHE_CONFIG,
     GENERATION_TOKENS,
@@ -36,6 +35,7 @@ from kvwatch.sidecar.vocabulary import (
     WAITING_BY_REASON,
     Family,
 )
+from kvwatch.sidecar.exposition import Exposition, Sample
 
 __all__ = [
     "EngineKey",

@@ -1,6 +1,6 @@
 """Read what advice needs from a Prometheus server, for every vLLM instance it scrapes.
 
-Every selector matches both spellings (`vllm:` and `vllm_`, see sidecar/vocabulary.py). Per
+Every selector matches both spellings (`vllm:` and `vllm_`, see sidecar/contract/vocabulary.py). Per
 (instance, engine): the cache configuration, the most requests held at once over the window
 (running + waiting), the p95 request lengths from vLLM's per-request histograms, and the
 preemptions in the window. From the families vLLM 0.32+ exports, where the server has them: the
@@ -15,9 +15,7 @@ from typing import Any
 
 import httpx
 
-from kvwatch.sidecar.observe import per_first_engine
-from kvwatch.sidecar.signals import cached_share
-from kvwatch.sidecar.vocabulary import (
+from kvwatch.sidecar.contract.vocabulary import (
     ADMISSION_REJECTIONS,
     CACHE_CONFIG,
     KV_OFFLOAD_ALLOCATION_FAILURES,
@@ -29,6 +27,8 @@ from kvwatch.sidecar.vocabulary import (
     WAITING,
     promql_selector,
 )
+from kvwatch.sidecar.observe import per_first_engine
+from kvwatch.sidecar.signals import cached_share
 from kvwatch.sizing.advice import Observed
 from kvwatch.sizing.kvmath import SizingError
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.forecast import WINDOW_S, forecast_exhaustion
 from kvwatch.sidecar.observe import CacheConfig, bucket_quantile
-from kvwatch.sidecar.thresholds import Thresholds
 from kvwatch.sidecar.timeline import Timeline
 
 __all__ = ["EngineSignals", "derive", "cached_share"]

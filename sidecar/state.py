@@ -15,6 +15,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
+from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.episode_store import EpisodeStore
 from kvwatch.sidecar.episodes import Episode
 from kvwatch.sidecar.follow import FollowStats
@@ -25,7 +26,6 @@ from kvwatch.sidecar.logstate import LogState
 from kvwatch.sidecar.observe import EngineKey, observe
 from kvwatch.sidecar.scrape import ScrapeOutcome
 from kvwatch.sidecar.supervise import Supervisor
-from kvwatch.sidecar.thresholds import Thresholds
 from kvwatch.sidecar.views import (
     AlertingView,
     EngineView,

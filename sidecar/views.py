@@ -10,17 +10,17 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar, get_args, get_type_hints
 
+from kvwatch.sidecar.contract.levels import Level
+from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.episodes import Episode
 from kvwatch.sidecar.follow import FollowStats
 from kvwatch.sidecar.incidents import Incident
 from kvwatch.sidecar.judging import Transition
-from kvwatch.sidecar.levels import Level
 from kvwatch.sidecar.liveness import Liveness
 from kvwatch.sidecar.logformats import Capacity, StatsLine, event_to_dict
 from kvwatch.sidecar.outbox import DeliveryStats
 from kvwatch.sidecar.signals import EngineSignals
 from kvwatch.sidecar.supervise import LoopStatus
-from kvwatch.sidecar.thresholds import Thresholds
 from kvwatch.sizing.levers import ServerInfo, valid_version
 
 _D = TypeVar("_D")

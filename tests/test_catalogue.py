@@ -14,14 +14,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from kvwatch.alerts.build import render_prometheus_rule, render_rules, rule_groups
 from kvwatch.alerts.runbook import read_runbook, sections
 from kvwatch.dashboards.files import DASHBOARD_FILES
-from kvwatch.sidecar import catalogue as cat
 from kvwatch.sidecar.alerting import active_alerts
+from kvwatch.sidecar.contract import catalogue as cat
+from kvwatch.sidecar.contract.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from kvwatch.sidecar.exporter import StateCollector
 from kvwatch.sidecar.exposition import parse_exposition
 from kvwatch.sidecar.follow import FollowStats
 from kvwatch.sidecar.scrape import ScrapeOutcome
 from kvwatch.sidecar.state import SidecarState
-from kvwatch.sidecar.thresholds import DEFAULT_THRESHOLDS, Thresholds
 
 ROOT = Path(__file__).resolve().parents[1]
 _NAME = re.compile(r"\bkvwatch(?:_[a-z_]+|:[a-z_]+:[a-z0-9_]+)")
@@ -152,7 +152,7 @@ class TestTheTwoPathsAgree:
         assert json.dumps(rule["annotations"]).count("{{ $labels.target }}") == 1
 
     def test_every_state_above_ok_has_a_webhook_alert(self) -> None:
-        from kvwatch.sidecar.levels import Level
+        from kvwatch.sidecar.contract.levels import Level
 
         for level in Level:
             spec = cat.alert_for_level(level)

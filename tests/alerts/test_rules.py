@@ -15,7 +15,7 @@ from kvwatch.alerts.build import (
     render_prometheus_rule,
     render_rules,
 )
-from kvwatch.sidecar.thresholds import Thresholds
+from kvwatch.sidecar.contract.thresholds import Thresholds
 
 ALERTS = Path(__file__).resolve().parents[2] / "alerts"
 

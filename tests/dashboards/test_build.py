@@ -19,7 +19,7 @@ from kvwatch.dashboards.live import (
     substitute,
 )
 from kvwatch.dashboards.schema_check import check_dashboards
-from kvwatch.sidecar.thresholds import Thresholds
+from kvwatch.sidecar.contract.thresholds import Thresholds
 
 DIR = Path(__file__).resolve().parents[2] / "dashboards"
 

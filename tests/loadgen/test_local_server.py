@@ -19,8 +19,8 @@ from kvwatch.loadgen.local_server import (
     group_alive,
     set_autogroup_nice,
 )
+from kvwatch.sidecar.contract.vocabulary import KV_USAGE, PREEMPTIONS
 from kvwatch.sidecar.exposition import parse_exposition
-from kvwatch.sidecar.vocabulary import KV_USAGE, PREEMPTIONS
 
 pytestmark = pytest.mark.integration
 

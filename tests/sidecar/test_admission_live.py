@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig
+from kvwatch.sidecar.contract.vocabulary import ADMISSION_REJECTIONS, promql_selector
 from kvwatch.sidecar.exposition import parse_exposition
-from kvwatch.sidecar.vocabulary import ADMISSION_REJECTIONS, promql_selector
 from tests.prometheus import running_prometheus, wait_for_series
 from tests.sidecar.running import running_sidecar
 from tests.test_advise_sources import advise

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
+from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.judging import EngineJudge
 from kvwatch.sidecar.observe import CacheConfig
-from kvwatch.sidecar.thresholds import Thresholds
 from kvwatch.sizing.advice import Observed, advise, several_groups_note
 from kvwatch.sizing.archconfig import architecture_from_config
 from kvwatch.sizing.kvmath import SizingError, lookup_gpu, lookup_model

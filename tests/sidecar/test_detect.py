@@ -2,13 +2,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvwatch.sidecar.contract.levels import Level
+from kvwatch.sidecar.contract.thresholds import Thresholds, parse_overrides
 from kvwatch.sidecar.detect import Detector, Evidence, judge
 from kvwatch.sidecar.episode_store import EpisodeStore
 from kvwatch.sidecar.exposition import parse_exposition
-from kvwatch.sidecar.levels import Level
 from kvwatch.sidecar.scrape import ScrapeOutcome
 from kvwatch.sidecar.state import SidecarState
-from kvwatch.sidecar.thresholds import Thresholds, parse_overrides
 
 TH = Thresholds()
 

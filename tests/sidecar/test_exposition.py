@@ -6,8 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvwatch.sidecar.exposition import parse_exposition
-from kvwatch.sidecar.vocabulary import (
+from kvwatch.sidecar.contract.vocabulary import (
     CACHE_CONFIG,
     ITL,
     KV_USAGE,
@@ -16,6 +15,7 @@ from kvwatch.sidecar.vocabulary import (
     WIRE_LOOKUP,
     by_name,
 )
+from kvwatch.sidecar.exposition import parse_exposition
 
 
 def _reference(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

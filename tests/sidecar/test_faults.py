@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from kvwatch.loadgen.local_server import free_port
 from kvwatch.sidecar.alerting import Alert, AlertTracker, Notification, active_alerts
+from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.dbfile import connect
 from kvwatch.sidecar.exporter import StateCollector, events_refusal
 from kvwatch.sidecar.exposition import parse_exposition
@@ -33,7 +34,6 @@ from kvwatch.sidecar.outbox import DeliveryStats, Outbox
 from kvwatch.sidecar.scrape import ScrapeOutcome, scrape_once
 from kvwatch.sidecar.state import SidecarState
 from kvwatch.sidecar.supervise import Supervisor
-from kvwatch.sidecar.thresholds import Thresholds
 from kvwatch.sidecar.timeline import Timeline
 from kvwatch.sidecar.views import engines_from_json, state_json
 from kvwatch.sidecar.webhooks import Receiver, deliver_forever, enqueue

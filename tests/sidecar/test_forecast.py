@@ -10,13 +10,13 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from kvwatch.sidecar.alerting import active_alerts
+from kvwatch.sidecar.contract.levels import Level
+from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.exporter import StateCollector
 from kvwatch.sidecar.exposition import parse_exposition
 from kvwatch.sidecar.forecast import MIN_POINTS, forecast_exhaustion, line_fit
 from kvwatch.sidecar.judging import EngineJudge
-from kvwatch.sidecar.levels import Level
 from kvwatch.sidecar.observe import CacheConfig, EngineObservation, observe
-from kvwatch.sidecar.thresholds import Thresholds
 
 CACHE = CacheConfig(block_size=32, num_blocks=40)
 

@@ -4,11 +4,11 @@ the followed log, and from requests that get no token; exported and alerted on."
 from __future__ import annotations
 
 from kvwatch.sidecar.alerting import active_alerts
+from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.exposition import parse_exposition
 from kvwatch.sidecar.liveness import Status
 from kvwatch.sidecar.scrape import ScrapeOutcome
 from kvwatch.sidecar.state import SidecarState
-from kvwatch.sidecar.thresholds import Thresholds
 
 URL = "http://a"
 DEATH = (

@@ -9,10 +9,10 @@ import math
 import re
 from pathlib import Path
 
+from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.exposition import parse_exposition
 from kvwatch.sidecar.observe import EngineObservation, observe
 from kvwatch.sidecar.signals import derive
-from kvwatch.sidecar.thresholds import Thresholds
 from kvwatch.sidecar.timeline import Timeline
 
 DATA = Path(__file__).resolve().parent.parent / "data"

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import re
 
-from kvwatch.sidecar import vocabulary as v
+from kvwatch.sidecar.contract import vocabulary as v
 
 
 class TestVocabulary:

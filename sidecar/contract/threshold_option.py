@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Sequence
 
 from kvwatch.common.command import CliError
-from kvwatch.sidecar.thresholds import Thresholds, parse_overrides
+from kvwatch.sidecar.contract.thresholds import Thresholds, parse_overrides
 
 __all__ = ["add_threshold_option", "thresholds_from"]
 

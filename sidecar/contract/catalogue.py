@@ -1,4 +1,4 @@
-"""Everything kvwatch emits, beside sidecar/vocabulary.py (everything it reads).
+"""Everything kvwatch emits, beside sidecar/contract/vocabulary.py (everything it reads).
 
 - every `kvwatch_*` metric the sidecar exports: name, type, labels, help;
 - the state names, from the detector's `Level`;
@@ -24,8 +24,8 @@ from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Literal
 
-from kvwatch.sidecar.levels import Level
-from kvwatch.sidecar.thresholds import Thresholds
+from kvwatch.sidecar.contract.levels import Level
+from kvwatch.sidecar.contract.thresholds import Thresholds
 
 __all__ = [
     "MetricType", "Metric", "METRICS", "ENGINE_GAUGES", "TARGET_LABELS", "ENGINE_LABELS",
