@@ -24,7 +24,7 @@ from kvwatch.loadgen.burst import run_burst
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig
 from kvwatch.loadgen.tiny_model import build_tiny_model
 from kvwatch.sidecar.contract.vocabulary import PREEMPTIONS
-from kvwatch.sidecar.exposition import parse_exposition
+from kvwatch.sidecar.metrics.exposition import parse_exposition
 from tests.alertmanager import running_alertmanager
 from tests.prometheus import prometheus_alerting
 from tests.receiver import receiver

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvwatch.sidecar.exposition import parse_exposition
+from kvwatch.sidecar.metrics.exposition import parse_exposition
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "vllm-0.32-metrics-busy.txt"
 

@@ -71,10 +71,10 @@ from kvwatch.loadgen.burst import rate_for_in_flight
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig, set_autogroup_nice, stop_process
 from kvwatch.loadgen.tiny_model import build_tiny_model
 from kvwatch.sidecar.contract.thresholds import Thresholds, parse_overrides
-from kvwatch.sidecar.exposition import parse_exposition
 from kvwatch.sidecar.forecast import MIN_POINTS, line_fit
 from kvwatch.sidecar.judging import EngineJudge
-from kvwatch.sidecar.observe import EngineObservation, observe
+from kvwatch.sidecar.metrics.exposition import parse_exposition
+from kvwatch.sidecar.metrics.observe import EngineObservation, observe
 from kvwatch.sidecar.signals import derive
 from kvwatch.sidecar.timeline import Timeline
 

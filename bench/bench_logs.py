@@ -14,7 +14,7 @@ import itertools
 import time
 from pathlib import Path
 
-from kvwatch.sidecar.logformats import parse_line, parse_text
+from kvwatch.sidecar.logs.logformats import parse_line, parse_text
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "vllm-0.32-cpu-server.log"
 

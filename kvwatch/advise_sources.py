@@ -109,7 +109,7 @@ async def _watch_metrics(
     import httpx
 
     from kvwatch.sidecar.contract.thresholds import Thresholds
-    from kvwatch.sidecar.scrape import fetch_version, metrics_url, scrape_once
+    from kvwatch.sidecar.metrics.scrape import fetch_version, metrics_url, scrape_once
     from kvwatch.sidecar.state import SidecarState
 
     state = SidecarState([url], Thresholds(long_window_s=seconds + 5))

@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
-from kvwatch.sidecar.observe import EngineKey, EngineObservation, observe
-from kvwatch.sidecar.scrape import fetch_version, scrape_once
+from kvwatch.sidecar.metrics.observe import EngineKey, EngineObservation, observe
+from kvwatch.sidecar.metrics.scrape import fetch_version, scrape_once
 from kvwatch.sidecar.timeline import COUNTERS
 from kvwatch.sidecar.views import engines_from_json
 

@@ -181,8 +181,8 @@ def read_log_chunks(fh: BinaryIO) -> Iterator[str]:
 
 
 def _logs(ns: argparse.Namespace) -> int:
-    from kvwatch.sidecar.logformats import event_to_dict, parse_text
-    from kvwatch.sidecar.logsummary import render_summary, summarize
+    from kvwatch.sidecar.logs.logformats import event_to_dict, parse_text
+    from kvwatch.sidecar.logs.logsummary import render_summary, summarize
 
     try:
         fh = sys.stdin.buffer if str(ns.file) == "-" else open(ns.file, "rb")  # noqa: SIM115

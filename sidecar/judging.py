@@ -14,7 +14,7 @@ from kvwatch.sidecar.contract.levels import Level
 from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.detect import Detector, gather_evidence, judge
 from kvwatch.sidecar.episodes import Episode, EpisodeTracker
-from kvwatch.sidecar.observe import CacheConfig, EngineKey, EngineObservation
+from kvwatch.sidecar.metrics.observe import CacheConfig, EngineKey, EngineObservation
 from kvwatch.sidecar.signals import EngineSignals, derive
 from kvwatch.sidecar.timeline import COUNTERS, Timeline
 from kvwatch.sizing.archconfig import Architecture

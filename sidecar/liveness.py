@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from kvwatch.sidecar.contract.thresholds import Thresholds
-from kvwatch.sidecar.incidents import Incident
+from kvwatch.sidecar.logs.incidents import Incident
 
 __all__ = ["Status", "Liveness", "judge_liveness"]
 

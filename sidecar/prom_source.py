@@ -27,7 +27,7 @@ from kvwatch.sidecar.contract.vocabulary import (
     WAITING,
     promql_selector,
 )
-from kvwatch.sidecar.observe import per_first_engine
+from kvwatch.sidecar.metrics.observe import per_first_engine
 from kvwatch.sidecar.signals import cached_share
 from kvwatch.sizing.advice import Observed
 from kvwatch.sizing.kvmath import SizingError
@@ -124,7 +124,8 @@ def observed_from_prometheus(
             selector = promql_selector(PROMPT_TOKENS_BY_SOURCE, f'source=~"{sources}"')
             return _by_key(_query(client, base, _increase(selector, window)))
 
-        # as the sidecar reads them (sidecar/observe.py): a connector's transfer is a cache too
+        # as the sidecar reads them (sidecar/metrics/observe.py): a connector's transfer is a cache
+        # too
         cached = prompt_tokens("local_cache_hit|external_kv_transfer")
         computed = prompt_tokens("local_compute")
         refused_stores = _by_key(

@@ -21,7 +21,7 @@ from typing import Any
 
 from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.forecast import WINDOW_S, forecast_exhaustion
-from kvwatch.sidecar.observe import CacheConfig, bucket_quantile
+from kvwatch.sidecar.metrics.observe import CacheConfig, bucket_quantile
 from kvwatch.sidecar.timeline import Timeline
 
 __all__ = ["EngineSignals", "derive", "cached_share"]

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field, replace
 from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.episode_store import EpisodeStore
 from kvwatch.sidecar.episodes import Episode
-from kvwatch.sidecar.follow import FollowStats
 from kvwatch.sidecar.judging import EngineJudge, Transition
 from kvwatch.sidecar.liveness import Liveness, Status, judge_liveness
-from kvwatch.sidecar.logformats import parse_line
-from kvwatch.sidecar.logstate import LogState
-from kvwatch.sidecar.observe import EngineKey, observe
-from kvwatch.sidecar.scrape import ScrapeOutcome
+from kvwatch.sidecar.logs.follow import FollowStats
+from kvwatch.sidecar.logs.logformats import parse_line
+from kvwatch.sidecar.logs.logstate import LogState
+from kvwatch.sidecar.metrics.observe import EngineKey, observe
+from kvwatch.sidecar.metrics.scrape import ScrapeOutcome
 from kvwatch.sidecar.supervise import Supervisor
 from kvwatch.sidecar.views import (
     AlertingView,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from kvwatch.sidecar.observe import EngineObservation
+from kvwatch.sidecar.metrics.observe import EngineObservation
 
 __all__ = ["COUNTERS", "MAX_RATE_PER_S", "Timeline", "counter_increase"]
 

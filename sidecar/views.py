@@ -13,11 +13,11 @@ from typing import Any, TypeVar, get_args, get_type_hints
 from kvwatch.sidecar.contract.levels import Level
 from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.episodes import Episode
-from kvwatch.sidecar.follow import FollowStats
-from kvwatch.sidecar.incidents import Incident
 from kvwatch.sidecar.judging import Transition
 from kvwatch.sidecar.liveness import Liveness
-from kvwatch.sidecar.logformats import Capacity, StatsLine, event_to_dict
+from kvwatch.sidecar.logs.follow import FollowStats
+from kvwatch.sidecar.logs.incidents import Incident
+from kvwatch.sidecar.logs.logformats import Capacity, StatsLine, event_to_dict
 from kvwatch.sidecar.outbox import DeliveryStats
 from kvwatch.sidecar.signals import EngineSignals
 from kvwatch.sidecar.supervise import LoopStatus

@@ -10,10 +10,10 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 
 from kvwatch.sidecar.exporter import StateCollector
-from kvwatch.sidecar.exposition import parse_exposition
-from kvwatch.sidecar.follow import FollowStats, LineSplitter
-from kvwatch.sidecar.logformats import Malformed, StatsLine, parse_line
-from kvwatch.sidecar.scrape import ScrapeOutcome
+from kvwatch.sidecar.logs.follow import FollowStats, LineSplitter
+from kvwatch.sidecar.logs.logformats import Malformed, StatsLine, parse_line
+from kvwatch.sidecar.metrics.exposition import parse_exposition
+from kvwatch.sidecar.metrics.scrape import ScrapeOutcome
 from kvwatch.sidecar.state import SidecarState
 
 __all__ = [

@@ -12,8 +12,8 @@ import pytest
 
 from kvwatch.loadgen.burst import run_burst
 from kvwatch.loadgen.local_server import LocalVLLM
-from kvwatch.sidecar.exposition import parse_exposition
-from kvwatch.sidecar.observe import observe
+from kvwatch.sidecar.metrics.exposition import parse_exposition
+from kvwatch.sidecar.metrics.observe import observe
 from tests.prometheus import running_prometheus, wait_for_series
 from tests.sidecar.running import running_sidecar
 

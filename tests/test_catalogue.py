@@ -18,9 +18,9 @@ from kvwatch.sidecar.alerting import active_alerts
 from kvwatch.sidecar.contract import catalogue as cat
 from kvwatch.sidecar.contract.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from kvwatch.sidecar.exporter import StateCollector
-from kvwatch.sidecar.exposition import parse_exposition
-from kvwatch.sidecar.follow import FollowStats
-from kvwatch.sidecar.scrape import ScrapeOutcome
+from kvwatch.sidecar.logs.follow import FollowStats
+from kvwatch.sidecar.metrics.exposition import parse_exposition
+from kvwatch.sidecar.metrics.scrape import ScrapeOutcome
 from kvwatch.sidecar.state import SidecarState
 
 ROOT = Path(__file__).resolve().parents[1]

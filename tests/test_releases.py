@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from kvwatch.sidecar.exposition import parse_exposition
-from kvwatch.sidecar.incidents import What
-from kvwatch.sidecar.logformats import parse_text
-from kvwatch.sidecar.logsummary import summarize
-from kvwatch.sidecar.observe import EngineObservation, observe
-from kvwatch.sidecar.scrape import ScrapeOutcome
+from kvwatch.sidecar.logs.incidents import What
+from kvwatch.sidecar.logs.logformats import parse_text
+from kvwatch.sidecar.logs.logsummary import summarize
+from kvwatch.sidecar.metrics.exposition import parse_exposition
+from kvwatch.sidecar.metrics.observe import EngineObservation, observe
+from kvwatch.sidecar.metrics.scrape import ScrapeOutcome
 from kvwatch.sidecar.state import SidecarState
 
 RELEASES = Path(__file__).resolve().parent / "data" / "releases"

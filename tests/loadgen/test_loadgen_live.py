@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from kvwatch.loadgen.local_server import LocalVLLM
-from kvwatch.sidecar.exposition import parse_exposition
-from kvwatch.sidecar.observe import observe
+from kvwatch.sidecar.metrics.exposition import parse_exposition
+from kvwatch.sidecar.metrics.observe import observe
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,7 @@ from kvwatch.loadgen.local_server import (
     set_autogroup_nice,
 )
 from kvwatch.sidecar.contract.vocabulary import KV_USAGE, PREEMPTIONS
-from kvwatch.sidecar.exposition import parse_exposition
+from kvwatch.sidecar.metrics.exposition import parse_exposition
 
 pytestmark = pytest.mark.integration
 

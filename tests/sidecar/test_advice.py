@@ -4,7 +4,7 @@ import pytest
 
 from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.judging import EngineJudge
-from kvwatch.sidecar.observe import CacheConfig
+from kvwatch.sidecar.metrics.observe import CacheConfig
 from kvwatch.sizing.advice import Observed, advise, several_groups_note
 from kvwatch.sizing.archconfig import architecture_from_config
 from kvwatch.sizing.kvmath import SizingError, lookup_gpu, lookup_model

@@ -6,8 +6,8 @@ from kvwatch.sidecar.contract.levels import Level
 from kvwatch.sidecar.contract.thresholds import Thresholds, parse_overrides
 from kvwatch.sidecar.detect import Detector, Evidence, judge
 from kvwatch.sidecar.episode_store import EpisodeStore
-from kvwatch.sidecar.exposition import parse_exposition
-from kvwatch.sidecar.scrape import ScrapeOutcome
+from kvwatch.sidecar.metrics.exposition import parse_exposition
+from kvwatch.sidecar.metrics.scrape import ScrapeOutcome
 from kvwatch.sidecar.state import SidecarState
 
 TH = Thresholds()

@@ -15,7 +15,7 @@ from kvwatch.sidecar.contract.vocabulary import (
     WIRE_LOOKUP,
     by_name,
 )
-from kvwatch.sidecar.exposition import parse_exposition
+from kvwatch.sidecar.metrics.exposition import parse_exposition
 
 
 def _reference(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -27,11 +27,11 @@ from kvwatch.sidecar.alerting import Alert, AlertTracker, Notification, active_a
 from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.dbfile import connect
 from kvwatch.sidecar.exporter import StateCollector, events_refusal
-from kvwatch.sidecar.exposition import parse_exposition
-from kvwatch.sidecar.logformats import Malformed, parse_line
-from kvwatch.sidecar.observe import EngineObservation, observe
+from kvwatch.sidecar.logs.logformats import Malformed, parse_line
+from kvwatch.sidecar.metrics.exposition import parse_exposition
+from kvwatch.sidecar.metrics.observe import EngineObservation, observe
+from kvwatch.sidecar.metrics.scrape import ScrapeOutcome, scrape_once
 from kvwatch.sidecar.outbox import DeliveryStats, Outbox
-from kvwatch.sidecar.scrape import ScrapeOutcome, scrape_once
 from kvwatch.sidecar.state import SidecarState
 from kvwatch.sidecar.supervise import Supervisor
 from kvwatch.sidecar.timeline import Timeline
@@ -190,7 +190,7 @@ class TestScrapeDeadline:
 
 class TestHugeBody:
     def test_a_body_past_the_limit_is_a_scrape_error(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        import kvwatch.sidecar.scrape as scrape
+        import kvwatch.sidecar.metrics.scrape as scrape
 
         monkeypatch.setattr(scrape, "MAX_BODY_BYTES", 10_000)
         huge = _body() * 1000  # about 300 KB
@@ -601,8 +601,8 @@ def test_a_flood_of_connections_costs_no_thread_each() -> None:
 
 
 def test_kvwatch_logs_keeps_engines_apart() -> None:
-    from kvwatch.sidecar.logformats import parse_text
-    from kvwatch.sidecar.logsummary import summarize
+    from kvwatch.sidecar.logs.logformats import parse_text
+    from kvwatch.sidecar.logs.logsummary import summarize
 
     line = (
         "INFO 11-29 10:00:01 [loggers.py:1] Engine {e}: Avg prompt throughput: 0.0 tokens/s, Avg "

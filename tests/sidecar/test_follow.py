@@ -6,7 +6,7 @@ import sys
 import threading
 from pathlib import Path
 
-from kvwatch.sidecar.follow import (
+from kvwatch.sidecar.logs.follow import (
     FileFollower,
     FollowStats,
     LineSplitter,

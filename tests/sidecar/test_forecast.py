@@ -13,10 +13,10 @@ from kvwatch.sidecar.alerting import active_alerts
 from kvwatch.sidecar.contract.levels import Level
 from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.exporter import StateCollector
-from kvwatch.sidecar.exposition import parse_exposition
 from kvwatch.sidecar.forecast import MIN_POINTS, forecast_exhaustion, line_fit
 from kvwatch.sidecar.judging import EngineJudge
-from kvwatch.sidecar.observe import CacheConfig, EngineObservation, observe
+from kvwatch.sidecar.metrics.exposition import parse_exposition
+from kvwatch.sidecar.metrics.observe import CacheConfig, EngineObservation, observe
 
 CACHE = CacheConfig(block_size=32, num_blocks=40)
 
@@ -146,8 +146,8 @@ def test_saturation_takes_over_from_the_warning() -> None:
 
 def test_the_alert_fires_after_its_for_with_the_forecast_in_its_text() -> None:
     from kvwatch.sidecar.episode_store import EpisodeStore
-    from kvwatch.sidecar.exposition import parse_exposition
-    from kvwatch.sidecar.scrape import ScrapeOutcome
+    from kvwatch.sidecar.metrics.exposition import parse_exposition
+    from kvwatch.sidecar.metrics.scrape import ScrapeOutcome
     from kvwatch.sidecar.state import SidecarState
 
     th = Thresholds(exhaustion_warn_s=30, exhaustion_for_s=5)

@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvwatch.sidecar.incidents import IncidentTracker, What, incident_line, seconds_of
-from kvwatch.sidecar.logformats import IncidentLine, parse_text
-from kvwatch.sidecar.logsummary import render_summary, summarize
+from kvwatch.sidecar.logs.incidents import IncidentTracker, What, incident_line, seconds_of
+from kvwatch.sidecar.logs.logformats import IncidentLine, parse_text
+from kvwatch.sidecar.logs.logsummary import render_summary, summarize
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 P = "(EngineCore pid=42) ERROR 12-01 10:00:{s:02d} [core.py:1510] "

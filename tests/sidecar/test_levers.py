@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvwatch.sidecar.logformats import Malformed, ServerStart, parse_line
-from kvwatch.sidecar.logstate import LogState
+from kvwatch.sidecar.logs.logformats import Malformed, ServerStart, parse_line
+from kvwatch.sidecar.logs.logstate import LogState
 from kvwatch.sidecar.views import servers_from_json
 from kvwatch.sizing.advice import Observed, advise
 from kvwatch.sizing.kvmath import lookup_gpu
@@ -171,7 +171,7 @@ class TestLevers:
 
 
 def test_the_sidecar_asks_the_version_when_a_target_comes_up() -> None:
-    from kvwatch.sidecar.scrape import ScrapeOutcome
+    from kvwatch.sidecar.metrics.scrape import ScrapeOutcome
     from kvwatch.sidecar.state import SidecarState
 
     state = SidecarState(["http://t"])

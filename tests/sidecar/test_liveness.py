@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from kvwatch.sidecar.alerting import active_alerts
 from kvwatch.sidecar.contract.thresholds import Thresholds
-from kvwatch.sidecar.exposition import parse_exposition
 from kvwatch.sidecar.liveness import Status
-from kvwatch.sidecar.scrape import ScrapeOutcome
+from kvwatch.sidecar.metrics.exposition import parse_exposition
+from kvwatch.sidecar.metrics.scrape import ScrapeOutcome
 from kvwatch.sidecar.state import SidecarState
 
 URL = "http://a"
@@ -143,7 +143,7 @@ class TestHealthProbe:
 
         import httpx
 
-        from kvwatch.sidecar.scrape import check_health
+        from kvwatch.sidecar.metrics.scrape import check_health
         from tests.http_server import serving
 
         class FakeHealth(BaseHTTPRequestHandler):

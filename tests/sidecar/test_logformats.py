@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvwatch.sidecar.logformats import (
+from kvwatch.sidecar.logs.logformats import (
     Capacity,
     IterationLine,
     Malformed,

@@ -10,8 +10,8 @@ import re
 from pathlib import Path
 
 from kvwatch.sidecar.contract.thresholds import Thresholds
-from kvwatch.sidecar.exposition import parse_exposition
-from kvwatch.sidecar.observe import EngineObservation, observe
+from kvwatch.sidecar.metrics.exposition import parse_exposition
+from kvwatch.sidecar.metrics.observe import EngineObservation, observe
 from kvwatch.sidecar.signals import derive
 from kvwatch.sidecar.timeline import Timeline
 

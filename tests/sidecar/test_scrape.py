@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from kvwatch.sidecar.exporter import StateCollector
-from kvwatch.sidecar.scrape import ScrapeOutcome, metrics_url, scrape_once
+from kvwatch.sidecar.metrics.scrape import ScrapeOutcome, metrics_url, scrape_once
 from kvwatch.sidecar.state import SidecarState
 from tests.sidecar.fakes import raw_http_server
 
@@ -67,7 +67,7 @@ class TestStateAndExporter:
         return generate_latest(reg).decode()
 
     def test_down_target_is_down_not_zero(self, data_dir: Path) -> None:
-        from kvwatch.sidecar.exposition import parse_exposition
+        from kvwatch.sidecar.metrics.exposition import parse_exposition
 
         body = (data_dir / "vllm-0.32-metrics-busy.txt").read_text()
         state = SidecarState(["http://a"])
@@ -93,7 +93,7 @@ class TestStateAndExporter:
 
     @pytest.mark.parametrize("names", [["vllm:", "vllm_"]])
     def test_both_spellings_give_the_same_signals(self, data_dir: Path, names: list[str]) -> None:
-        from kvwatch.sidecar.exposition import parse_exposition
+        from kvwatch.sidecar.metrics.exposition import parse_exposition
 
         body = (data_dir / "vllm-0.32-metrics-busy.txt").read_text()
         sigs = []

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from kvwatch.sidecar.contract.thresholds import Thresholds
-from kvwatch.sidecar.observe import CacheConfig, EngineObservation
+from kvwatch.sidecar.metrics.observe import CacheConfig, EngineObservation
 from kvwatch.sidecar.signals import derive
 from kvwatch.sidecar.timeline import Timeline
 

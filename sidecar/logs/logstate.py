@@ -1,5 +1,5 @@
 """What a target's log said: its capacity line, the latest stats line per engine, preemption
-warnings and repeat victims, and its incidents (sidecar/incidents.py). Fed line by line;
+warnings and repeat victims, and its incidents (sidecar/logs/incidents.py). Fed line by line;
 bounded."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, fields, replace
 
-from kvwatch.sidecar.incidents import IncidentTracker
-from kvwatch.sidecar.logformats import (
+from kvwatch.sidecar.logs.incidents import IncidentTracker
+from kvwatch.sidecar.logs.logformats import (
     Capacity,
     IncidentLine,
     LogEvent,
@@ -16,7 +16,7 @@ from kvwatch.sidecar.logformats import (
     ServerStart,
     StatsLine,
 )
-from kvwatch.sidecar.observe import CacheConfig
+from kvwatch.sidecar.metrics.observe import CacheConfig
 
 __all__ = ["LogState", "track_incidents"]
 

@@ -8,7 +8,7 @@
   request: Cx` (one line or two, by era), and V0's `# GPU blocks: N, # CPU blocks: M`;
 - the server's version (the startup banner's `version X`, older `vLLM API server version X`)
   and its `non-default args: {...}` (0.9+), so advice names only the flags that version has;
-- incident lines (sidecar/incidents.py): the engine dying or failing to start, out of memory,
+- incident lines (sidecar/logs/incidents.py): the engine dying or failing to start, out of memory,
   KV loads failing, failed health checks, and the last line of a traceback.
 
 Most lines of a busy log are access-log lines. `parse_text` finds candidate lines with plain
@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kvwatch.sidecar.incidents import INCIDENT_NEEDLES, IncidentLine, incident_line
+from kvwatch.sidecar.logs.incidents import INCIDENT_NEEDLES, IncidentLine, incident_line
 
 __all__ = [
     "PreemptionWarning", "StatsLine", "IterationLine", "Capacity", "ServerStart", "Malformed",

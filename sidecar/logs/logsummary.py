@@ -9,8 +9,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvwatch.sidecar.incidents import Incident, IncidentTracker
-from kvwatch.sidecar.logformats import (
+from kvwatch.sidecar.logs.incidents import Incident, IncidentTracker
+from kvwatch.sidecar.logs.logformats import (
     Capacity,
     IterationLine,
     LogEvent,
@@ -20,7 +20,7 @@ from kvwatch.sidecar.logformats import (
     StatsLine,
     event_to_dict,
 )
-from kvwatch.sidecar.logstate import track_incidents
+from kvwatch.sidecar.logs.logstate import track_incidents
 
 __all__ = ["LogSummary", "summarize", "render_summary"]
 

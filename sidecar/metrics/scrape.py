@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from kvwatch.sidecar.exposition import Exposition, parse_exposition
+from kvwatch.sidecar.metrics.exposition import Exposition, parse_exposition
 from kvwatch.sizing.levers import valid_version
 
 __all__ = [

@@ -35,7 +35,7 @@ from kvwatch.sidecar.contract.vocabulary import (
     WAITING_BY_REASON,
     Family,
 )
-from kvwatch.sidecar.exposition import Exposition, Sample
+from kvwatch.sidecar.metrics.exposition import Exposition, Sample
 
 __all__ = [
     "EngineKey",
