@@ -28,7 +28,7 @@ server's session (autogroups), so the nice value had no effect on them (docs/det
 flight, the last beside a CPU hog), `steadys`, `steadyt` and `steadyu` (2 in flight, then the
 server throttled: `--throttle`) were recorded with it niced.
 
-`evaluate` replays the bodies through the sidecar's own judge (sidecar/judging.py) and asks
+`evaluate` replays the bodies through the sidecar's own judge (sidecar/judge/pipeline.py) and asks
 each forecaster, at every scrape, how many seconds remain until the free blocks are gone; the
 truth is the time of the first scrape at which the cache was full (KV usage 100%, or the
 preemption counter risen: vLLM preempts only when no block is free, and the counter lags the
@@ -71,12 +71,12 @@ from kvwatch.loadgen.burst import rate_for_in_flight
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig, set_autogroup_nice, stop_process
 from kvwatch.loadgen.tiny_model import build_tiny_model
 from kvwatch.sidecar.contract.thresholds import Thresholds, parse_overrides
-from kvwatch.sidecar.forecast import MIN_POINTS, line_fit
-from kvwatch.sidecar.judging import EngineJudge
+from kvwatch.sidecar.judge.forecast import MIN_POINTS, line_fit
+from kvwatch.sidecar.judge.pipeline import EngineJudge
+from kvwatch.sidecar.judge.signals import derive
+from kvwatch.sidecar.judge.timeline import Timeline
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.observe import EngineObservation, observe
-from kvwatch.sidecar.signals import derive
-from kvwatch.sidecar.timeline import Timeline
 
 OUT = Path(__file__).resolve().parent / "results" / "forecast"
 HORIZONS = (30.0, 10.0, 5.0)
@@ -274,7 +274,7 @@ def before(tl: Timeline, now: float) -> float | None:
 
 
 def sidecar(tl: Timeline, now: float) -> float | None:
-    """kvwatch's signal now (sidecar/forecast.py): the band of KV usage's peaks."""
+    """kvwatch's signal now (sidecar/judge/forecast.py): the band of KV usage's peaks."""
     s = derive(tl, now, Thresholds())
     return None if s is None else s.seconds_to_exhaustion
 

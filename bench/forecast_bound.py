@@ -39,8 +39,8 @@ from bench_forecast import OUT, _full_at, _load_run, sidecar  # noqa: E402
 from fixture_sim import SCRAPE_S, SEGMENT_S, Engine, Speeds, run_until_out  # noqa: E402
 
 from kvwatch.loadgen.arrivals import Ramp  # noqa: E402
+from kvwatch.sidecar.judge.timeline import Timeline  # noqa: E402
 from kvwatch.sidecar.metrics.observe import CacheConfig, EngineObservation  # noqa: E402
-from kvwatch.sidecar.timeline import Timeline  # noqa: E402
 
 HORIZONS = (30.0, 10.0, 5.0)
 RAMP = Ramp(0.2, 3.0)

@@ -21,7 +21,7 @@ from kvwatch.loadgen.rundir import read_jsonl, read_records
 from kvwatch.report_parts import CSS, advice_html
 from kvwatch.sidecar.contract.levels import Level
 from kvwatch.sidecar.contract.thresholds import DEFAULT_THRESHOLDS
-from kvwatch.sidecar.timeline import counter_increase
+from kvwatch.sidecar.judge.timeline import counter_increase
 from kvwatch.svgplot import Line, Mark, Span, bar_chart, format_value, line_chart
 
 __all__ = ["run_report", "render_report", "counter_rate", "state_spans", "bucket_delta"]

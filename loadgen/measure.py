@@ -19,7 +19,7 @@ from kvwatch.loadgen.schedule import Stage
 from kvwatch.loadgen.server_metrics import TimelineRecorder, server_snapshot
 from kvwatch.loadgen.stall_causes import PreemptionCounter, mark_preempting_stalls
 from kvwatch.loadgen.workload import WorkloadSpec
-from kvwatch.sidecar.timeline import COUNTERS, counter_increase
+from kvwatch.sidecar.judge.timeline import COUNTERS, counter_increase
 
 __all__ = ["Measured", "measure", "print_progress", "server_delta", "run_spec"]
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvwatch.sidecar.signals import cached_share
+from kvwatch.sidecar.judge.signals import cached_share
 from kvwatch.sizing.advice import Observed, kv_bytes_per_token_from, several_groups_note
 from kvwatch.sizing.kvmath import SizingError
 from kvwatch.sizing.levers import ServerInfo, valid_version

@@ -17,9 +17,9 @@ from typing import Any
 
 import httpx
 
+from kvwatch.sidecar.judge.timeline import COUNTERS
 from kvwatch.sidecar.metrics.observe import EngineKey, EngineObservation, observe
 from kvwatch.sidecar.metrics.scrape import fetch_version, scrape_once
-from kvwatch.sidecar.timeline import COUNTERS
 from kvwatch.sidecar.views import engines_from_json
 
 __all__ = [

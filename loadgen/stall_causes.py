@@ -18,7 +18,7 @@ import bisect
 from collections.abc import Sequence
 from typing import Any
 
-from kvwatch.sidecar.timeline import counter_increase
+from kvwatch.sidecar.judge.timeline import counter_increase
 
 __all__ = ["PreemptionCounter", "mark_preempting_stalls"]
 

@@ -8,7 +8,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from kvwatch.sidecar.dbfile import connect
-from kvwatch.sidecar.episodes import Episode
+from kvwatch.sidecar.judge.episodes import Episode
 
 __all__ = ["EpisodeStore"]
 

@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kvwatch.sidecar.contract import catalogue as cat
-from kvwatch.sidecar.episodes import Episode
+from kvwatch.sidecar.judge.episodes import Episode
 from kvwatch.sidecar.views import StateView, state_json
 
 __all__ = ["StateCollector", "serve", "EVENTS_TOKEN_ENV", "BoundedHTTPServer", "events_refusal"]

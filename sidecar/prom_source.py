@@ -27,8 +27,8 @@ from kvwatch.sidecar.contract.vocabulary import (
     WAITING,
     promql_selector,
 )
+from kvwatch.sidecar.judge.signals import cached_share
 from kvwatch.sidecar.metrics.observe import per_first_engine
-from kvwatch.sidecar.signals import cached_share
 from kvwatch.sizing.advice import Observed
 from kvwatch.sizing.kvmath import SizingError
 

@@ -1,9 +1,9 @@
 """Everything the sidecar knows, behind one lock: targets, their engines' judges, the log.
 
-Writers are the scrape loops, the log reader, the alert loop and `POST /api/events`; readers
-get a `view()`, frozen typed values built under the lock. The judging itself is
-sidecar/judging.py, episodes persist through the injected `EpisodeStore`, and the wall clock is
-injected too, so tests can drive all of it.
+Writers are the scrape loops, the log reader, the alert loop and `POST /api/events`; readers get a
+`view()`, frozen typed values built under the lock. The judging itself is sidecar/judge/pipeline.py,
+episodes persist through the injected `EpisodeStore`, and the wall clock is injected too, so tests
+can drive all of it.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field, replace
 
 from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.episode_store import EpisodeStore
-from kvwatch.sidecar.episodes import Episode
-from kvwatch.sidecar.judging import EngineJudge, Transition
-from kvwatch.sidecar.liveness import Liveness, Status, judge_liveness
+from kvwatch.sidecar.judge.episodes import Episode
+from kvwatch.sidecar.judge.liveness import Liveness, Status, judge_liveness
+from kvwatch.sidecar.judge.pipeline import EngineJudge, Transition
 from kvwatch.sidecar.logs.follow import FollowStats
 from kvwatch.sidecar.logs.logformats import parse_line
 from kvwatch.sidecar.logs.logstate import LogState

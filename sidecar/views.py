@@ -12,14 +12,14 @@ from typing import Any, TypeVar, get_args, get_type_hints
 
 from kvwatch.sidecar.contract.levels import Level
 from kvwatch.sidecar.contract.thresholds import Thresholds
-from kvwatch.sidecar.episodes import Episode
-from kvwatch.sidecar.judging import Transition
-from kvwatch.sidecar.liveness import Liveness
+from kvwatch.sidecar.judge.episodes import Episode
+from kvwatch.sidecar.judge.liveness import Liveness
+from kvwatch.sidecar.judge.pipeline import Transition
+from kvwatch.sidecar.judge.signals import EngineSignals
 from kvwatch.sidecar.logs.follow import FollowStats
 from kvwatch.sidecar.logs.incidents import Incident
 from kvwatch.sidecar.logs.logformats import Capacity, StatsLine, event_to_dict
 from kvwatch.sidecar.outbox import DeliveryStats
-from kvwatch.sidecar.signals import EngineSignals
 from kvwatch.sidecar.supervise import LoopStatus
 from kvwatch.sizing.levers import ServerInfo, valid_version
 

@@ -133,7 +133,7 @@ EPISODE_RECOMPUTED_TOKENS = _g(
     "kvwatch_episode_recomputed_tokens", E,
     "estimated tokens recomputed in the current thrashing episode",
 )  # fmt: skip
-# Engine gauges, one per signal (sidecar/signals.py); windows are in the help and the docs.
+# Engine gauges, one per signal (sidecar/judge/signals.py); windows are in the help and the docs.
 KV_CACHE_USAGE = _g("kvwatch_kv_cache_usage_ratio", E, "KV cache blocks in use, 0..1")
 KV_CACHE_CAPACITY_BLOCKS = _g("kvwatch_kv_cache_capacity_blocks", E, "KV cache size in blocks")
 KV_CACHE_CAPACITY_TOKENS = _g("kvwatch_kv_cache_capacity_tokens", E, "KV cache size in tokens")

@@ -61,7 +61,7 @@ class Thresholds:
     engine_dead_after_s: float = 30.0
     # An engine is stuck when requests run or wait and no token is generated for this long.
     engine_stuck_after_s: float = 60.0
-    # KvwatchKvExhaustionImminent fires when the forecast (sidecar/forecast.py) says the cache
+    # KvwatchKvExhaustionImminent fires when the forecast (sidecar/judge/forecast.py) says the cache
     # runs out within this many seconds, while the engine is not yet saturated or thrashing.
     # Measured on ramps into preemption (docs/detection.md): raise it for an earlier warning,
     # at the price of a forecast that is further off.

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from kvwatch.sidecar.contract.thresholds import Thresholds
-from kvwatch.sidecar.judging import EngineJudge
+from kvwatch.sidecar.judge.pipeline import EngineJudge
 from kvwatch.sidecar.metrics.observe import CacheConfig
 from kvwatch.sizing.advice import Observed, advise, several_groups_note
 from kvwatch.sizing.archconfig import architecture_from_config

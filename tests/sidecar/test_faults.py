@@ -27,6 +27,7 @@ from kvwatch.sidecar.alerting import Alert, AlertTracker, Notification, active_a
 from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.dbfile import connect
 from kvwatch.sidecar.exporter import StateCollector, events_refusal
+from kvwatch.sidecar.judge.timeline import Timeline
 from kvwatch.sidecar.logs.logformats import Malformed, parse_line
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.observe import EngineObservation, observe
@@ -34,7 +35,6 @@ from kvwatch.sidecar.metrics.scrape import ScrapeOutcome, scrape_once
 from kvwatch.sidecar.outbox import DeliveryStats, Outbox
 from kvwatch.sidecar.state import SidecarState
 from kvwatch.sidecar.supervise import Supervisor
-from kvwatch.sidecar.timeline import Timeline
 from kvwatch.sidecar.views import engines_from_json, state_json
 from kvwatch.sidecar.webhooks import Receiver, deliver_forever, enqueue
 from tests.receiver import receiver

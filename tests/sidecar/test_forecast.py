@@ -13,8 +13,8 @@ from kvwatch.sidecar.alerting import active_alerts
 from kvwatch.sidecar.contract.levels import Level
 from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.exporter import StateCollector
-from kvwatch.sidecar.forecast import MIN_POINTS, forecast_exhaustion, line_fit
-from kvwatch.sidecar.judging import EngineJudge
+from kvwatch.sidecar.judge.forecast import MIN_POINTS, forecast_exhaustion, line_fit
+from kvwatch.sidecar.judge.pipeline import EngineJudge
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.observe import CacheConfig, EngineObservation, observe
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kvwatch.sidecar.alerting import active_alerts
 from kvwatch.sidecar.contract.thresholds import Thresholds
-from kvwatch.sidecar.liveness import Status
+from kvwatch.sidecar.judge.liveness import Status
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.scrape import ScrapeOutcome
 from kvwatch.sidecar.state import SidecarState

@@ -10,10 +10,10 @@ import re
 from pathlib import Path
 
 from kvwatch.sidecar.contract.thresholds import Thresholds
+from kvwatch.sidecar.judge.signals import derive
+from kvwatch.sidecar.judge.timeline import Timeline
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.observe import EngineObservation, observe
-from kvwatch.sidecar.signals import derive
-from kvwatch.sidecar.timeline import Timeline
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 OFFLOAD = (DATA / "vllm-0.33-metrics-offload-composed.txt").read_text()

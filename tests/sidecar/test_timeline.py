@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 
 from kvwatch.sidecar.contract.thresholds import Thresholds
+from kvwatch.sidecar.judge.signals import derive
+from kvwatch.sidecar.judge.timeline import Timeline
 from kvwatch.sidecar.metrics.observe import CacheConfig, EngineObservation
-from kvwatch.sidecar.signals import derive
-from kvwatch.sidecar.timeline import Timeline
 
 CACHE = CacheConfig(block_size=32, num_blocks=40, kv_tokens=1280)
 

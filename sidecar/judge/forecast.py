@@ -12,7 +12,7 @@ said "3 s" on every busy run, 76-86% off (bench/bench_forecast.py, docs/detectio
 and the lift were chosen on four ramps recorded on the real fixture. On the ramps recorded after
 the choice it is 21% and 18% off 10 s out where the server ran without stalls (two batches of
 ten), 48% where the machine stalled it for seconds: a figure to warn on, once it counts down
-(sidecar/judging.py), and a rough one to plan by.
+(sidecar/judge/pipeline.py), and a rough one to plan by.
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 from kvwatch.sidecar.contract.levels import Level
 from kvwatch.sidecar.contract.thresholds import Thresholds
-from kvwatch.sidecar.signals import EngineSignals
-from kvwatch.sidecar.timeline import Timeline
+from kvwatch.sidecar.judge.signals import EngineSignals
+from kvwatch.sidecar.judge.timeline import Timeline
 
 __all__ = ["Evidence", "judge", "Detector", "gather_evidence"]
 

@@ -4,7 +4,7 @@
 - New-block demand per step: running / block_size (each running request needs a fresh block every
   block_size tokens, so that many blocks are asked for per decode step on average).
 - Seconds to exhaustion: until the band KV usage's peaks move in reaches 100%, at the pace it
-  rose over the last minute (sidecar/forecast.py, measured in docs/detection.md).
+  rose over the last minute (sidecar/judge/forecast.py, measured in docs/detection.md).
 - Preemption rate: reset-corrected increase of the preemption counter over a window, per second.
 - Repeat preemptions: finished requests that were preempted 2+ times, in the long window (from the
   per-request preemption histogram, vLLM 0.30+).
@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kvwatch.sidecar.contract.thresholds import Thresholds
-from kvwatch.sidecar.forecast import WINDOW_S, forecast_exhaustion
+from kvwatch.sidecar.judge.forecast import WINDOW_S, forecast_exhaustion
+from kvwatch.sidecar.judge.timeline import Timeline
 from kvwatch.sidecar.metrics.observe import CacheConfig, bucket_quantile
-from kvwatch.sidecar.timeline import Timeline
 
 __all__ = ["EngineSignals", "derive", "cached_share"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kvwatch.sidecar.signals import EngineSignals
+from kvwatch.sidecar.judge.signals import EngineSignals
 
 __all__ = ["Episode", "EpisodeTracker"]
 

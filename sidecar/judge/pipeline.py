@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 from kvwatch.sidecar.contract.levels import Level
 from kvwatch.sidecar.contract.thresholds import Thresholds
-from kvwatch.sidecar.detect import Detector, gather_evidence, judge
-from kvwatch.sidecar.episodes import Episode, EpisodeTracker
+from kvwatch.sidecar.judge.detect import Detector, gather_evidence, judge
+from kvwatch.sidecar.judge.episodes import Episode, EpisodeTracker
+from kvwatch.sidecar.judge.signals import EngineSignals, derive
+from kvwatch.sidecar.judge.timeline import COUNTERS, Timeline
 from kvwatch.sidecar.metrics.observe import CacheConfig, EngineKey, EngineObservation
-from kvwatch.sidecar.signals import EngineSignals, derive
-from kvwatch.sidecar.timeline import COUNTERS, Timeline
 from kvwatch.sizing.archconfig import Architecture
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvplan import layout_for_engine
