@@ -25,12 +25,12 @@ import httpx
 
 from kvwatch.sidecar.alerting import AlertTracker, active_alerts
 from kvwatch.sidecar.contract.thresholds import Thresholds
-from kvwatch.sidecar.dbfile import connect
-from kvwatch.sidecar.episode_store import EpisodeStore
 from kvwatch.sidecar.logs.follow import FileFollower, FollowStats, read_stream, run_and_read
 from kvwatch.sidecar.metrics.scrape import check_health, fetch_version, metrics_url, scrape_once
-from kvwatch.sidecar.outbox import Outbox
 from kvwatch.sidecar.state import SidecarState
+from kvwatch.sidecar.store.database import connect
+from kvwatch.sidecar.store.episode_store import EpisodeStore
+from kvwatch.sidecar.store.outbox import Outbox
 from kvwatch.sidecar.views import AlertingView
 from kvwatch.sidecar.webhooks import Receiver, deliver_forever, enqueue
 from kvwatch.sizing.archconfig import Architecture

@@ -16,7 +16,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from kvwatch.sidecar.contract.thresholds import Thresholds
-from kvwatch.sidecar.episode_store import EpisodeStore
 from kvwatch.sidecar.judge.episodes import Episode
 from kvwatch.sidecar.judge.liveness import Liveness, Status, judge_liveness
 from kvwatch.sidecar.judge.pipeline import EngineJudge, Transition
@@ -25,6 +24,7 @@ from kvwatch.sidecar.logs.logformats import parse_line
 from kvwatch.sidecar.logs.logstate import LogState
 from kvwatch.sidecar.metrics.observe import EngineKey, observe
 from kvwatch.sidecar.metrics.scrape import ScrapeOutcome
+from kvwatch.sidecar.store.episode_store import EpisodeStore
 from kvwatch.sidecar.supervise import Supervisor
 from kvwatch.sidecar.views import (
     AlertingView,

@@ -26,7 +26,7 @@ import httpx
 
 from kvwatch.common.backoff import backoff_s
 from kvwatch.sidecar.alerting import Notification
-from kvwatch.sidecar.outbox import Outbox
+from kvwatch.sidecar.store.outbox import Outbox
 
 __all__ = [
     "Receiver",

@@ -1,4 +1,4 @@
-"""Thrashing episodes, tracked per engine (pure: sidecar/episode_store.py keeps them in SQLite
+"""Thrashing episodes, tracked per engine (pure: sidecar/store/episode_store.py keeps them in SQLite
 so they survive a sidecar restart).
 
 An episode opens when an engine enters `thrashing` and closes when it leaves. Per episode:

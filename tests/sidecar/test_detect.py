@@ -4,11 +4,11 @@ from pathlib import Path
 
 from kvwatch.sidecar.contract.levels import Level
 from kvwatch.sidecar.contract.thresholds import Thresholds, parse_overrides
-from kvwatch.sidecar.episode_store import EpisodeStore
 from kvwatch.sidecar.judge.detect import Detector, Evidence, judge
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.scrape import ScrapeOutcome
 from kvwatch.sidecar.state import SidecarState
+from kvwatch.sidecar.store.episode_store import EpisodeStore
 
 TH = Thresholds()
 

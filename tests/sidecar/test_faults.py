@@ -25,15 +25,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from kvwatch.loadgen.local_server import free_port
 from kvwatch.sidecar.alerting import Alert, AlertTracker, Notification, active_alerts
 from kvwatch.sidecar.contract.thresholds import Thresholds
-from kvwatch.sidecar.dbfile import connect
 from kvwatch.sidecar.exporter import StateCollector, events_refusal
 from kvwatch.sidecar.judge.timeline import Timeline
 from kvwatch.sidecar.logs.logformats import Malformed, parse_line
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.observe import EngineObservation, observe
 from kvwatch.sidecar.metrics.scrape import ScrapeOutcome, scrape_once
-from kvwatch.sidecar.outbox import DeliveryStats, Outbox
 from kvwatch.sidecar.state import SidecarState
+from kvwatch.sidecar.store.database import connect
+from kvwatch.sidecar.store.outbox import DeliveryStats, Outbox
 from kvwatch.sidecar.supervise import Supervisor
 from kvwatch.sidecar.views import engines_from_json, state_json
 from kvwatch.sidecar.webhooks import Receiver, deliver_forever, enqueue
@@ -485,7 +485,7 @@ def test_a_slow_disk_never_holds_up_the_scrapes(
     the scrapes keep their interval, and the alert still goes out. When the writes ran on the
     event loop, the sidecar made 16 scrapes in 16 s at a 0.25 s interval and said it was up."""
     from kvwatch.sidecar.daemon import SidecarConfig, _main
-    from kvwatch.sidecar.episode_store import EpisodeStore
+    from kvwatch.sidecar.store.episode_store import EpisodeStore
     from kvwatch.sidecar.webhooks import load_receivers
 
     def slowly(f):  # type: ignore[no-untyped-def]

@@ -7,8 +7,8 @@ import threading
 from dataclasses import fields
 from pathlib import Path
 
-from kvwatch.sidecar.dbfile import connect
 from kvwatch.sidecar.judge.episodes import Episode
+from kvwatch.sidecar.store.database import connect
 
 __all__ = ["EpisodeStore"]
 
