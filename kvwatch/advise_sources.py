@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 
 from kvwatch.common.command import EXIT_UNREACHABLE, CliError
-from kvwatch.sidecar.views import EngineView, engines_from_json, servers_from_json
+from kvwatch.sidecar.state.views import EngineView, engines_from_json, servers_from_json
 from kvwatch.sizing.advice import Observed, kv_bytes_per_token_from, several_groups_note
 from kvwatch.sizing.kvmath import SizingError
 from kvwatch.sizing.levers import ServerInfo
@@ -110,7 +110,7 @@ async def _watch_metrics(
 
     from kvwatch.sidecar.contract.thresholds import Thresholds
     from kvwatch.sidecar.metrics.scrape import fetch_version, metrics_url, scrape_once
-    from kvwatch.sidecar.state import SidecarState
+    from kvwatch.sidecar.state.sidecar_state import SidecarState
 
     state = SidecarState([url], Thresholds(long_window_s=seconds + 5))
     async with httpx.AsyncClient() as client:

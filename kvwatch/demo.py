@@ -31,7 +31,7 @@ from kvwatch.loadgen.local_server import (
     stop_process,
     wait_until_ok,
 )
-from kvwatch.sidecar.views import EngineView, engines_from_json
+from kvwatch.sidecar.state.views import EngineView, engines_from_json
 
 __all__ = ["run_demo", "ramp_stages", "AlertReceiver"]
 

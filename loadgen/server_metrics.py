@@ -20,7 +20,7 @@ import httpx
 from kvwatch.sidecar.judge.timeline import COUNTERS
 from kvwatch.sidecar.metrics.observe import EngineKey, EngineObservation, observe
 from kvwatch.sidecar.metrics.scrape import fetch_version, scrape_once
-from kvwatch.sidecar.views import engines_from_json
+from kvwatch.sidecar.state.views import engines_from_json
 
 __all__ = [
     "server_snapshot", "summarize_engines", "TimelineRecorder", "sidecar_incidents",

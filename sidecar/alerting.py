@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from kvwatch.sidecar.contract import catalogue as cat
 from kvwatch.sidecar.contract.thresholds import Thresholds
-from kvwatch.sidecar.views import EngineView, FiringAlert, StateView
+from kvwatch.sidecar.state.views import EngineView, FiringAlert, StateView
 
 __all__ = ["Alert", "AlertSet", "active_alerts", "AlertTracker", "Notification"]
 

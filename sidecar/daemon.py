@@ -1,8 +1,9 @@
 """The long-running sidecar: scrape loops, a log reader, the HTTP endpoint, and a clean shutdown.
 
 The scrape loops run on asyncio in the main thread; the log reader and the HTTP server run in
-threads. None of them can take the others down: every loop runs supervised (sidecar/supervise.py),
-so an exception is logged, counted and the loop starts again, and `/healthz` says which fails.
+threads. None of them can take the others down: every loop runs supervised
+(sidecar/state/supervise.py), so an exception is logged, counted and the loop starts again, and
+`/healthz` says which fails.
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ from kvwatch.sidecar.alerting import AlertTracker, active_alerts
 from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.logs.follow import FileFollower, FollowStats, read_stream, run_and_read
 from kvwatch.sidecar.metrics.scrape import check_health, fetch_version, metrics_url, scrape_once
-from kvwatch.sidecar.state import SidecarState
+from kvwatch.sidecar.state.sidecar_state import SidecarState
+from kvwatch.sidecar.state.views import AlertingView
 from kvwatch.sidecar.store.database import connect
 from kvwatch.sidecar.store.episode_store import EpisodeStore
 from kvwatch.sidecar.store.outbox import Outbox
-from kvwatch.sidecar.views import AlertingView
 from kvwatch.sidecar.webhooks import Receiver, deliver_forever, enqueue
 from kvwatch.sizing.archconfig import Architecture
 

@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 
 from kvwatch.sidecar.contract import catalogue as cat
 from kvwatch.sidecar.judge.episodes import Episode
-from kvwatch.sidecar.views import StateView, state_json
+from kvwatch.sidecar.state.views import StateView, state_json
 
 __all__ = ["StateCollector", "serve", "EVENTS_TOKEN_ENV", "BoundedHTTPServer", "events_refusal"]
 

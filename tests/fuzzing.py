@@ -14,7 +14,7 @@ from kvwatch.sidecar.logs.follow import FollowStats, LineSplitter
 from kvwatch.sidecar.logs.logformats import Malformed, StatsLine, parse_line
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.scrape import ScrapeOutcome
-from kvwatch.sidecar.state import SidecarState
+from kvwatch.sidecar.state.sidecar_state import SidecarState
 
 __all__ = [
     "METRIC_LINES", "LOG_LINES", "mutate", "check_exposition", "check_log_line",

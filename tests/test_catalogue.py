@@ -21,7 +21,7 @@ from kvwatch.sidecar.exporter import StateCollector
 from kvwatch.sidecar.logs.follow import FollowStats
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.scrape import ScrapeOutcome
-from kvwatch.sidecar.state import SidecarState
+from kvwatch.sidecar.state.sidecar_state import SidecarState
 
 ROOT = Path(__file__).resolve().parents[1]
 _NAME = re.compile(r"\bkvwatch(?:_[a-z_]+|:[a-z_]+:[a-z0-9_]+)")

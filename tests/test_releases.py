@@ -17,7 +17,7 @@ from kvwatch.sidecar.logs.logsummary import summarize
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.observe import EngineObservation, observe
 from kvwatch.sidecar.metrics.scrape import ScrapeOutcome
-from kvwatch.sidecar.state import SidecarState
+from kvwatch.sidecar.state.sidecar_state import SidecarState
 
 RELEASES = Path(__file__).resolve().parent / "data" / "releases"
 VERSIONS = sorted(p.name for p in RELEASES.glob("*") if (p / "truth.json").is_file())

@@ -7,7 +7,7 @@ from kvwatch.sidecar.contract.thresholds import Thresholds, parse_overrides
 from kvwatch.sidecar.judge.detect import Detector, Evidence, judge
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.scrape import ScrapeOutcome
-from kvwatch.sidecar.state import SidecarState
+from kvwatch.sidecar.state.sidecar_state import SidecarState
 from kvwatch.sidecar.store.episode_store import EpisodeStore
 
 TH = Thresholds()

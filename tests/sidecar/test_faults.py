@@ -31,11 +31,11 @@ from kvwatch.sidecar.logs.logformats import Malformed, parse_line
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.observe import EngineObservation, observe
 from kvwatch.sidecar.metrics.scrape import ScrapeOutcome, scrape_once
-from kvwatch.sidecar.state import SidecarState
+from kvwatch.sidecar.state.sidecar_state import SidecarState
+from kvwatch.sidecar.state.supervise import Supervisor
+from kvwatch.sidecar.state.views import engines_from_json, state_json
 from kvwatch.sidecar.store.database import connect
 from kvwatch.sidecar.store.outbox import DeliveryStats, Outbox
-from kvwatch.sidecar.supervise import Supervisor
-from kvwatch.sidecar.views import engines_from_json, state_json
 from kvwatch.sidecar.webhooks import Receiver, deliver_forever, enqueue
 from tests.receiver import receiver
 from tests.sidecar.fakes import raw_http_server
@@ -217,7 +217,7 @@ class TestNeverUpWhileStopped:
     def test_a_scrape_whose_recording_raises_never_counts_as_ended(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        import kvwatch.sidecar.state as state_module
+        import kvwatch.sidecar.state.sidecar_state as state_module
 
         state = SidecarState(["http://a"], stale_after_s=5.0)
         state.record_scrape("http://a", 1.0, ScrapeOutcome(0.01, parse_exposition(_body())))

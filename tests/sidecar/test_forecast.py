@@ -147,7 +147,7 @@ def test_saturation_takes_over_from_the_warning() -> None:
 def test_the_alert_fires_after_its_for_with_the_forecast_in_its_text() -> None:
     from kvwatch.sidecar.metrics.exposition import parse_exposition
     from kvwatch.sidecar.metrics.scrape import ScrapeOutcome
-    from kvwatch.sidecar.state import SidecarState
+    from kvwatch.sidecar.state.sidecar_state import SidecarState
     from kvwatch.sidecar.store.episode_store import EpisodeStore
 
     th = Thresholds(exhaustion_warn_s=30, exhaustion_for_s=5)

@@ -7,7 +7,7 @@ import pytest
 
 from kvwatch.sidecar.logs.logformats import Malformed, ServerStart, parse_line
 from kvwatch.sidecar.logs.logstate import LogState
-from kvwatch.sidecar.views import servers_from_json
+from kvwatch.sidecar.state.views import servers_from_json
 from kvwatch.sizing.advice import Observed, advise
 from kvwatch.sizing.kvmath import lookup_gpu
 from kvwatch.sizing.levers import ServerInfo, has_flag, parse_version, valid_version
@@ -172,7 +172,7 @@ class TestLevers:
 
 def test_the_sidecar_asks_the_version_when_a_target_comes_up() -> None:
     from kvwatch.sidecar.metrics.scrape import ScrapeOutcome
-    from kvwatch.sidecar.state import SidecarState
+    from kvwatch.sidecar.state.sidecar_state import SidecarState
 
     state = SidecarState(["http://t"])
     assert not state.wants_version("http://t", 0.0)  # not scraped yet

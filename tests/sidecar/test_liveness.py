@@ -8,7 +8,7 @@ from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.judge.liveness import Status
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.scrape import ScrapeOutcome
-from kvwatch.sidecar.state import SidecarState
+from kvwatch.sidecar.state.sidecar_state import SidecarState
 
 URL = "http://a"
 DEATH = (

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from kvwatch.sidecar.exporter import StateCollector
 from kvwatch.sidecar.metrics.scrape import ScrapeOutcome, metrics_url, scrape_once
-from kvwatch.sidecar.state import SidecarState
+from kvwatch.sidecar.state.sidecar_state import SidecarState
 from tests.sidecar.fakes import raw_http_server
 
 

@@ -19,8 +19,8 @@ from kvwatch.sidecar.judge.signals import EngineSignals
 from kvwatch.sidecar.logs.follow import FollowStats
 from kvwatch.sidecar.logs.incidents import Incident
 from kvwatch.sidecar.logs.logformats import Capacity, StatsLine, event_to_dict
+from kvwatch.sidecar.state.supervise import LoopStatus
 from kvwatch.sidecar.store.outbox import DeliveryStats
-from kvwatch.sidecar.supervise import LoopStatus
 from kvwatch.sizing.levers import ServerInfo, valid_version
 
 _D = TypeVar("_D")

@@ -24,9 +24,8 @@ from kvwatch.sidecar.logs.logformats import parse_line
 from kvwatch.sidecar.logs.logstate import LogState
 from kvwatch.sidecar.metrics.observe import EngineKey, observe
 from kvwatch.sidecar.metrics.scrape import ScrapeOutcome
-from kvwatch.sidecar.store.episode_store import EpisodeStore
-from kvwatch.sidecar.supervise import Supervisor
-from kvwatch.sidecar.views import (
+from kvwatch.sidecar.state.supervise import Supervisor
+from kvwatch.sidecar.state.views import (
     AlertingView,
     EngineView,
     LoadEvent,
@@ -35,6 +34,7 @@ from kvwatch.sidecar.views import (
     StateView,
     TargetView,
 )
+from kvwatch.sidecar.store.episode_store import EpisodeStore
 from kvwatch.sizing.archconfig import Architecture
 
 __all__ = ["TargetState", "SidecarState"]
