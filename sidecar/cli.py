@@ -127,7 +127,7 @@ def _listen(value: str) -> tuple[str, int]:
 
 def _sidecar(ns: argparse.Namespace) -> int:
     from kvwatch.sidecar.daemon import SidecarConfig, run_sidecar
-    from kvwatch.sidecar.webhooks import load_receivers
+    from kvwatch.sidecar.outputs.webhooks import load_receivers
 
     command = tuple(a for a in ns.command if a != "--") if ns.command else ()
     host, port = _listen(ns.listen)

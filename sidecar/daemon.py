@@ -24,16 +24,16 @@ from typing import BinaryIO
 
 import httpx
 
-from kvwatch.sidecar.alerting import AlertTracker, active_alerts
 from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.logs.follow import FileFollower, FollowStats, read_stream, run_and_read
 from kvwatch.sidecar.metrics.scrape import check_health, fetch_version, metrics_url, scrape_once
+from kvwatch.sidecar.outputs.alerting import AlertTracker, active_alerts
+from kvwatch.sidecar.outputs.webhooks import Receiver, deliver_forever, enqueue
 from kvwatch.sidecar.state.sidecar_state import SidecarState
 from kvwatch.sidecar.state.views import AlertingView
 from kvwatch.sidecar.store.database import connect
 from kvwatch.sidecar.store.episode_store import EpisodeStore
 from kvwatch.sidecar.store.outbox import Outbox
-from kvwatch.sidecar.webhooks import Receiver, deliver_forever, enqueue
 from kvwatch.sizing.archconfig import Architecture
 
 __all__ = ["SidecarConfig", "run_sidecar"]
@@ -227,7 +227,7 @@ async def _main(
 
 
 def run_sidecar(cfg: SidecarConfig, echo: BinaryIO | None = None) -> int:
-    from kvwatch.sidecar.exporter import EVENTS_TOKEN_ENV, serve
+    from kvwatch.sidecar.outputs.exporter import EVENTS_TOKEN_ENV, serve
 
     # `kill -USR1 PID` prints every thread's stack to stderr: what a sidecar that stopped
     # answering is doing, without stopping it

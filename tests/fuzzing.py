@@ -9,11 +9,11 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from kvwatch.sidecar.exporter import StateCollector
 from kvwatch.sidecar.logs.follow import FollowStats, LineSplitter
 from kvwatch.sidecar.logs.logformats import Malformed, StatsLine, parse_line
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.scrape import ScrapeOutcome
+from kvwatch.sidecar.outputs.exporter import StateCollector
 from kvwatch.sidecar.state.sidecar_state import SidecarState
 
 __all__ = [

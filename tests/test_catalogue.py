@@ -14,13 +14,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from kvwatch.alerts.build import render_prometheus_rule, render_rules, rule_groups
 from kvwatch.alerts.runbook import read_runbook, sections
 from kvwatch.dashboards.files import DASHBOARD_FILES
-from kvwatch.sidecar.alerting import active_alerts
 from kvwatch.sidecar.contract import catalogue as cat
 from kvwatch.sidecar.contract.thresholds import DEFAULT_THRESHOLDS, Thresholds
-from kvwatch.sidecar.exporter import StateCollector
 from kvwatch.sidecar.logs.follow import FollowStats
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.scrape import ScrapeOutcome
+from kvwatch.sidecar.outputs.alerting import active_alerts
+from kvwatch.sidecar.outputs.exporter import StateCollector
 from kvwatch.sidecar.state.sidecar_state import SidecarState
 
 ROOT = Path(__file__).resolve().parents[1]

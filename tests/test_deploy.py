@@ -14,7 +14,7 @@ import yaml
 
 from kvwatch.alerts.build import K8S_FILE
 from kvwatch.cli import build_parser
-from kvwatch.sidecar.webhooks import load_receivers
+from kvwatch.sidecar.outputs.webhooks import load_receivers
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 CRD_SCHEMAS = Path(__file__).resolve().parent / "crd_schemas"

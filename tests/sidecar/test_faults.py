@@ -23,20 +23,20 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
 from kvwatch.loadgen.local_server import free_port
-from kvwatch.sidecar.alerting import Alert, AlertTracker, Notification, active_alerts
 from kvwatch.sidecar.contract.thresholds import Thresholds
-from kvwatch.sidecar.exporter import StateCollector, events_refusal
 from kvwatch.sidecar.judge.timeline import Timeline
 from kvwatch.sidecar.logs.logformats import Malformed, parse_line
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.observe import EngineObservation, observe
 from kvwatch.sidecar.metrics.scrape import ScrapeOutcome, scrape_once
+from kvwatch.sidecar.outputs.alerting import Alert, AlertTracker, Notification, active_alerts
+from kvwatch.sidecar.outputs.exporter import StateCollector, events_refusal
+from kvwatch.sidecar.outputs.webhooks import Receiver, deliver_forever, enqueue
 from kvwatch.sidecar.state.sidecar_state import SidecarState
 from kvwatch.sidecar.state.supervise import Supervisor
 from kvwatch.sidecar.state.views import engines_from_json, state_json
 from kvwatch.sidecar.store.database import connect
 from kvwatch.sidecar.store.outbox import DeliveryStats, Outbox
-from kvwatch.sidecar.webhooks import Receiver, deliver_forever, enqueue
 from tests.receiver import receiver
 from tests.sidecar.fakes import raw_http_server
 from tests.sidecar.running import running_sidecar
@@ -485,8 +485,8 @@ def test_a_slow_disk_never_holds_up_the_scrapes(
     the scrapes keep their interval, and the alert still goes out. When the writes ran on the
     event loop, the sidecar made 16 scrapes in 16 s at a 0.25 s interval and said it was up."""
     from kvwatch.sidecar.daemon import SidecarConfig, _main
+    from kvwatch.sidecar.outputs.webhooks import load_receivers
     from kvwatch.sidecar.store.episode_store import EpisodeStore
-    from kvwatch.sidecar.webhooks import load_receivers
 
     def slowly(f):  # type: ignore[no-untyped-def]
         def wrapped(*a, **k):  # type: ignore[no-untyped-def]
@@ -618,7 +618,7 @@ def test_kvwatch_logs_keeps_engines_apart() -> None:
 
 def test_a_firing_alertmanager_payload_says_until_when_it_holds(tmp_path: Path) -> None:
     """If the sidecar is gone for good, Alertmanager resolves the alert on its own at endsAt."""
-    from kvwatch.sidecar.webhooks import render
+    from kvwatch.sidecar.outputs.webhooks import render
 
     tracker = AlertTracker(sqlite3.connect(tmp_path / "s.db"), repeat_interval_s=3600.0)
     (n,) = tracker.update([_notification().alert], 1_700_000_000.0)

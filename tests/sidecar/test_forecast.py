@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from kvwatch.sidecar.alerting import active_alerts
 from kvwatch.sidecar.contract.levels import Level
 from kvwatch.sidecar.contract.thresholds import Thresholds
-from kvwatch.sidecar.exporter import StateCollector
 from kvwatch.sidecar.judge.forecast import MIN_POINTS, forecast_exhaustion, line_fit
 from kvwatch.sidecar.judge.pipeline import EngineJudge
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.observe import CacheConfig, EngineObservation, observe
+from kvwatch.sidecar.outputs.alerting import active_alerts
+from kvwatch.sidecar.outputs.exporter import StateCollector
 
 CACHE = CacheConfig(block_size=32, num_blocks=40)
 

@@ -3,11 +3,11 @@ the followed log, and from requests that get no token; exported and alerted on."
 
 from __future__ import annotations
 
-from kvwatch.sidecar.alerting import active_alerts
 from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.judge.liveness import Status
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.scrape import ScrapeOutcome
+from kvwatch.sidecar.outputs.alerting import active_alerts
 from kvwatch.sidecar.state.sidecar_state import SidecarState
 
 URL = "http://a"
@@ -123,7 +123,7 @@ class TestAlert:
     def test_exported_as_engine_alive(self) -> None:
         from prometheus_client import CollectorRegistry, generate_latest
 
-        from kvwatch.sidecar.exporter import StateCollector
+        from kvwatch.sidecar.outputs.exporter import StateCollector
 
         s, clock = state()
         scrape(s, clock, body(gen=5), 0.0)

@@ -7,8 +7,8 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from kvwatch.sidecar.exporter import StateCollector
 from kvwatch.sidecar.metrics.scrape import ScrapeOutcome, metrics_url, scrape_once
+from kvwatch.sidecar.outputs.exporter import StateCollector
 from kvwatch.sidecar.state.sidecar_state import SidecarState
 from tests.sidecar.fakes import raw_http_server
 

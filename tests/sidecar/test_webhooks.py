@@ -12,9 +12,9 @@ import pytest
 
 from kvwatch.common.backoff import backoff_s
 from kvwatch.loadgen.local_server import free_port
-from kvwatch.sidecar.alerting import Alert, AlertTracker, Notification
+from kvwatch.sidecar.outputs.alerting import Alert, AlertTracker, Notification
+from kvwatch.sidecar.outputs.webhooks import Receiver, load_receivers, redact_url, render, sign
 from kvwatch.sidecar.store.outbox import Outbox
-from kvwatch.sidecar.webhooks import Receiver, load_receivers, redact_url, render, sign
 from tests.receiver import receiver
 from tests.sidecar.fakes import raw_http_server
 from tests.sidecar.running import running_sidecar

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from kvwatch.common.backoff import backoff_s
-from kvwatch.sidecar.alerting import Notification
+from kvwatch.sidecar.outputs.alerting import Notification
 from kvwatch.sidecar.store.outbox import Outbox
 
 __all__ = [
