@@ -145,7 +145,7 @@ def _register_advise(sub: Any) -> None:
         help="decode step time (default: the memory-bandwidth roofline of the GPU)",
     )
     a.add_argument("--json", action="store_true", help="print JSON")
-    a.set_defaults(func=handler("kvwatch.advise_cmd:run_advise"))
+    a.set_defaults(func=handler("kvwatch.advise.command:run_advise"))
 
 
 def _register_report(sub: Any) -> None:
@@ -164,4 +164,4 @@ def _register_report(sub: Any) -> None:
         help="a `kvwatch loadgen run`, `kvwatch loadgen search` or demo run",
     )  # fmt: skip
     r.add_argument("--out", type=Path, help="where to write (default RUN_DIR/report.html)")
-    r.set_defaults(func=handler("kvwatch.report:run_report"))
+    r.set_defaults(func=handler("kvwatch.report.run_page:run_report"))

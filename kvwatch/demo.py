@@ -205,7 +205,7 @@ def _write_extras(run_dir: Path, state: dict[str, Any], alerts: list[dict[str, A
     from kvwatch.alerts.build import write_all as write_rules
     from kvwatch.dashboards.build import write_all as write_dashboards
     from kvwatch.loadgen.rundir import write_jsonl
-    from kvwatch.report import render_report
+    from kvwatch.report.run_page import render_report
 
     (run_dir / "sidecar-state.json").write_text(json.dumps(state, indent=1))
     write_jsonl(run_dir / "alerts.jsonl", alerts)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from kvwatch.loadgen.rundir import write_run
-from kvwatch.report import bucket_delta, counter_rate, render_report, state_spans
+from kvwatch.report.run_page import bucket_delta, counter_rate, render_report, state_spans
 
 
 def test_counter_rate_survives_a_restart() -> None:

@@ -5,7 +5,15 @@ from __future__ import annotations
 import math
 import xml.etree.ElementTree as ET
 
-from kvwatch.svgplot import Line, Mark, Span, bar_chart, format_value, line_chart, state_lanes
+from kvwatch.report.svgplot import (
+    Line,
+    Mark,
+    Span,
+    bar_chart,
+    format_value,
+    line_chart,
+    state_lanes,
+)
 
 
 def _parse(svg: str) -> ET.Element:

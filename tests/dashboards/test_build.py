@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from kvwatch.dashboards.build import DASHBOARDS, build, render
-from kvwatch.dashboards.live import (
+from kvwatch.sidecar.contract.thresholds import Thresholds
+from tests.dashboards.live import (
     annotation_queries,
     grafana_regex_escape,
     panel_queries,
     substitute,
 )
-from kvwatch.dashboards.schema_check import check_dashboards
-from kvwatch.sidecar.contract.thresholds import Thresholds
+from tests.dashboards.schema_check import check_dashboards
 
 DIR = Path(__file__).resolve().parents[2] / "dashboards"
 

@@ -19,15 +19,15 @@ import httpx
 import pytest
 
 from kvwatch.dashboards.build import DASHBOARDS, OFFLOAD_PANELS, build
-from kvwatch.dashboards.live import (
+from kvwatch.loadgen.local_server import LocalVLLM
+from tests.dashboards.live import (
     annotation_queries,
     fill_variables,
     panel_queries,
     run_query,
     substitute,
 )
-from kvwatch.dashboards.preview import spans_from, write_preview
-from kvwatch.loadgen.local_server import LocalVLLM
+from tests.dashboards.preview import spans_from, write_preview
 from tests.http_server import serving
 from tests.loadgen.test_loadgen_live import run as loadgen_run
 from tests.prometheus import running_prometheus, wait_for_series

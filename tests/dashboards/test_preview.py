@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kvwatch.dashboards.live import Series
-from kvwatch.dashboards.preview import _bucket_counts, legend, spans_from
+from tests.dashboards.live import Series
+from tests.dashboards.preview import _bucket_counts, legend, spans_from
 
 
 def test_legend_format() -> None:

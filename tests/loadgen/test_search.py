@@ -181,8 +181,8 @@ def test_the_console_says_what_was_found() -> None:
 def test_the_capacity_page_marks_both_limits(tmp_path: Path) -> None:
     import json
 
-    from kvwatch.capacity_report import render_capacity
     from kvwatch.loadgen.cmd_search import SEARCH_FILE
+    from kvwatch.report.capacity_page import render_capacity
 
     s = _drive(SearchPlan("concurrency", repeats=1, max_repeats=1), _kv_bound, _preempts_from_4)
     (tmp_path / SEARCH_FILE).write_text(json.dumps(_doc(s)))
@@ -198,9 +198,9 @@ def test_the_capacity_page_marks_both_limits(tmp_path: Path) -> None:
      '{"kind": "capacity_search", "result": {"by": "rate", "attainment_target": 0.9}}'],
 )  # fmt: skip
 def test_a_broken_search_file_is_a_clear_error(tmp_path: Path, broken: str) -> None:
-    from kvwatch.capacity_report import render_capacity
     from kvwatch.common.command import CliError
     from kvwatch.loadgen.cmd_search import SEARCH_FILE
+    from kvwatch.report.capacity_page import render_capacity
 
     (tmp_path / SEARCH_FILE).write_text(broken)
     with pytest.raises(CliError, match="not a readable capacity search"):

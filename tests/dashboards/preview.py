@@ -1,7 +1,7 @@
 """Render what a dashboard's panels would show, as SVG, from the panels' own query results.
 
 No Grafana runs here, so the docs show each panel's data plotted from the same queries on a
-real Prometheus (dashboards/live.py fetches them). Thrashing annotations become shaded spans.
+real Prometheus (tests/dashboards/live.py fetches them). Thrashing annotations become shaded spans.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from kvwatch.dashboards.live import PanelQuery, Series
+from kvwatch.report.svgplot import Line, Span, bar_chart, line_chart, state_lanes
 from kvwatch.sidecar.contract.catalogue import STATES
-from kvwatch.svgplot import Line, Span, bar_chart, line_chart, state_lanes
+from tests.dashboards.live import PanelQuery, Series
 
 __all__ = ["legend", "panel_svg", "spans_from", "write_preview"]
 

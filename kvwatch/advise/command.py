@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from kvwatch.advise_sources import observed_from_source
+from kvwatch.advise.sources import observed_from_source
 from kvwatch.common.command import EXIT_FOUND, CliError
 from kvwatch.sizing.advice import Advice, Observed, advise
 from kvwatch.sizing.kvmath import SizingError, lookup_gpu
@@ -30,7 +30,7 @@ def _render(name: str, obs: Observed, adv: Advice) -> str:
 
 
 def _run_what_if(ns: argparse.Namespace) -> int:
-    from kvwatch.whatif import render_what_if, what_if
+    from kvwatch.advise.whatif import render_what_if, what_if
 
     a = what_if(ns)
     server = ServerInfo(version=ns.vllm_version)

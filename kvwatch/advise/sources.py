@@ -45,7 +45,7 @@ def observed_from_source(ns: argparse.Namespace) -> tuple[list[tuple[str, Observ
         if len(servers) == 1:
             server = next(iter(servers.values()))
     elif ns.prometheus:
-        from kvwatch.sidecar.prom_source import observed_from_prometheus
+        from kvwatch.advise.prometheus import observed_from_prometheus
 
         items = observed_from_prometheus(ns.prometheus, ns.window, ns.step)
     else:

@@ -1,7 +1,7 @@
 """`kvwatch report RUN_DIR`: one self-contained HTML page about a run.
 
 The page must open offline, from a file, mailed or attached to a ticket: inline CSS and inline
-SVG (kvwatch/svgplot.py), no script, no fonts or images from anywhere. It reads only the run
+SVG (kvwatch/report/svgplot.py), no script, no fonts or images from anywhere. It reads only the run
 directory (spec, records, events, timeline, summary, and the sidecar's alerts when the demo
 wrote them) and computes the advice again with its arithmetic.
 """
@@ -18,11 +18,11 @@ from typing import Any
 
 from kvwatch.common.command import EXIT_USAGE, CliError
 from kvwatch.loadgen.rundir import read_jsonl, read_records
-from kvwatch.report_parts import CSS, advice_html
+from kvwatch.report.parts import CSS, advice_html
+from kvwatch.report.svgplot import Line, Mark, Span, bar_chart, format_value, line_chart
 from kvwatch.sidecar.contract.levels import Level
 from kvwatch.sidecar.contract.thresholds import DEFAULT_THRESHOLDS
 from kvwatch.sidecar.judge.timeline import counter_increase
-from kvwatch.svgplot import Line, Mark, Span, bar_chart, format_value, line_chart
 
 __all__ = ["run_report", "render_report", "counter_rate", "state_spans", "bucket_delta"]
 
@@ -31,7 +31,7 @@ _THRASHING = Level.THRASHING.label  # the state names the timeline rows carry
 
 
 def run_report(ns: argparse.Namespace) -> int:
-    from kvwatch.capacity_report import is_search_dir, render_capacity
+    from kvwatch.report.capacity_page import is_search_dir, render_capacity
 
     out = ns.out or ns.run_dir / "report.html"
     page = render_capacity(ns.run_dir) if is_search_dir(ns.run_dir) else render_report(ns.run_dir)

@@ -19,7 +19,7 @@ from typing import Any
 
 __all__ = ["TYPECHECK_DIR", "PANEL_TYPES", "tsc_path", "check_dashboards", "wrapper"]
 
-TYPECHECK_DIR = Path(__file__).resolve().parent / "typecheck"
+TYPECHECK_DIR = Path(__file__).resolve().parents[2] / "dashboards" / "typecheck"
 
 # Grafana panel plugin id -> (its generated types module under @grafana/schema/dist/esm/raw,
 # whether that module declares a custom FieldConfig).

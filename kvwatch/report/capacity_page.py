@@ -15,8 +15,8 @@ from typing import Any
 
 from kvwatch.common.command import EXIT_USAGE, CliError
 from kvwatch.loadgen.cmd_search import SEARCH_FILE, render_search
-from kvwatch.report_parts import CSS, advice_html
-from kvwatch.svgplot import Line, Mark, line_chart
+from kvwatch.report.parts import CSS, advice_html
+from kvwatch.report.svgplot import Line, Mark, line_chart
 
 __all__ = ["is_search_dir", "render_capacity"]
 
