@@ -1,4 +1,4 @@
-"""The sizing levers, proven the way tests/test_advice_proven.py does, on two workloads.
+"""The sizing levers, proven the way tests/sizing/test_advice_proven.py does, on two workloads.
 
 For each workload: run it on the tiny-model vLLM (CPU, 40 blocks of 32 tokens), ask
 `kvwatch advise --run` for the levers (more KV memory, --max-num-seqs, --max-num-active-seqs,
@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from kvwatch.loadgen.tiny_model import build_tiny_model
-from tests.test_advice_proven import LENGTHS, WORKLOAD, rerun
+from tests.sizing.test_advice_proven import LENGTHS, WORKLOAD, rerun
 
 # the spikes are exactly what the test runs, and run the same way, so the two cannot drift apart
 WORKLOADS = {

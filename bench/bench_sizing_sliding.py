@@ -1,11 +1,11 @@
 """Memory advice on a real sliding-window server, against the smallest memory that works.
 
-The tiny Llama with a 64-token window on every other layer (two KV cache groups, 128 KiB
-blocks, 80 of them in 10 MiB) runs the spikes of tests/test_advice_proven_swa.py (8 requests of
-30 + 300 tokens at once every 12 s, 48 s). Rows: the server as it was; the memory `advise --run`
-gives without `--model` (every layer taken as full attention); the memory it gives with
-`--model` (vLLM's groups); then a bisection over the block count for the smallest memory at
-which the same seeded load, rerun, has at least 90% fewer preemptions at 85% of the throughput.
+The tiny Llama with a 64-token window on every other layer (two KV cache groups, 128 KiB blocks, 80
+of them in 10 MiB) runs the spikes of tests/sizing/test_advice_proven_swa.py (8 requests of 30 + 300
+tokens at once every 12 s, 48 s). Rows: the server as it was; the memory `advise --run` gives
+without `--model` (every layer taken as full attention); the memory it gives with `--model` (vLLM's
+groups); then a bisection over the block count for the smallest memory at which the same seeded
+load, rerun, has at least 90% fewer preemptions at 85% of the throughput.
 
     PYTHONPATH=. .venv/bin/python bench/bench_sizing_sliding.py
 """
@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 
 from kvwatch.loadgen.tiny_model import SWA_SPEC, build_tiny_model
-from tests.test_advice_proven import rerun
-from tests.test_advice_proven_swa import KV_BYTES, SWA_WORKLOAD
+from tests.sizing.test_advice_proven import rerun
+from tests.sizing.test_advice_proven_swa import KV_BYTES, SWA_WORKLOAD
 
 BLOCK_BYTES = 4 * 32 * 4 * 128 * 2  # 4 layers a group x 32 tokens x 4 KV heads x (64 + 64) x bf16
 

@@ -1,10 +1,16 @@
-"""The house's structure: one namespace, no import circle, honest `__all__`, and commands that
-load only what they use."""
+"""The house's structure: one namespace, rooms whose imports only go down, no import circle,
+honest `__all__`, a wheel that holds every module, and commands that load only what they use.
+
+The order of the rooms, top of the house to the ground, is `FLOORS`; docs/architecture.md shows
+the same list (a test holds the two together). A module may import its own room and any room on
+a lower floor, never a room on its own floor or above. alerts/ and dashboards/ read the sidecar
+only through its shared contract."""
 
 from __future__ import annotations
 
 import ast
 import importlib
+import re
 import subprocess
 import sys
 import tomllib
@@ -15,32 +21,65 @@ import pytest
 from kvwatch.common.command import EXTRA_OF_MODULE, missing_extra
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE_DIRS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"][
-    "setuptools"
-]["package-dir"]
+SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+PACKAGE_DIRS: dict[str, str] = SETUPTOOLS["package-dir"]
+
+# Top of the house first. Rooms on one floor may not import each other.
+FLOORS: list[list[str]] = [
+    ["kvwatch"],
+    ["kvwatch.advise", "kvwatch.report"],
+    ["kvwatch.loadgen", "kvwatch.alerts", "kvwatch.dashboards"],
+    ["kvwatch.sidecar"],
+    ["kvwatch.sidecar.outputs"],
+    ["kvwatch.sidecar.state"],
+    ["kvwatch.sidecar.store"],
+    ["kvwatch.sidecar.judge"],
+    ["kvwatch.sidecar.logs"],
+    ["kvwatch.sidecar.metrics"],
+    ["kvwatch.sidecar.contract"],
+    ["kvwatch.sizing"],
+    ["kvwatch.common"],
+]
+FLOOR_OF = {room: i for i, rooms in enumerate(FLOORS) for room in rooms}
+# What alerts/ and dashboards/ may read of the sidecar: the names and thresholds they share.
+CONTRACT = "kvwatch.sidecar.contract"
+
+
+def _package_folders() -> dict[str, Path]:
+    """Every package of the installed tree, by dotted name: the package-dir mapping, walked."""
+    out: dict[str, Path] = {}
+    for package, folder in PACKAGE_DIRS.items():
+        for init in sorted((ROOT / folder).rglob("__init__.py")):
+            rel = init.parent.relative_to(ROOT / folder).parts
+            if any(p in ("node_modules", "typecheck", "__pycache__") for p in rel):
+                continue
+            if package == "kvwatch" and rel and f"kvwatch.{rel[0]}" in PACKAGE_DIRS:
+                continue  # a folder of its own in the mapping (kvwatch.sidecar is sidecar/)
+            out[".".join([package, *rel])] = init.parent
+    return out
+
+
+PACKAGES = _package_folders()
 
 
 def _modules() -> dict[str, Path]:
-    """Every module of the installed package, by dotted name, from the package-dir mapping."""
+    """Every module of the installed package, by dotted name."""
     out = {}
-    for package, folder in PACKAGE_DIRS.items():
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            rel = path.relative_to(ROOT / folder).with_suffix("").parts
-            if any(p in ("node_modules", "typecheck") for p in rel) or (
-                package == "kvwatch" and f"kvwatch.{rel[0]}" in PACKAGE_DIRS
-            ):
-                continue
-            parts = rel[:-1] if rel[-1] == "__init__" else rel
-            out[".".join([package, *parts])] = path
+    for package, folder in PACKAGES.items():
+        for path in sorted(folder.glob("*.py")):
+            name = package if path.stem == "__init__" else f"{package}.{path.stem}"
+            out[name] = path
     return out
 
 
 MODULES = _modules()
+_HANDLER = re.compile(r"^(kvwatch(?:\.\w+)+):\w+$")
 
 
 def _imports(path: Path) -> set[str]:
-    """Package modules this file imports, at any depth (lazy imports too), except those only
-    a type checker reads."""
+    """Package modules this file imports, at any depth (lazy imports too, and the
+    "module:function" targets of lazy command handlers), except those only a type checker
+    reads."""
     tree = ast.parse(path.read_text())
     skip: set[int] = set()
     for node in ast.walk(tree):
@@ -54,10 +93,86 @@ def _imports(path: Path) -> set[str]:
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module:
             names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            m = _HANDLER.match(node.value)
+            names = [m.group(1)] if m else []
         else:
             continue
         found |= {n for n in names if n in MODULES}
     return found
+
+
+def room_of(module: str) -> str:
+    """The room a module lives in: the longest room name it starts with."""
+    rooms = [r for r in FLOOR_OF if module == r or module.startswith(r + ".")]
+    assert rooms, f"{module} is in no room: add its package to FLOORS"
+    return max(rooms, key=len)
+
+
+def wrong_imports(module: str, imported: set[str]) -> list[str]:
+    """Each import of `module` that breaks the house's rule, said in words."""
+    here = room_of(module)
+    out = []
+    for target in sorted(imported):
+        there = room_of(target)
+        if there == here:
+            continue
+        if FLOOR_OF[there] <= FLOOR_OF[here]:
+            out.append(f"{module} ({here}) imports {target} ({there}), which is not below it")
+        elif here in ("kvwatch.alerts", "kvwatch.dashboards") and there.startswith(
+            "kvwatch.sidecar"
+        ) and there != CONTRACT:
+            out.append(f"{module} reads the sidecar's internals ({target}), not its contract")
+    return out
+
+
+def test_every_package_is_in_a_room_and_in_the_wheel() -> None:
+    """A new subpackage must be placed on a floor and listed for setuptools, which would
+    otherwise leave it out of the wheel without a word."""
+    assert sorted(SETUPTOOLS["packages"]) == sorted(PACKAGES)
+    for name in PACKAGES:
+        room_of(name)
+    for folder in PACKAGE_DIRS.values():
+        for py in (ROOT / folder).rglob("*.py"):
+            if "node_modules" in py.parts or "typecheck" in py.parts:
+                continue
+            assert (py.parent / "__init__.py").exists(), f"{py} is in a folder with no __init__.py"
+
+
+def test_imports_only_go_down() -> None:
+    wrong = [w for m, p in MODULES.items() for w in wrong_imports(m, _imports(p))]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_house_rule_catches_an_upward_import(tmp_path: Path) -> None:
+    """A deliberate upward import, lazy, and a dashboard reading a judge module: both caught."""
+    low = tmp_path / "low.py"
+    low.write_text("def f():\n    from kvwatch.sidecar.daemon import run_sidecar\n")
+    assert wrong_imports("kvwatch.sidecar.contract.new", _imports(low)) == [
+        "kvwatch.sidecar.contract.new (kvwatch.sidecar.contract) imports kvwatch.sidecar.daemon "
+        "(kvwatch.sidecar), which is not below it"
+    ]
+    dash = tmp_path / "dash.py"
+    dash.write_text("from kvwatch.sidecar.judge.detect import judge\n")
+    assert wrong_imports("kvwatch.dashboards.new", _imports(dash)) == [
+        "kvwatch.dashboards.new reads the sidecar's internals (kvwatch.sidecar.judge.detect), "
+        "not its contract"
+    ]
+    peer = tmp_path / "peer.py"
+    peer.write_text('X = "kvwatch.report.run_page:run_report"\n')
+    assert len(wrong_imports("kvwatch.advise.new", _imports(peer))) == 1
+
+
+def test_docs_show_the_rooms_in_this_order() -> None:
+    """docs/architecture.md lists the floors as this test holds them."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    section = doc.split("<!-- floors -->")[1]
+    listed = re.findall(r"^\s*\d+\.\s+(.+)$", section, flags=re.M)
+    # the rooms are the names before the first colon, asides in parentheses left out
+    shown = [re.findall(r"`([\w/]+)`", re.sub(r"\([^)]*\)", "", ln).split(":")[0]) for ln in listed]
+    expected = [[r.replace("kvwatch.", "", 1).replace(".", "/") if r != "kvwatch" else "kvwatch"
+                 for r in rooms] for rooms in FLOORS]  # fmt: skip
+    assert shown == expected
 
 
 def test_layout_installs_as_one_namespace() -> None:

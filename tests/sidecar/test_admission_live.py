@@ -18,9 +18,9 @@ import pytest
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig
 from kvwatch.sidecar.contract.vocabulary import ADMISSION_REJECTIONS, promql_selector
 from kvwatch.sidecar.metrics.exposition import parse_exposition
+from tests.advise.test_sources import advise
 from tests.prometheus import running_prometheus, wait_for_series
 from tests.sidecar.running import running_sidecar
-from tests.test_advise_sources import advise
 
 pytestmark = pytest.mark.integration
 

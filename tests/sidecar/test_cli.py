@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.sidecar.test_logformats import V0_STATS, V0_WARNING
+from tests.sidecar.logs.test_logformats import V0_STATS, V0_WARNING
 
 
 def kvwatch(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:

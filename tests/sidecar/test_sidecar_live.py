@@ -160,7 +160,7 @@ def test_restart_under_the_sidecar(tiny_model: Path, tmp_path: Path) -> None:
 def test_command_mode_passes_output_through_and_exits_with_its_code(tmp_path: Path) -> None:
     import subprocess
 
-    from tests.sidecar.test_logformats import CAP_CPU, V1_DEFERRED
+    from tests.sidecar.logs.test_logformats import CAP_CPU, V1_DEFERRED
 
     script = tmp_path / "fake_vllm.py"
     script.write_text(

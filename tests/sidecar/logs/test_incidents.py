@@ -13,7 +13,7 @@ from kvwatch.sidecar.logs.incidents import IncidentTracker, What, incident_line,
 from kvwatch.sidecar.logs.logformats import IncidentLine, parse_text
 from kvwatch.sidecar.logs.logsummary import render_summary, summarize
 
-DATA = Path(__file__).resolve().parent.parent / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 P = "(EngineCore pid=42) ERROR 12-01 10:00:{s:02d} [core.py:1510] "
 
 

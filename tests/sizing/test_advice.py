@@ -70,8 +70,9 @@ class TestAdvise:
 
 
 class TestGroups:
-    """The tiny sliding-window Llama of tests/test_advice_proven_swa.py, by hand: 4 full and 4
-    64-token sliding layers, 32-token blocks of 4 layers x 32 x 4 heads x 128 x 2 B = 128 KiB."""
+    """The tiny sliding-window Llama of tests/sizing/test_advice_proven_swa.py, by hand: 4 full
+    and 4 64-token sliding layers, 32-token blocks of 4 layers x 32 x 4 heads x 128 x 2 B =
+    128 KiB."""
 
     @staticmethod
     def layout() -> KvLayout:

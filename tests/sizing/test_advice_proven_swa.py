@@ -23,10 +23,10 @@ import pytest
 
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig
 from kvwatch.loadgen.rundir import run_outcome
+from tests.advise.test_sources import advise
 from tests.loadgen.test_loadgen_live import run as loadgen_run
 from tests.sidecar.running import running_sidecar
-from tests.test_advice_proven import LENGTHS, _check, rerun
-from tests.test_advise_sources import advise
+from tests.sizing.test_advice_proven import LENGTHS, _check, rerun
 
 pytestmark = pytest.mark.integration
 

@@ -187,7 +187,7 @@ def test_the_alert_fires_after_its_for_with_the_forecast_in_its_text() -> None:
     assert f"kvwatch_kv_exhaustion_imminent{{{labels}}} 1.0" in text
 
 
-RECORDINGS = Path(__file__).resolve().parents[2] / "bench" / "results" / "forecast"
+RECORDINGS = Path(__file__).resolve().parents[3] / "bench" / "results" / "forecast"
 
 
 def _replay(name: str, th: Thresholds, every: int = 1) -> tuple[list[float], float | None]:

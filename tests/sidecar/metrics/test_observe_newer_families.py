@@ -15,7 +15,7 @@ from kvwatch.sidecar.judge.timeline import Timeline
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.observe import EngineObservation, observe
 
-DATA = Path(__file__).resolve().parent.parent / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 OFFLOAD = (DATA / "vllm-0.33-metrics-offload-composed.txt").read_text()
 BUSY_032 = (DATA / "vllm-0.32-metrics-busy.txt").read_text()
 MODEL = "/root/.cache/kvwatch/models/tiny-llama-30m-v1"

@@ -1,6 +1,6 @@
 """`kvwatch advise --what-if` from the command line: vLLM's figures under vLLM's names, the seed's
 costs by default, and clear refusals. The CPU figures are those vLLM itself printed for the same
-configs (tests/sizing/test_oracle.py, tests/test_advice_proven_swa.py)."""
+configs (tests/sizing/test_oracle.py, tests/sizing/test_advice_proven_swa.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-ARCH = Path(__file__).parent / "data" / "architectures"
+ARCH = Path(__file__).resolve().parents[1] / "data" / "architectures"
 
 
 def what_if(*args: str) -> tuple[int, str, str]:

@@ -23,7 +23,7 @@ from kvwatch.sidecar.outputs.alerting import active_alerts
 from kvwatch.sidecar.outputs.exporter import StateCollector
 from kvwatch.sidecar.state.sidecar_state import SidecarState
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 _NAME = re.compile(r"\bkvwatch(?:_[a-z_]+|:[a-z_]+:[a-z0-9_]+)")
 _KNOWN = {m.series for m in cat.METRICS} | {m.name for m in cat.METRICS}
 _KNOWN |= {r.name for r in cat.RECORDINGS}
