@@ -217,7 +217,8 @@ def _layout(d: dashboard.Dashboard, *rows: tuple[str | None, list[Any]]) -> dash
     return d
 
 
-def kv_pressure(th: Thresholds = DEFAULT_THRESHOLDS) -> dashboard.Dashboard:
+def _kv_cache_row(th: Thresholds) -> list[Any]:
+    """Usage against the thresholds, capacity, demand and the exhaustion forecast."""
     kv_lines = _steps((None, "green"), (th.pressure_kv, "orange"), (th.saturated_kv, "red"))
     kv = (
         _series(
@@ -269,6 +270,11 @@ def kv_pressure(th: Thresholds = DEFAULT_THRESHOLDS) -> dashboard.Dashboard:
         "s",
         (q.sidecar(cat.SECONDS_TO_KV_EXHAUSTION), "{{model_name}} e{{engine}}"),
     )
+    return [kv, capacity, demand, exhaustion]
+
+
+def _preemption_row(th: Thresholds) -> list[Any]:
+    """The judgement, preemptions, the work redone and the queue."""
     preempt = _series(
         "Preemptions per second",
         "vLLM preemptions (vllm:num_preemptions_total); the counter rises when the victim "
@@ -334,15 +340,11 @@ def kv_pressure(th: Thresholds = DEFAULT_THRESHOLDS) -> dashboard.Dashboard:
         (q.waiting(), "waiting {{instance}} e{{engine}}"),
         (q.waiting_by_reason(), "waiting ({{reason}}) {{instance}} e{{engine}}"),
     )
-    tokens = _series(
-        "Token throughput",
-        "Generated and prefilled tokens per second. Thrashing shows as prefill that goes "
-        "up while generation goes down: the same prompts computed again.",
-        "short",
-        (q.token_rate(GENERATION_TOKENS), "generated {{instance}} e{{engine}}"),
-        (q.token_rate(PROMPT_TOKENS), "prefilled {{instance}} e{{engine}}"),
-    ).axis_label("tokens/s")
+    return [state, preempt, recomputed, per_request, episodes, queue]
 
+
+def _sources_row() -> list[Any]:
+    """Where prompt KV came from, requests refused at the queue limits, the CPU tier."""
     sources = _series(
         "Prompt tokens by source",
         "Where prompt KV came from, tokens per second: computed (prefill), the prefix cache, "
@@ -381,19 +383,41 @@ def kv_pressure(th: Thresholds = DEFAULT_THRESHOLDS) -> dashboard.Dashboard:
         (q.offload_failures(), "{{instance}} e{{engine}}"),
         width=4,
     )
+    return [sources, refused, offload, offload_full]
 
-    def latency(title: str, family: Any, what: str) -> timeseries.Panel:
-        return _series(
-            title,
-            f"{what} percentiles from vLLM's histogram over $__rate_interval windows.",
-            "s",
-            *[
-                (q.latency_quantile(family, x), f"p{x * 100:g} " + "{{instance}}")
-                for x in q.QUANTILES
-            ],
-            width=8,
-        )
 
+def _latency(title: str, family: Any, what: str) -> timeseries.Panel:
+    return _series(
+        title,
+        f"{what} percentiles from vLLM's histogram over $__rate_interval windows.",
+        "s",
+        *[
+            (q.latency_quantile(family, x), f"p{x * 100:g} " + "{{instance}}")
+            for x in q.QUANTILES
+        ],
+        width=8,
+    )
+
+
+def _load_row() -> list[Any]:
+    """Tokens per second and the latency percentiles users feel."""
+    tokens = _series(
+        "Token throughput",
+        "Generated and prefilled tokens per second. Thrashing shows as prefill that goes "
+        "up while generation goes down: the same prompts computed again.",
+        "short",
+        (q.token_rate(GENERATION_TOKENS), "generated {{instance}} e{{engine}}"),
+        (q.token_rate(PROMPT_TOKENS), "prefilled {{instance}} e{{engine}}"),
+    ).axis_label("tokens/s")
+    return [
+        tokens.span(24),
+        _latency("Time to first token", TTFT, "Time to first token"),
+        _latency("Inter-token latency", ITL, "Inter-token latency"),
+        _latency("End-to-end latency", E2E, "End-to-end request latency"),
+    ]
+
+
+def kv_pressure(th: Thresholds = DEFAULT_THRESHOLDS) -> dashboard.Dashboard:
     d = (
         dashboard.Dashboard("kvwatch / KV pressure")
         .uid("kvwatch-kv-pressure")
@@ -409,18 +433,10 @@ def kv_pressure(th: Thresholds = DEFAULT_THRESHOLDS) -> dashboard.Dashboard:
     )
     return _layout(
         _annotations(_variables(d)),
-        ("KV cache", [kv, capacity, demand, exhaustion]),
-        ("Preemption and thrashing", [state, preempt, recomputed, per_request, episodes, queue]),
-        ("Prompt sources, refusals and offload", [sources, refused, offload, offload_full]),
-        (
-            "Load and latency",
-            [
-                tokens.span(24),
-                latency("Time to first token", TTFT, "Time to first token"),
-                latency("Inter-token latency", ITL, "Inter-token latency"),
-                latency("End-to-end latency", E2E, "End-to-end request latency"),
-            ],
-        ),
+        ("KV cache", _kv_cache_row(th)),
+        ("Preemption and thrashing", _preemption_row(th)),
+        ("Prompt sources, refusals and offload", _sources_row()),
+        ("Load and latency", _load_row()),
     )
 
 

@@ -137,8 +137,6 @@ def _pcts(d: dict[str, Any] | None, unit: str = "s") -> str:
 def render_report(run_dir: Path) -> str:
     d = _load(run_dir)
     spec, summary, records = d["spec"], d["summary"], d["records"]
-    overall = summary.get("overall", {})
-    server = summary.get("server") or {}
     t0 = spec.get("start_unix") or (d["timeline"][0]["t"] if d["timeline"] else 0.0)
     tl = [dict(r, t=r["t"] - t0) for r in d["timeline"]]
     marks = [Mark(e["t"], e["stage"]) for e in d["events"] if e.get("event") == "stage_start"]
@@ -146,12 +144,39 @@ def render_report(run_dir: Path) -> str:
     ends = [r["t"] for r in tl] + [r["finished_at"] for r in records if r.get("finished_at")]
     window = (0.0, max(ends, default=1.0))
     advice, verdict = advice_html(run_dir)
-    th = DEFAULT_THRESHOLDS
-    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(spec.get("start_unix") or 0))
+    body = [
+        *_headline(run_dir, spec, summary, spans, verdict),
+        *_summary_section(summary.get("overall", {})),
+        *_workload_section(spec),
+        *_over_time_section(tl, spans, marks, window),
+        *_requests_section(records, marks, spans, window),
+        *_preemptions_section(spec),
+        *_incidents_section(summary.get("sidecar")),
+        *_alerts_section(d["alerts"]),
+        "<h2>Sizing advice</h2>",
+        advice,
+    ]
+    return (
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        f"<title>kvwatch report: {escape(run_dir.name)}</title><style>{CSS}</style></head>"
+        "<body>" + "".join(body) + "</body></html>\n"
+    )
 
+
+def _headline(
+    run_dir: Path,
+    spec: dict[str, Any],
+    summary: dict[str, Any],
+    spans: list[Span],
+    verdict: str | None,
+) -> list[str]:
+    """The title, what ran where, and the verdict in one coloured line."""
+    overall = summary.get("overall", {})
+    server = summary.get("server") or {}
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(spec.get("start_unix") or 0))
     episodes = [sp for sp in spans if sp.label == _THRASHING]
     thrashed = bool(episodes) or bool(server.get("repeat_preempted"))
-    head = [
+    return [
         f"<h1>kvwatch run report: {escape(run_dir.name)}</h1>",
         f"<p class='sub'>{escape(str(spec.get('target')))} &middot; model "
         f"<code>{escape(str(spec.get('model')))}</code> &middot; started {started} &middot; "
@@ -168,7 +193,8 @@ def render_report(run_dir: Path) -> str:
         + "</div>",
     ]
 
-    o = overall
+
+def _summary_section(o: dict[str, Any]) -> list[str]:
     figures = _table(
         [
             ("requests", f"{o.get('completed', 0)} completed, {o.get('failed', 0)} failed"),
@@ -180,6 +206,10 @@ def render_report(run_dir: Path) -> str:
             ("stalls", _stalls(o)),
         ]
     )
+    return ["<h2>Summary</h2>", figures]
+
+
+def _workload_section(spec: dict[str, Any]) -> list[str]:
     workload = spec.get("workload") or {}
     stages = "".join(
         f"<tr><td>{escape(s['name'])}</td><td>{escape(str(s['pattern']))}</td>"
@@ -187,78 +217,80 @@ def render_report(run_dir: Path) -> str:
         f"<td>{'warm-up' if s.get('warmup') else ''}</td></tr>"
         for s in spec.get("stages", [])
     )
-    body = [
-        "<h2>Summary</h2>",
-        figures,
+    return [
         "<h2>Workload</h2>",
         f"<table><tr><th>stage</th><th>pattern</th><th>seconds</th><th>requests</th><th></th></tr>{stages}</table>",
         "<pre>" + escape(json.dumps(workload, indent=1)) + "</pre>",
-        "<h2>Over time</h2>",
     ]  # fmt: skip
-    if tl:
-        body += [
-            line_chart(
-                "KV cache usage",
-                [Line("KV usage", [(r["t"], _f(r.get("kv_usage"))) for r in tl])],
-                "percentunit",
-                spans=spans,
-                marks=marks,
-                thresholds=[(th.pressure_kv, "#ff7f0e"), (th.saturated_kv, "#d62728")],
-                y_range=(0.0, 1.0),
-                relative_x=True,
-                x_range=window,
-            ),
-            line_chart(
-                "Preemptions per second",
-                [Line("preemptions/s", counter_rate(tl, "preemptions_total"))],
-                spans=spans,
-                marks=marks,
-                thresholds=[(th.thrashing_preemptions_per_s, "#d62728")],
-                relative_x=True,
-                x_range=window,
-            ),
-            line_chart(
-                "Running and waiting requests",
-                [
-                    Line("running", [(r["t"], _f(r.get("running"))) for r in tl]),
-                    Line("waiting", [(r["t"], _f(r.get("waiting"))) for r in tl]),
-                ],
-                spans=spans,
-                marks=marks,
-                relative_x=True,
-                x_range=window,
-            ),
-        ]
-        if any("state" in r for r in tl):
-            body.append(
-                "<p class='note'>Shaded: where the sidecar judged the server saturated "
-                "(orange) or thrashing (red). Dotted lines: load stages.</p>"
-            )
-        else:
-            body.append(
-                "<p class='note'>Run with <code>--sidecar URL</code> to shade the sidecar's "
-                "judgement (saturated, thrashing).</p>"
-            )
+
+
+def _over_time_section(
+    tl: list[dict[str, Any]], spans: list[Span], marks: list[Mark], window: tuple[float, float]
+) -> list[str]:
+    """KV usage, preemptions and the queues over the run, with the sidecar's judgement shaded."""
+    body = ["<h2>Over time</h2>"]
+    if not tl:
+        return [*body, "<p class='note'>No server timeline in this run directory.</p>"]
+    th = DEFAULT_THRESHOLDS
+    shared: dict[str, Any] = {"spans": spans, "marks": marks, "relative_x": True, "x_range": window}
+    body += [
+        line_chart(
+            "KV cache usage",
+            [Line("KV usage", [(r["t"], _f(r.get("kv_usage"))) for r in tl])],
+            "percentunit",
+            thresholds=[(th.pressure_kv, "#ff7f0e"), (th.saturated_kv, "#d62728")],
+            y_range=(0.0, 1.0),
+            **shared,
+        ),
+        line_chart(
+            "Preemptions per second",
+            [Line("preemptions/s", counter_rate(tl, "preemptions_total"))],
+            thresholds=[(th.thrashing_preemptions_per_s, "#d62728")],
+            **shared,
+        ),
+        line_chart(
+            "Running and waiting requests",
+            [
+                Line("running", [(r["t"], _f(r.get("running"))) for r in tl]),
+                Line("waiting", [(r["t"], _f(r.get("waiting"))) for r in tl]),
+            ],
+            **shared,
+        ),
+    ]
+    if any("state" in r for r in tl):
+        body.append(
+            "<p class='note'>Shaded: where the sidecar judged the server saturated "
+            "(orange) or thrashing (red). Dotted lines: load stages.</p>"
+        )
     else:
-        body.append("<p class='note'>No server timeline in this run directory.</p>")
-    body += _requests_section(records, marks, spans, window)
+        body.append(
+            "<p class='note'>Run with <code>--sidecar URL</code> to shade the sidecar's "
+            "judgement (saturated, thrashing).</p>"
+        )
+    return body
+
+
+def _preemptions_section(spec: dict[str, Any]) -> list[str]:
     buckets = _preemption_buckets(spec)
-    body.append("<h2>Preemptions per finished request</h2>")
-    if buckets:
-        body.append(bar_chart("Requests by how often vLLM preempted them", buckets))
-    else:
-        body.append("<p class='note'>The server exported no per-request preemption histogram.</p>")
-    body += _incidents_section(d["summary"].get("sidecar"))
-    if d["alerts"]:
-        body.append("<h2>Alerts delivered</h2><pre>")
-        body.append(escape("\n".join(json.dumps(a) for a in d["alerts"])))
-        body.append("</pre>")
-    body += ["<h2>Sizing advice</h2>", advice]
-    return (
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-        f"<title>kvwatch report: {escape(run_dir.name)}</title><style>{CSS}</style></head>"
-        "<body>" + "".join(head + body) + "</body></html>\n"
-    )
+    if not buckets:
+        return [
+            "<h2>Preemptions per finished request</h2>",
+            "<p class='note'>The server exported no per-request preemption histogram.</p>",
+        ]
+    return [
+        "<h2>Preemptions per finished request</h2>",
+        bar_chart("Requests by how often vLLM preempted them", buckets),
+    ]
+
+
+def _alerts_section(alerts: list[Any]) -> list[str]:
+    if not alerts:
+        return []
+    return [
+        "<h2>Alerts delivered</h2><pre>",
+        escape("\n".join(json.dumps(a) for a in alerts)),
+        "</pre>",
+    ]
 
 
 def _incidents_section(side: Any) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any
 
 from kvwatch.sizing.kvmath import Gpu, SizingError, blocks_for
 from kvwatch.sizing.kvplan import KvLayout
-from kvwatch.sizing.levers import ServerInfo, has_flag
+from kvwatch.sizing.levers import ServerInfo, Version, has_flag
 from kvwatch.sizing.presets import LINK_BYTES_PER_S
 
 __all__ = [
@@ -230,6 +230,146 @@ def _recommend(no_room: bool, fp8: bool, cap_flag: str, cap: int, preempted: boo
     )
 
 
+@dataclass(frozen=True)
+class _Need:
+    """What the observed peak needs, computed once and read by every lever."""
+
+    usable: int  # blocks the scheduler can hand out
+    per_seq: int  # blocks a p95 request holds
+    block_b: float  # bytes per block (all KV groups)
+    peak_blocks: int
+    needed: int  # blocks the cache needs for the peak with the margin
+    kv_bytes: int
+    max_seqs: int  # the admission cap with no preemption at the p95 length
+    cap_flag: str
+    margin: float
+
+
+def _request_blocks(obs: Observed, a: list[str]) -> tuple[int, float]:
+    """Blocks a p95 request holds and bytes per block, for one KV group or several."""
+    bs, layout = obs.block_size, obs.layout
+    if layout is None or (len(layout.groups) == 1 and layout.groups[0].kind in ("full", "mla")):
+        block_b = layout.bytes_per_block if layout else obs.kv_bytes_per_token * bs
+        a.append(
+            f"block = {bs} tokens x {obs.kv_bytes_per_token:,.0f} B/token = {byte_size(block_b)}"
+        )
+        return max(1, blocks_for(obs.seq_len_p95, bs)), block_b
+    held = " + ".join(
+        f"{g.held(math.ceil(obs.seq_len_p95))} ({g.kind}"
+        + (f" {g.window}" if g.window else "")
+        + ")"
+        for g in layout.groups
+    )
+    a += [
+        f"block = {byte_size(layout.bytes_per_block)} ({len(layout.groups)} KV groups share "
+        "the pool)",
+        f"a request of {obs.seq_len_p95:,.0f} tokens holds {held} blocks",
+    ]
+    return max(1, layout.blocks_per_request(obs.seq_len_p95)), layout.bytes_per_block
+
+
+def _need(obs: Observed, margin: float, version: Version | None, a: list[str]) -> _Need:
+    usable = obs.capacity_blocks - RESERVED_BLOCKS
+    per_seq, block_b = _request_blocks(obs, a)
+    demand = math.ceil(obs.peak_demand)
+    peak_blocks = demand * per_seq
+    a += [
+        f"cache = {obs.capacity_blocks} blocks ({usable} usable, {RESERVED_BLOCKS} reserved)",
+        f"a request reaches {obs.seq_len_p95:,.0f} tokens (p95; max {obs.seq_len_max:,.0f})"
+        f" = {per_seq} blocks",
+        f"peak demand {demand} requests x {per_seq} blocks = {peak_blocks} blocks"
+        f" vs {usable} usable",
+    ]
+    max_seqs = max(1, math.floor(usable * (1 - margin) / per_seq))
+    cap_flag = (
+        "--max-num-active-seqs" if has_flag("--max-num-active-seqs", version) else "--max-num-seqs"
+    )
+    a.append(f"{cap_flag[2:]} = floor({usable} x (1 - {margin:g}) / {per_seq}) = {max_seqs}")
+    needed = math.ceil(peak_blocks / (1 - margin)) + RESERVED_BLOCKS
+    kv_bytes = int(needed * block_b)
+    a.append(
+        f"blocks needed = ceil({peak_blocks} / (1 - {margin:g})) + {RESERVED_BLOCKS}"
+        f" = {needed} = {byte_size(kv_bytes)} of KV"
+    )
+    return _Need(
+        usable, per_seq, block_b, peak_blocks, needed, kv_bytes, max_seqs, cap_flag, margin
+    )
+
+
+def _utilization(
+    obs: Observed, n: _Need, gpu: Gpu | None, a: list[str]
+) -> tuple[float | None, bool]:
+    """The --gpu-memory-utilization that gives the KV needed, and whether the GPU has no room
+    for it (past what vLLM can run with)."""
+    if obs.gpu_memory_utilization is None or gpu is None or not gpu.memory_bytes:
+        return None, False
+    current = obs.kv_cache_memory_bytes or obs.capacity_blocks * n.block_b
+    extra = n.kv_bytes - current
+    util = obs.gpu_memory_utilization + extra / gpu.memory_bytes
+    a.append(
+        f"gpu-memory-utilization = {obs.gpu_memory_utilization:g} + "
+        f"{byte_size(extra)} / {byte_size(gpu.memory_bytes)} = {util:.3f}"
+    )
+    if util <= MAX_GPU_MEMORY_UTILIZATION:
+        return util, False
+    a.append(f"above {MAX_GPU_MEMORY_UTILIZATION}: not reachable by utilization alone")
+    return None, True
+
+
+def _cap_option(n: _Need) -> str:
+    return (
+        f"{n.cap_flag} {n.max_seqs} (no preemption even if every admitted request reaches "
+        f"the p95 length; spikes queue instead of thrashing, at no throughput cost while the "
+        f"server has compute to spare between them; under sustained saturation it admits "
+        f"fewer at once and decode throughput falls: then prefer the memory lever)"
+        + (
+            "; unlike --max-num-seqs it leaves the runner's buffers and CUDA graphs as they are"
+            if n.cap_flag == "--max-num-active-seqs"
+            else ""
+        )
+    )
+
+
+def _watermark_option(
+    obs: Observed, n: _Need, version: Version | None, a: list[str]
+) -> tuple[float | None, str | None]:
+    watermark = _watermark(obs, n.usable, n.max_seqs, obs.layout, a)
+    if watermark is None or not has_flag("--watermark", version):
+        return None, None
+    return watermark, (
+        f"--watermark {watermark:g} (admit a waiting or preempted request only while "
+        f"{watermark:.0%} of the blocks stay free for the running batch to grow into; "
+        "it stops re-admitted victims being preempted again, but admits nothing until "
+        "a batch has mostly finished: it serializes batches under steady load)"
+    )
+
+
+def _offload_option(
+    obs: Observed, n: _Need, gpu: Gpu | None, version: Version | None, a: list[str]
+) -> tuple[float | None, str | None]:
+    offload = _offload_gib(n.peak_blocks, n.usable, n.block_b, n.per_seq, gpu, a)
+    offload = _offload_grown(obs, offload, a)
+    if offload is None or not has_flag("--kv-offloading-size", version):
+        return None, None
+    return offload, (
+        f"--kv-offloading-size {offload:g} (a CPU tier for the blocks that do not fit: "
+        "preempted and evicted blocks can come back over the host link instead of "
+        "being recomputed; it costs host memory and transfer time, not GPU memory)"
+    )
+
+
+def _assumptions(obs: Observed, margin: float) -> list[str]:
+    return [
+        *(obs.notes if obs.layout is None else ()),
+        f"the p95 request length ({obs.seq_len_p95:,.0f} tokens) is what each admitted "
+        "request grows to; longer ones still need the margin",
+        f"{margin:.0%} of blocks kept free for prompts arriving and lengths above p95",
+        _sharing_assumption(obs),
+        *_admission_assumption(obs),
+        "never lower --gpu-memory-utilization against preemption: it shrinks the cache",
+    ]
+
+
 def advise(
     obs: Observed,
     margin: float = 0.10,
@@ -242,143 +382,50 @@ def advise(
     version = server.parsed
     if not 0 <= margin < 1:
         raise SizingError("the safety margin must be in [0, 1)")
-    bs = obs.block_size
-    usable = obs.capacity_blocks - RESERVED_BLOCKS
-    layout = obs.layout
-    if layout is None or (len(layout.groups) == 1 and layout.groups[0].kind in ("full", "mla")):
-        per_seq = max(1, blocks_for(obs.seq_len_p95, bs))
-        block_b = layout.bytes_per_block if layout else obs.kv_bytes_per_token * bs
-        a = [f"block = {bs} tokens x {obs.kv_bytes_per_token:,.0f} B/token = {byte_size(block_b)}"]
-    else:
-        per_seq = max(1, layout.blocks_per_request(obs.seq_len_p95))
-        block_b = layout.bytes_per_block
-        held = " + ".join(
-            f"{g.held(math.ceil(obs.seq_len_p95))} ({g.kind}"
-            + (f" {g.window}" if g.window else "")
-            + ")"
-            for g in layout.groups
-        )
-        a = [
-            f"block = {byte_size(block_b)} ({len(layout.groups)} KV groups share the pool)",
-            f"a request of {obs.seq_len_p95:,.0f} tokens holds {held} blocks",
-        ]
-    demand = math.ceil(obs.peak_demand)
-    peak_blocks = demand * per_seq
-    a += [
-        f"cache = {obs.capacity_blocks} blocks ({usable} usable, {RESERVED_BLOCKS} reserved)",
-        f"a request reaches {obs.seq_len_p95:,.0f} tokens (p95; max {obs.seq_len_max:,.0f})"
-        f" = {per_seq} blocks",
-        f"peak demand {demand} requests x {per_seq} blocks = {peak_blocks} blocks"
-        f" vs {usable} usable",
-    ]
-    max_seqs = max(1, math.floor(usable * (1 - margin) / per_seq))
-    cap_flag = (
-        "--max-num-active-seqs"
-        if has_flag("--max-num-active-seqs", version)
-        else ("--max-num-seqs")
-    )
-    a.append(f"{cap_flag[2:]} = floor({usable} x (1 - {margin:g}) / {per_seq}) = {max_seqs}")
-    needed = math.ceil(peak_blocks / (1 - margin)) + RESERVED_BLOCKS
-    kv_bytes = int(needed * block_b)
-    a.append(
-        f"blocks needed = ceil({peak_blocks} / (1 - {margin:g})) + {RESERVED_BLOCKS}"
-        f" = {needed} = {byte_size(kv_bytes)} of KV"
-    )
-    fits = peak_blocks <= usable * (1 - margin)
-    fp8 = obs.kv_dtype in ("auto", "bf16", "fp16") and 2 * usable * (1 - margin) >= peak_blocks
-    options: list[str] = []
-    util = None
-    watermark: float | None = None
-    offload: float | None = None
-    no_room = False  # the memory lever needs more of the GPU than vLLM can use
-    if fits:
-        verdict = "fits: the observed peak stays inside the cache with the margin"
-    else:
-        verdict = (
-            f"undersized: the load needs {needed} blocks at its peak, the cache has "
-            f"{obs.capacity_blocks}"
-        )
-        options.append(f"--kv-cache-memory-bytes {kv_bytes} (KV for {needed} blocks)")
-        current = obs.kv_cache_memory_bytes or obs.capacity_blocks * block_b
-        if obs.gpu_memory_utilization is not None and gpu is not None and gpu.memory_bytes:
-            extra = kv_bytes - current
-            util = obs.gpu_memory_utilization + extra / gpu.memory_bytes
-            a.append(
-                f"gpu-memory-utilization = {obs.gpu_memory_utilization:g} + "
-                f"{byte_size(extra)} / {byte_size(gpu.memory_bytes)} = {util:.3f}"
-            )
-            if util <= MAX_GPU_MEMORY_UTILIZATION:
-                options.append(f"--gpu-memory-utilization {math.ceil(util * 100) / 100:.2f}")
-            else:
-                util, no_room = None, True
-                a.append(f"above {MAX_GPU_MEMORY_UTILIZATION}: not reachable by utilization alone")
-        if fp8:
-            options.append(
-                "--kv-cache-dtype fp8 (halves bytes per token: "
-                f"about {2 * usable} usable blocks in the same memory)"
-            )
-        options.append(
-            f"{cap_flag} {max_seqs} (no preemption even if every admitted request reaches "
-            f"the p95 length; spikes queue instead of thrashing, at no throughput cost while the "
-            f"server has compute to spare between them; under sustained saturation it admits "
-            f"fewer at once and decode throughput falls: then prefer the memory lever)"
-            + (
-                "; unlike --max-num-seqs it leaves the runner's buffers and CUDA graphs as they are"
-                if cap_flag == "--max-num-active-seqs"
-                else ""
-            )
-        )
-        watermark = _watermark(obs, usable, max_seqs, layout, a)
-        if watermark is not None and has_flag("--watermark", version):
-            options.append(
-                f"--watermark {watermark:g} (admit a waiting or preempted request only while "
-                f"{watermark:.0%} of the blocks stay free for the running batch to grow into; "
-                "it stops re-admitted victims being preempted again, but admits nothing until "
-                "a batch has mostly finished: it serializes batches under steady load)"
-            )
-        else:
-            watermark = None
-        if server.arg("scheduler_reserve_full_isl") == "False":
-            options.append(
-                "--scheduler-reserve-full-isl (back on: this server admits a request when only "
-                "its first prefill chunk fits, which over-admits long prompts into preemption)"
-            )
-        offload = _offload_gib(peak_blocks, usable, block_b, per_seq, gpu, a)
-        offload = _offload_grown(obs, offload, a)
-        if offload is not None and has_flag("--kv-offloading-size", version):
-            options.append(
-                f"--kv-offloading-size {offload:g} (a CPU tier for the blocks that do not fit: "
-                "preempted and evicted blocks can come back over the host link instead of "
-                "being recomputed; it costs host memory and transfer time, not GPU memory)"
-            )
-        else:
-            offload = None
-        options.append(
-            "on GPUs: --tensor-parallel-size 2 (splits weights and KV heads: more KV room)"
-        )
-    return Advice(
-        verdict=verdict,
-        max_num_seqs=max_seqs,
-        blocks_needed=needed,
-        kv_cache_memory_bytes=kv_bytes,
-        gpu_memory_utilization=util,
-        concurrency_flag=cap_flag,
-        watermark=watermark,
-        kv_offloading_gib=offload,
-        recommended=None
-        if fits
-        else _recommend(no_room, fp8, cap_flag, max_seqs, obs.preemptions > 0),
+    a: list[str] = []
+    n = _need(obs, margin, version, a)
+    fits = n.peak_blocks <= n.usable * (1 - margin)
+    fp8 = obs.kv_dtype in ("auto", "bf16", "fp16") and 2 * n.usable * (1 - margin) >= n.peak_blocks
+    advice = Advice(
+        verdict="fits: the observed peak stays inside the cache with the margin",
+        max_num_seqs=n.max_seqs,
+        blocks_needed=n.needed,
+        kv_cache_memory_bytes=n.kv_bytes,
+        gpu_memory_utilization=None,
+        concurrency_flag=n.cap_flag,
         advised_for=server.describe(),
         fp8_suffices=fp8,
-        options=options,
         arithmetic=a,
-        assumptions=[
-            *(obs.notes if layout is None else ()),
-            f"the p95 request length ({obs.seq_len_p95:,.0f} tokens) is what each admitted "
-            "request grows to; longer ones still need the margin",
-            f"{margin:.0%} of blocks kept free for prompts arriving and lengths above p95",
-            _sharing_assumption(obs),
-            *_admission_assumption(obs),
-            "never lower --gpu-memory-utilization against preemption: it shrinks the cache",
-        ],
+        assumptions=_assumptions(obs, margin),
     )
+    if fits:
+        return advice
+    advice.verdict = (
+        f"undersized: the load needs {n.needed} blocks at its peak, the cache has "
+        f"{obs.capacity_blocks}"
+    )
+    options = advice.options
+    options.append(f"--kv-cache-memory-bytes {n.kv_bytes} (KV for {n.needed} blocks)")
+    advice.gpu_memory_utilization, no_room = _utilization(obs, n, gpu, a)
+    if advice.gpu_memory_utilization is not None:
+        options.append(
+            f"--gpu-memory-utilization {math.ceil(advice.gpu_memory_utilization * 100) / 100:.2f}"
+        )
+    if fp8:
+        options.append(
+            "--kv-cache-dtype fp8 (halves bytes per token: "
+            f"about {2 * n.usable} usable blocks in the same memory)"
+        )
+    options.append(_cap_option(n))
+    advice.watermark, line = _watermark_option(obs, n, version, a)
+    options += [line] if line else []
+    if server.arg("scheduler_reserve_full_isl") == "False":
+        options.append(
+            "--scheduler-reserve-full-isl (back on: this server admits a request when only "
+            "its first prefill chunk fits, which over-admits long prompts into preemption)"
+        )
+    advice.kv_offloading_gib, line = _offload_option(obs, n, gpu, version, a)
+    options += [line] if line else []
+    options.append("on GPUs: --tensor-parallel-size 2 (splits weights and KV heads: more KV room)")
+    advice.recommended = _recommend(no_room, fp8, n.cap_flag, n.max_seqs, obs.preemptions > 0)
+    return advice

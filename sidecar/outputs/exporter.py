@@ -1,4 +1,6 @@
-"""The sidecar's own endpoint: `/metrics` (kvwatch_*), `/healthz` and `/api/state` (JSON).
+"""The sidecar's own HTTP endpoint: `/metrics` (kvwatch_*), `/healthz`, `/api/state` and
+`/api/episodes` (JSON), and `POST /api/events` (a load generator's stage marks: from loopback,
+or with the bearer token in $KVWATCH_EVENTS_TOKEN where that is set).
 
 Metrics are built from a state view at scrape time (a custom collector on our own registry),
 with the names, types, labels and help of sidecar/contract/catalogue.py. A target that is down
