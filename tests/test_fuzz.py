@@ -1,16 +1,20 @@
-"""Fuzzing with hypothesis, in CI: mutated real vLLM metrics, log lines, and byte streams cut
-anywhere. 10^4 cases per target (KVWATCH_FUZZ_EXAMPLES changes it); bench/bench_fuzz.py runs
+"""Fuzzing with hypothesis, in CI: mutated real vLLM metrics, log lines, byte streams cut
+anywhere, and webhook receiver configs with every field of every wrong type. 10^4 cases per target
+(KVWATCH_FUZZ_EXAMPLES changes it); bench/bench_fuzz.py runs
 10^5 with plain random mutations. Marked `fuzz` (`-m "not fuzz"` leaves them out)."""
 
 from __future__ import annotations
 
 import os
 import random
+from typing import Any
 
+import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvwatch.sidecar.outputs.webhooks import FIELDS, receivers_from, render
 from tests.fuzzing import (
     LOG_LINES,
     METRIC_LINES,
@@ -44,3 +48,51 @@ def test_mutated_log_lines_never_crash_or_say_the_impossible(rng: random.Random)
 @given(st.binary(max_size=400), st.lists(st.integers(0, 400), max_size=8))
 def test_the_line_splitter_reassembles_any_chunking(data: bytes, cuts: list[int]) -> None:
     check_splitter(data, cuts)
+
+
+_ANY = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+_GOOD: dict[str, st.SearchStrategy[Any]] = {
+    "url": st.sampled_from(["http://127.0.0.1:9/hook", "https://hooks.example/x?token=t"]),
+    "format": st.sampled_from(["json", "alertmanager", "slack"]),
+    "name": st.text(max_size=20),
+    "secret_env": st.sampled_from([None, "HOME", "KVWATCH_FUZZ_UNSET"]),
+    "timeout_s": st.floats(0.001, 300),
+    "headers": st.dictionaries(st.sampled_from(["X-Token", "Authorization"]), st.text(max_size=20)),
+}
+
+
+@st.composite
+def _receiver_item(draw: st.DrawFn) -> Any:
+    item = {}
+    for field in sorted(FIELDS):
+        if draw(st.booleans()):
+            item[field] = draw(_ANY) if draw(st.booleans()) else draw(_GOOD[field])
+    if draw(st.integers(0, 9)) == 0:
+        item[draw(st.text(max_size=8))] = draw(_ANY)
+    return item if draw(st.integers(0, 19)) else draw(_ANY)
+
+
+@_FUZZ
+@given(st.lists(_receiver_item(), max_size=3))
+def test_receiver_configs_load_or_say_why_in_one_line(items: list[Any]) -> None:
+    """Any receiver config loads into receivers httpx can send to, or is one ValueError line:
+    never another exception, never a receiver whose first delivery would raise."""
+    from kvwatch.sidecar.outputs.alerting import Alert, Notification
+
+    try:
+        receivers = receivers_from(items, "hooks.yaml")
+        for r in receivers:
+            r.secret()
+    except ValueError as e:
+        assert "\n" not in str(e) and str(e)
+        return
+    note = Notification("firing", Alert("KvwatchThrashing", {"target": "t"}, {}), 1.0)
+    for r in receivers:
+        body = render(note, r.format, "id", "http://sidecar")
+        httpx.Request("POST", r.url, headers=r.headers, content=repr(body).encode())

@@ -15,6 +15,7 @@ import hmac
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +39,8 @@ __all__ = [
     "SIGNATURE_HEADER",
     "TIMESTAMP_HEADER",
     "redact_url",
+    "FIELDS",
+    "receivers_from",
 ]
 
 log = logging.getLogger("kvwatch.webhooks")
@@ -45,7 +48,12 @@ SIGNATURE_HEADER = "X-Kvwatch-Signature"
 TIMESTAMP_HEADER = "X-Kvwatch-Timestamp"
 DELIVERY_HEADER = "X-Kvwatch-Delivery"
 FORMATS = ("json", "alertmanager", "slack")
+_MAX_TIMEOUT_S = 300.0
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SLACK_MAX = 2900
+FIELDS = frozenset({"url", "format", "name", "secret_env", "timeout_s", "headers"})
 
 
 @dataclass(frozen=True)
@@ -58,10 +66,37 @@ class Receiver:
     headers: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"webhook {redact_url(self.url)}: not an http(s) URL")
-        if self.format not in FORMATS:
-            raise ValueError(f"webhook {self.key}: format must be one of {', '.join(FORMATS)}")
+        """Every field checked here, where a receiver enters: a wrong type found at the first
+        alert would stall delivery (docs/alerts.md)."""
+        if not isinstance(self.url, str) or not self.url.startswith(("http://", "https://")):
+            shown = redact_url(self.url) if isinstance(self.url, str) else type(self.url).__name__
+            raise ValueError(f"url: not an http(s) URL ({shown})")
+        try:
+            host = httpx.URL(self.url).host
+        except (httpx.InvalidURL, ValueError, TypeError):
+            host = ""
+        if not host or _CONTROL.search(self.url):
+            raise ValueError(f"url: not a valid URL ({redact_url(self.url)})")
+        if not isinstance(self.name, str) or _CONTROL.search(self.name):
+            raise ValueError("name: must be a string without control characters")
+        if not isinstance(self.format, str) or self.format not in FORMATS:
+            raise ValueError(f"format: must be one of {', '.join(FORMATS)}")
+        if self.secret_env is not None and (
+            not isinstance(self.secret_env, str) or not _ENV_NAME.fullmatch(self.secret_env)
+        ):
+            raise ValueError("secret_env: must name an environment variable")
+        t = self.timeout_s
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t <= _MAX_TIMEOUT_S:
+            raise ValueError(f"timeout_s: must be a number of seconds in (0, {_MAX_TIMEOUT_S:g}]")
+        if not isinstance(self.headers, dict):
+            raise ValueError("headers: must be a mapping of header names to strings")
+        for k, v in self.headers.items():
+            if not isinstance(k, str) or not _HEADER_NAME.fullmatch(k):
+                raise ValueError(f"headers: {str(k)[:40]!r} is not a header name")
+            if not isinstance(v, str) or not v.isascii() or _CONTROL.search(v):
+                raise ValueError(
+                    f"headers.{k}: must be a string of printable ASCII (quote a number in YAML)"
+                )
 
     @property
     def key(self) -> str:
@@ -92,32 +127,50 @@ def redact_url(url: str) -> str:
     return f"{scheme}://{hostport}/...#{digest}"
 
 
+def receivers_from(items: object, where: str) -> list[Receiver]:
+    """Receivers from a parsed config (a list of mappings), each field checked; `where` names
+    the source in the one-line error."""
+    if not isinstance(items, list):
+        raise ValueError(f"{where}: expected a list of receivers")
+    out = []
+    for i, d in enumerate(items):
+        if not isinstance(d, dict) or "url" not in d:
+            raise ValueError(f"{where}: receiver {i} needs a url")
+        name = d.get("name")
+        shown = isinstance(name, str) and 0 < len(name) <= 60 and not _CONTROL.search(name)
+        label = f"receiver {i}" + (f" ({name})" if shown else "")
+        unknown = {str(k) for k in d} - FIELDS
+        if unknown:
+            raise ValueError(f"{where}: {label}: unknown keys {sorted(unknown)}")
+        try:
+            out.append(Receiver(**{str(k): v for k, v in d.items()}))
+        except ValueError as e:
+            raise ValueError(f"{where}: {label}: {e}") from None
+    return out
+
+
 def load_receivers(urls: list[str], config: Path | None) -> list[Receiver]:
     """`--webhook URL[,format]` flags plus a JSON or YAML file: a list of receiver objects."""
     out = []
     for item in urls:
         url, _, fmt = item.partition(",")
-        out.append(Receiver(url, fmt or "json"))
+        try:
+            out.append(Receiver(url, fmt or "json"))
+        except ValueError as e:
+            raise ValueError(f"--webhook {redact_url(url)}: {e}") from None
     if config is not None:
         try:
             text = config.read_text()
-        except OSError as e:
-            raise ValueError(f"cannot read {config}: {e.strerror}") from None
+        except (OSError, UnicodeDecodeError) as e:
+            why = e.strerror if isinstance(e, OSError) else "not text"
+            raise ValueError(f"cannot read {config}: {why}") from None
         import yaml
 
         try:
             items = yaml.safe_load(text)
         except yaml.YAMLError as e:
             raise ValueError(f"{config}: not YAML/JSON ({e})") from None
-        if not isinstance(items, list):
-            raise ValueError(f"{config}: expected a list of receivers")
-        for i, d in enumerate(items):
-            if not isinstance(d, dict) or "url" not in d:
-                raise ValueError(f"{config}: receiver {i} needs a url")
-            unknown = set(d) - {"url", "format", "name", "secret_env", "timeout_s", "headers"}
-            if unknown:
-                raise ValueError(f"{config}: receiver {i}: unknown keys {sorted(unknown)}")
-            out.append(Receiver(**d))
+        out += receivers_from(items, str(config))
     for r in out:
         r.secret()  # fail at start, not at the first alert
     return out
@@ -225,16 +278,18 @@ async def _deliver_one(client: httpx.AsyncClient, outbox: Outbox, r: Receiver) -
         DELIVERY_HEADER: wrapped["delivery_id"],
         **r.headers,
     }
-    secret = r.secret()
-    if secret is not None:
-        stamp = int(time.time())
-        headers[TIMESTAMP_HEADER] = str(stamp)
-        headers[SIGNATURE_HEADER] = sign(secret, body, stamp)
     try:
+        secret = r.secret()
+        if secret is not None:
+            stamp = int(time.time())
+            headers[TIMESTAMP_HEADER] = str(stamp)
+            headers[SIGNATURE_HEADER] = sign(secret, body, stamp)
         resp = await client.post(r.url, content=body, headers=headers, timeout=r.timeout_s)
         ok, error = 200 <= resp.status_code < 300, f"HTTP {resp.status_code}"
     except httpx.HTTPError as e:
         ok, error = False, f"{type(e).__name__}: {e}"
+    except Exception as e:  # one attempt failed: the message stays and the loop goes on
+        ok, error = False, f"{type(e).__name__}: {str(e)[:200]}"
     if ok:
         await asyncio.to_thread(outbox.delivered, msg.id)
         return True

@@ -77,7 +77,7 @@ class TestReceiversConfig:
     @pytest.mark.parametrize(
         ("content", "why"),
         [
-            ("- url: http://x\n  format: teams\n", "format must be one of"),
+            ("- url: http://x\n  format: teams\n", "format: must be one of"),
             ("- format: json\n", "needs a url"),
             ("- url: http://x\n  secret_env: NOPE_UNSET_VAR\n", "NOPE_UNSET_VAR is empty or unset"),
             ("- url: http://x\n  colour: red\n", "unknown keys"),
@@ -93,6 +93,38 @@ class TestReceiversConfig:
     def test_bad_url(self) -> None:
         with pytest.raises(ValueError, match="not an http"):
             Receiver("ftp://x")
+        with pytest.raises(ValueError, match="--webhook http://h/.*: url: not a valid URL"):
+            load_receivers(["http://h/\n"], None)
+
+    @pytest.mark.parametrize(
+        ("field", "why"),
+        [
+            ("timeout_s: fast", r"receiver 0 \(r\): timeout_s: must be a number"),
+            ("timeout_s: true", "timeout_s: must be a number"),
+            ("timeout_s: .nan", "timeout_s: must be a number"),
+            ("timeout_s: -1", "timeout_s: must be a number"),
+            ("headers: {X-Token: 123}", "headers.X-Token: must be a string .*quote a number"),
+            ("headers: {X-Token: [a]}", "headers.X-Token: must be a string"),
+            ("headers: [X-Token]", "headers: must be a mapping"),
+            ("headers: {'bad name': x}", "headers: 'bad name' is not a header name"),
+            ("headers: {X-A: \"a\\nb\"}", "headers.X-A: must be a string of printable ASCII"),
+            ("secret_env: 5", "secret_env: must name an environment variable"),
+            ("format: 5", "format: must be one of"),
+        ],
+    )
+    def test_every_field_is_checked_where_it_enters(
+        self, tmp_path: Path, field: str, why: str
+    ) -> None:
+        """A wrong type is one line naming the receiver and the field, at start (these loaded
+        fine before and stalled every delivery at the first alert)."""
+        f = tmp_path / "hooks.yaml"
+        f.write_text(f"- url: http://x/hook\n  name: r\n  {field}\n")
+        with pytest.raises(ValueError, match=why):
+            load_receivers([], f)
+        for url in ("5", "[http://x]", "{a: b}", "null"):
+            f.write_text(f"- url: {url}\n")
+            with pytest.raises(ValueError, match="receiver 0: url: not an http"):
+                load_receivers([], f)
 
 
 class TestOutbox:
@@ -126,6 +158,38 @@ class TestTracker:
         assert t2.update([ALERT], 12) == []  # known as firing after a restart: no re-announce
         (res,) = t2.update([], 13)
         assert res.status == "resolved" and res.ends_at == 13
+
+
+def test_an_attempt_that_raises_is_a_failed_attempt_and_stalls_no_other_receiver() -> None:
+    """Whatever one attempt raises (here a header httpx refuses, put past the load-time check),
+    the message stays with its attempt counted and a retry planned, and the other receiver
+    still gets its message."""
+    import asyncio
+
+    from kvwatch.sidecar.outputs.webhooks import deliver_forever, enqueue
+
+    outbox = Outbox(sqlite3.connect(":memory:", check_same_thread=False))
+    note = Notification("firing", ALERT, 10.0, valid_until=100.0)
+    with receiver() as (url, got):
+        good = Receiver(url, name="good")
+        bad = Receiver(url, name="bad")
+        object.__setattr__(bad, "headers", {"X-Token": 123})  # what `X-Token: 123` loaded as
+        enqueue(outbox, [bad, good], [note], "http://sidecar")
+
+        async def run() -> None:
+            task = asyncio.create_task(deliver_forever(outbox, [bad, good], poll_s=0.05))
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not got:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)
+            assert not task.done(), "the delivery loop died"
+            task.cancel()
+
+        asyncio.run(run())
+    assert [g["body"]["status"] for g in got] == ["firing"]
+    head = outbox.head("bad")
+    assert head is not None and head.attempts == 1 and head.next_at > time.time()
+    assert outbox.head("good") is None
 
 
 def _metrics_body() -> bytes:
