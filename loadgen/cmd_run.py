@@ -146,14 +146,8 @@ def send_stages(
 
 
 def run_command(ns: argparse.Namespace) -> int:
-    from kvwatch.loadgen.rundir import write_run
-    from kvwatch.loadgen.summary import (
-        SloError,
-        parse_slo,
-        render_table,
-        summarize_records,
-        timing_caveat,
-    )
+    from kvwatch.loadgen.rundir import discard_if_empty, prepare_run_dir
+    from kvwatch.loadgen.summary import SloError, parse_slo
 
     stages = build_stages(ns)
     if not ns.request_timeout > 0:
@@ -162,6 +156,26 @@ def run_command(ns: argparse.Namespace) -> int:
         slo = parse_slo(ns.slo)
     except SloError as e:
         raise CliError(str(e)) from None
+    run_dir = ns.run_dir or Path("runs") / time.strftime("loadgen-%Y%m%d-%H%M%S")
+    try:
+        created = prepare_run_dir(run_dir)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    try:
+        return _run_into(ns, run_dir, stages, slo)
+    except BaseException:
+        if created:
+            discard_if_empty(run_dir)
+        raise
+
+
+def _run_into(
+    ns: argparse.Namespace, run_dir: Path, stages: list[Stage], slo: dict[str, float]
+) -> int:
+    """The load, then its records written into `run_dir` (made and probed already)."""
+    from kvwatch.loadgen.rundir import write_run
+    from kvwatch.loadgen.summary import render_table, summarize_records, timing_caveat
+
     api_key = os.environ.get(ns.api_key_env) or None
     progress = Progress()
 
@@ -191,7 +205,6 @@ def run_command(ns: argparse.Namespace) -> int:
         summary["server"] = delta
     if ns.sidecar:
         summary["sidecar"] = run_loop(sidecar_end())
-    run_dir = ns.run_dir or Path("runs") / time.strftime("loadgen-%Y%m%d-%H%M%S")
     spec = run_spec(
         ns.url, model, ns.chat, ns.seed, slo, ns.workers, stages, workload,
         not ns.no_ignore_eos, stall, m,

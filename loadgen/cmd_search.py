@@ -22,7 +22,7 @@ from kvwatch.loadgen.arrivals import Concurrency, Poisson
 from kvwatch.loadgen.cmd_run import prepare_run, send_stages
 from kvwatch.loadgen.measure import Measured, measure, run_spec
 from kvwatch.loadgen.records import StallRule
-from kvwatch.loadgen.rundir import write_run
+from kvwatch.loadgen.rundir import discard_if_empty, prepare_run_dir, write_run
 from kvwatch.loadgen.runner import Progress, RunOptions, run_loop
 from kvwatch.loadgen.schedule import Stage
 from kvwatch.loadgen.search import CapacitySearch, LoadVerdict, ProbeResult, SearchPlan
@@ -107,10 +107,29 @@ def search_command(ns: argparse.Namespace) -> int:
         if v is not None and v <= 0:
             raise CliError(f"{flag} must be positive")
     api_key = os.environ.get(ns.api_key_env) or None
+    run_dir: Path = ns.run_dir or Path("runs") / time.strftime("search-%Y%m%d-%H%M%S")
+    try:
+        created = prepare_run_dir(run_dir)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    try:
+        return _search_into(ns, run_dir, plan, slo, api_key)
+    except BaseException:
+        if created:
+            discard_if_empty(run_dir)
+        raise
+
+
+def _search_into(
+    ns: argparse.Namespace,
+    run_dir: Path,
+    plan: SearchPlan,
+    slo: dict[str, float],
+    api_key: str | None,
+) -> int:
+    """The search's probes, each written under `run_dir` (made and probed already)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     model, workload = run_loop(prepare_run(ns, headers))
-    run_dir: Path = ns.run_dir or Path("runs") / time.strftime("search-%Y%m%d-%H%M%S")
-    run_dir.mkdir(parents=True, exist_ok=True)
 
     async def sidecar_count() -> float | None:
         if not ns.sidecar:

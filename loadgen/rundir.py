@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import tempfile
 from collections.abc import Iterable, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +26,32 @@ from kvwatch.sizing.kvmath import SizingError
 from kvwatch.sizing.levers import ServerInfo, valid_version
 
 __all__ = [
-    "write_run", "read_records", "read_jsonl", "write_jsonl", "run_outcome", "observed_from_run",
-    "server_from_run",
+    "prepare_run_dir", "discard_if_empty", "write_run", "read_records", "read_jsonl",
+    "write_jsonl", "run_outcome", "observed_from_run", "server_from_run",
 ]  # fmt: skip
+
+
+def prepare_run_dir(run_dir: Path) -> bool:
+    """Create the run directory and prove it can be written, before the first request: a
+    mistyped or read-only `--run-dir` found after the load would lose the whole run. True when
+    this made it (`discard_if_empty` takes it back if the run fails before writing).
+    ValueError: one line naming the directory and why."""
+    existed = run_dir.is_dir()
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".kvwatch-probe-", dir=run_dir)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ValueError(f"cannot write the run directory {run_dir}: {e.strerror or e}") from None
+    return not existed
+
+
+def discard_if_empty(run_dir: Path) -> None:
+    """Remove a run directory that a failed run left empty (a run that wrote nothing leaves no
+    trace in the user's folder)."""
+    with suppress(OSError):
+        run_dir.rmdir()
 
 
 def write_run(run_dir: Path, spec: dict[str, Any], records: list[dict[str, Any]],

@@ -73,6 +73,29 @@ class TestRunCli:
         assert p.returncode == 2 and "bad.jsonl:2: not valid JSON" in p.stderr
         assert count[0] == 0 and "Traceback" not in p.stderr
 
+    @pytest.mark.parametrize("command", ["run", "search"])
+    def test_a_run_dir_that_cannot_be_written_fails_before_any_request(
+        self, tmp_path: Path, command: str
+    ) -> None:
+        """Found before the load, not after it (a whole sweep was lost with a traceback)."""
+        blocker = tmp_path / "a-file"
+        blocker.write_text("")
+        load = ["--rate", "5", "--duration", "1"] if command == "run" else ["--slo", "ttft=1s"]
+        with fake_openai() as (base, count):
+            p = _kvwatch("loadgen", command, "--url", base, *load, "--no-progress",
+                         "--run-dir", str(blocker / "run"))  # fmt: skip
+        assert p.returncode == 2 and count[0] == 0, p.stderr
+        assert p.stderr.strip() == (
+            f"kvwatch: error: cannot write the run directory {blocker / 'run'}: Not a directory"
+        )
+
+    def test_a_failed_run_leaves_no_empty_run_dir(self, tmp_path: Path) -> None:
+        with raw_http_server(b"") as url:
+            pass
+        p = _kvwatch("loadgen", "run", "--url", url, "--rate", "1", "--duration", "1",
+                     "--run-dir", str(tmp_path / "r"))  # fmt: skip
+        assert p.returncode == 3 and not (tmp_path / "r").exists()
+
     def test_unreachable_target(self) -> None:
         with raw_http_server(b"") as url:
             pass
