@@ -128,6 +128,7 @@ def _listen(value: str) -> tuple[str, int]:
 def _sidecar(ns: argparse.Namespace) -> int:
     from kvwatch.sidecar.daemon import SidecarConfig, run_sidecar
     from kvwatch.sidecar.outputs.webhooks import load_receivers
+    from kvwatch.sidecar.store.database import check_database
 
     command = tuple(a for a in ns.command if a != "--") if ns.command else ()
     host, port = _listen(ns.listen)
@@ -159,12 +160,18 @@ def _sidecar(ns: argparse.Namespace) -> int:
             receivers=tuple(load_receivers(ns.webhook, ns.webhook_config)),
             model=model,
         )
+        if cfg.db_path is not None:
+            check_database(cfg.db_path)  # before anything is started or changed
     except ValueError as e:
         raise CliError(str(e)) from None
+    import sqlite3
+
     try:
         return run_sidecar(cfg)
     except OSError as e:
         raise CliError(f"cannot start: {e}", EXIT_UNREACHABLE) from None
+    except sqlite3.DatabaseError as e:
+        raise CliError(f"--db {cfg.db_path}: {e}") from None
 
 
 def read_log_chunks(fh: BinaryIO) -> Iterator[str]:

@@ -69,6 +69,9 @@ class Outbox:
             trimmed = sum(self._purge(r) for (r,) in receivers)
         if trimmed > _VACUUM_AFTER:  # and its file given back (outside the transaction)
             self.db.execute("VACUUM")
+            # VACUUM wrote the whole file into the WAL: copy it back and cut the WAL to nothing,
+            # or the disk stays as large as before the trim until the process exits
+            self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def rename(self, old: str, new: str) -> None:
         """Move a receiver's messages to its new key (an outbox from before keys were

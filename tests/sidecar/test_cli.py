@@ -64,6 +64,23 @@ class TestSidecarArgs:
         p = kvwatch("sidecar", "--target", "http://x", "--log", "f", "--", "true")
         assert p.returncode == 2 and b"not both" in p.stderr
 
+    def test_a_db_that_is_not_a_database_is_left_as_it_is(self, tmp_path: Path) -> None:
+        """It was chmod'ed to 0600 first, then a sqlite3.DatabaseError traceback."""
+        notes = tmp_path / "notes.txt"
+        notes.write_text("my notes, not a database\n")
+        notes.chmod(0o644)
+        p = kvwatch("sidecar", "--target", "http://x", "--db", str(notes))
+        assert p.returncode == 2 and b"Traceback" not in p.stderr
+        assert p.stderr.decode().strip().splitlines() == [
+            f"kvwatch: error: --db {notes}: not an SQLite database (left as it is; point --db "
+            "at a new file)"
+        ]
+        assert notes.read_text() == "my notes, not a database\n"
+        assert notes.stat().st_mode & 0o777 == 0o644
+        for bad, why in ((tmp_path, "a directory"), (notes / "db", "is not a directory")):
+            p = kvwatch("sidecar", "--target", "http://x", "--db", str(bad))
+            assert p.returncode == 2 and why in p.stderr.decode(), p.stderr
+
     def test_a_model_it_cannot_read(self, tmp_path: Path) -> None:
         p = kvwatch("sidecar", "--target", "http://x", "--model", "no-such-model")
         assert p.returncode == 2 and b"--model: unknown model" in p.stderr

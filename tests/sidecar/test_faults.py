@@ -380,6 +380,28 @@ class TestDelivery:
         assert path.stat().st_size < grown / 5
 
 
+    def test_the_trim_gives_the_disk_back_while_the_sidecar_runs(self, tmp_path: Path) -> None:
+        """As the sidecar opens it (WAL): VACUUM wrote the whole file into the WAL, which stayed
+        at that size until the process exited (602 MiB after a trim of 300k rows)."""
+        path = tmp_path / "old.db"
+        old = Outbox(connect(path), keep_delivered=10**9)
+        old.db.executemany(
+            "INSERT INTO outbox (receiver, body, created, next_at, delivered) "
+            "VALUES ('r', ?, 0, 0, 1)",
+            ((b"x" * 1000,) for _ in range(30_000)),
+        )
+        old.db.commit()
+        old.db.close()
+        grown = path.stat().st_size
+        assert grown > 30e6
+        box = Outbox(connect(path))  # held open, as the running sidecar holds it
+        wal = path.with_name(path.name + "-wal")
+        on_disk = path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
+        assert on_disk < 8e6, f"{on_disk / 1e6:.0f} MB after the trim, {grown / 1e6:.0f} before"
+        assert box.db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0] == 1_000
+        box.db.close()
+
+
 class TestNoSecretInSight:
     @pytest.mark.parametrize(
         "url",

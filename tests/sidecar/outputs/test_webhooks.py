@@ -261,3 +261,49 @@ def test_receiver_down_and_sidecar_killed_loses_nothing(tmp_path: Path) -> None:
         assert abs(time.time() - stamp) < 600
         assert g["headers"]["X-Kvwatch-Signature"] == sign(b"hush", g["raw"], stamp)
     assert len({g["headers"]["X-Kvwatch-Delivery"] for g in got}) == 2
+
+
+@pytest.mark.integration
+def test_an_outside_read_of_the_database_never_makes_a_restart_page_twice(
+    tmp_path: Path,
+) -> None:
+    """Receiver down, alert fires; another process reads the database (a backup, the sqlite3
+    shell); receiver up, one delivery; SIGKILL; restart: still one delivery. The sidecar's own
+    open-and-close of the file dropped SQLite's locks, the reader unlinked the live WAL, and
+    the delivered flag was lost: the restart sent the firing again."""
+    import contextlib
+    import subprocess
+    import sys
+
+    target_port, hook_port = free_port(), free_port()
+    hook = f"http://127.0.0.1:{hook_port}/hook"
+    db = tmp_path / "s.db"
+    args = ["--target", f"http://127.0.0.1:{target_port}", "--interval", "0.2", "--db", str(db),
+            "--webhook", hook, "--threshold", "target_down_after_s=0.5"]  # fmt: skip
+
+    def box(side: str) -> dict[str, object]:
+        st = httpx.get(side + "/api/state").json()["alerting"]
+        return {"firing": bool(st["firing"]), **st["webhooks"].get(redact_url(hook), {})}
+
+    def wait_for(side: str, want: dict[str, object], what: str) -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if all(box(side).get(k) == v for k, v in want.items()):
+                return
+            time.sleep(0.2)
+        pytest.fail(f"{what}: {box(side)}")
+
+    with contextlib.ExitStack() as stack:
+        side = stack.enter_context(running_sidecar(args))
+        wait_for(side, {"firing": True, "pending": 1}, "alert never queued")
+        reader = "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); "
+        reader += "c.execute('SELECT COUNT(*) FROM outbox').fetchall(); c.close()"
+        subprocess.run([sys.executable, "-c", reader, str(db)], check=True, timeout=30)
+        _, got = stack.enter_context(receiver(hook_port))
+        wait_for(side, {"pending": 0, "delivered": 1}, "never delivered")
+        side.proc.kill()
+        side.proc.wait(10)
+        side = stack.enter_context(running_sidecar(args))
+        wait_for(side, {"firing": True}, "the restart lost the firing alert")
+        time.sleep(3.0)  # a resend would come within a poll or two
+        assert [g["body"]["status"] for g in got] == ["firing"]
