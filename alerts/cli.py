@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import CliError
+from kvwatch.common.command import CliError, os_error
 from kvwatch.sidecar.contract.threshold_option import add_threshold_option, thresholds_from
 
 __all__ = ["register"]
@@ -71,7 +71,11 @@ def _alerts(ns: argparse.Namespace) -> int:
         )
         sys.stdout.write(text)
         return 0
-    for path in write_all(ns.out, th):
+    try:
+        written = write_all(ns.out, th)
+    except OSError as e:
+        raise os_error("write", e) from None
+    for path in written:
         print(path)
     return 0
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvwatch.common.command import os_error
 from kvwatch.dashboards.files import DASHBOARD_FILES
 from kvwatch.sidecar.contract.threshold_option import add_threshold_option, thresholds_from
 
@@ -42,6 +43,10 @@ def _dashboards(ns: argparse.Namespace) -> int:
     if ns.print_:
         sys.stdout.write(render(ns.print_, th))
         return 0
-    for path in write_all(ns.out, th):
+    try:
+        written = write_all(ns.out, th)
+    except OSError as e:
+        raise os_error("write", e) from None
+    for path in written:
         print(path)
     return 0

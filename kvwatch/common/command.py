@@ -23,6 +23,7 @@ __all__ = [
     "EXTRA_OF_MODULE",
     "missing_extra",
     "handler",
+    "os_error",
 ]
 
 EXIT_OK = 0
@@ -76,3 +77,11 @@ def handler(target: str) -> Callable[[argparse.Namespace], int]:
         return int(getattr(importlib.import_module(module), name)(ns) or 0)
 
     return run
+
+
+def os_error(doing: str, e: OSError) -> CliError:
+    """One line for a file the user named that cannot be read or written (a missing folder, a
+    file where a folder should be, no permission): what was being done and the OS's reason."""
+    where = f" {e.filename}" if e.filename else ""
+    why = "a file is in the way of a folder" if isinstance(e, FileExistsError) else e.strerror
+    return CliError(f"cannot {doing}{where}: {why or e}")
