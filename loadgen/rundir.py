@@ -17,18 +17,72 @@ import os
 import tempfile
 from collections.abc import Iterable, Sequence
 from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvwatch.loadgen.run_schema import (
+    EVENT,
+    RECORD,
+    SPEC,
+    SUMMARY,
+    TIMELINE_ROW,
+    Cleaned,
+    clean,
+)
 from kvwatch.sidecar.judge.signals import cached_share
 from kvwatch.sizing.advice import Observed, kv_bytes_per_token_from, several_groups_note
 from kvwatch.sizing.kvmath import SizingError
 from kvwatch.sizing.levers import ServerInfo, valid_version
 
 __all__ = [
-    "prepare_run_dir", "discard_if_empty", "write_run", "read_records", "read_jsonl",
-    "write_jsonl", "run_outcome", "observed_from_run", "server_from_run",
+    "RunFiles", "read_run", "prepare_run_dir", "discard_if_empty", "write_run", "read_records",
+    "read_jsonl", "write_jsonl", "run_outcome", "observed_from_run", "server_from_run",
 ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """A run directory as its readers see it: every file shaped by run_schema (a value of the
+    wrong type is absent, and counted in `dropped`)."""
+
+    spec: dict[str, Any]
+    summary: dict[str, Any]
+    records: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    timeline: list[dict[str, Any]]
+    alerts: list[Any]
+    dropped: int
+
+
+def read_run(run_dir: Path) -> RunFiles:
+    """Read and check a run directory. ValueError, one line: not a run directory (a file is
+    missing or unreadable), or a file that is not JSON."""
+
+    def optional(name: str) -> list[Any]:
+        path = run_dir / name
+        return read_jsonl(path) if path.exists() else []
+
+    try:
+        spec = json.loads((run_dir / "spec.json").read_text())
+        summary = json.loads((run_dir / "summary.json").read_text())
+        records = read_records(run_dir)
+        events, timeline = optional("events.jsonl"), optional("timeline.jsonl")
+        alerts = optional("alerts.jsonl")
+    except OSError as e:
+        raise ValueError(f"{run_dir} is not a run directory ({e.strerror}: {e.filename})") from None
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"{run_dir}: unreadable run files ({str(e)[:200]})") from None
+    count = Cleaned()
+    return RunFiles(
+        spec=clean(spec, SPEC, count),
+        summary=clean(summary, SUMMARY, count),
+        records=[r for r in clean(records, [RECORD], count) if r],
+        events=[e for e in clean(events, [EVENT], count) if e],
+        timeline=[r for r in clean(timeline, [TIMELINE_ROW], count) if r],
+        alerts=alerts,
+        dropped=count.dropped,
+    )
 
 
 def prepare_run_dir(run_dir: Path) -> bool:
@@ -99,6 +153,15 @@ def run_outcome(run_dir: Path) -> dict[str, float]:
     }
 
 
+def _first(record: dict[str, Any], *keys: str) -> float:
+    """The first of the record's fields that is a positive count (0 when none is)."""
+    for k in keys:
+        v = record.get(k)
+        if v is not None and v > 0:
+            return float(v)
+    return 0.0
+
+
 def _peak_overlap(intervals: list[tuple[float, float]]) -> int:
     events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
     peak = cur = 0
@@ -127,23 +190,19 @@ def server_from_run(run_dir: Path) -> ServerInfo:
 def observed_from_run(run_dir: Path) -> Observed:
     """What a recorded run says about the load, as `kvwatch advise` reads it."""
     try:
-        spec = json.loads((run_dir / "spec.json").read_text())
-        records = read_records(run_dir)
-    except OSError as e:
-        raise SizingError(
-            f"{run_dir} is not a run directory ({e.strerror}: {e.filename})"
-        ) from None
+        run = read_run(run_dir)
     except ValueError as e:
-        raise SizingError(f"{run_dir}: unreadable run files ({e})") from None
-    cache = (spec.get("server_before") or {}).get("cache")
-    if not cache or not cache.get("num_blocks") or not cache.get("block_size"):
+        raise SizingError(str(e)) from None
+    spec, records = run.spec, run.records
+    cache = (spec.get("server_before") or {}).get("cache") or {}
+    if not (cache.get("num_blocks") or 0) > 0 or not (cache.get("block_size") or 0) > 0:
         raise SizingError(
             f"{run_dir}: the run recorded no server KV configuration "
             "(vLLM /metrics with cache_config_info was not readable)"
         )
     lengths = sorted(
-        (r["prompt_tokens"] or r["expected_input_tokens"] or 0)
-        + (r["output_tokens"] or r["expected_output_tokens"] or 0)
+        int(_first(r, "prompt_tokens", "expected_input_tokens"))
+        + int(_first(r, "output_tokens", "expected_output_tokens"))
         for r in records
     )
     if not lengths:
@@ -151,15 +210,15 @@ def observed_from_run(run_dir: Path) -> Observed:
     spans = [
         (r["sent_at"], r["finished_at"])
         for r in records
-        if r["sent_at"] is not None and r["finished_at"] is not None
+        if r.get("sent_at") is not None and r.get("finished_at") is not None
     ]
     p95 = _p95(lengths)
     prompt_p95 = _p95(
-        sorted(r["prompt_tokens"] or r["expected_input_tokens"] or 0 for r in records)
+        sorted(int(_first(r, "prompt_tokens", "expected_input_tokens")) for r in records)
     )
     mem = cache.get("kv_cache_memory_bytes")
     blocks, bs = cache["num_blocks"], cache["block_size"]
-    server = json.loads((run_dir / "summary.json").read_text()).get("server") or {}
+    server = run.summary.get("server") or {}
     duration = max((e for _, e in spans), default=0) - min((s for s, _ in spans), default=0)
     return Observed(
         capacity_blocks=blocks,
@@ -176,7 +235,12 @@ def observed_from_run(run_dir: Path) -> Observed:
         ssm_state_dtype=cache.get("ssm_state_dtype"),
         source=f"run {run_dir}",
         prompt_len_p95=prompt_p95,
-        notes=several_groups_note(blocks, bs, cache.get("kv_tokens"), cache.get("sliding_window")),
+        notes=several_groups_note(blocks, bs, cache.get("kv_tokens"), cache.get("sliding_window"))
+        + (
+            (f"{run.dropped} values of the wrong type in the run files were left out",)
+            if run.dropped
+            else ()
+        ),
         admission_rejections=server.get("admission_rejections"),
         offload_allocation_failures=server.get("offload_allocation_failures"),
         kv_offloading_gib=cache.get("kv_offloading_gib"),

@@ -16,8 +16,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import EXIT_USAGE, CliError
-from kvwatch.loadgen.rundir import read_jsonl, read_records
+from kvwatch.common.command import EXIT_USAGE, CliError, os_error
+from kvwatch.loadgen.rundir import read_run
 from kvwatch.report.parts import CSS, advice_html
 from kvwatch.report.svgplot import Line, Mark, Span, bar_chart, format_value, line_chart
 from kvwatch.sidecar.contract.levels import Level
@@ -35,7 +35,10 @@ def run_report(ns: argparse.Namespace) -> int:
 
     out = ns.out or ns.run_dir / "report.html"
     page = render_capacity(ns.run_dir) if is_search_dir(ns.run_dir) else render_report(ns.run_dir)
-    out.write_text(page)
+    try:
+        out.write_text(page)
+    except OSError as e:
+        raise os_error("write", e) from None
     print(out)
     return 0
 
@@ -90,28 +93,18 @@ def bucket_delta(before: list[list[float]], after: list[list[float]]) -> list[tu
 
 
 def _load(run_dir: Path) -> dict[str, Any]:
-    def opt(name: str) -> list[dict[str, Any]]:
-        path = run_dir / name
-        return read_jsonl(path) if path.exists() else []
-
     try:
-        spec = json.loads((run_dir / "spec.json").read_text())
-        summary = json.loads((run_dir / "summary.json").read_text())
-        records = read_records(run_dir)
-        events, timeline, alerts = (opt(f"{n}.jsonl") for n in ("events", "timeline", "alerts"))
-    except OSError as e:
-        raise CliError(f"{run_dir} is not a run directory ({e.strerror}: {e.filename})") from None
+        run = read_run(run_dir)
     except ValueError as e:
-        raise CliError(f"{run_dir}: unreadable run files ({e})", EXIT_USAGE) from None
-    if not (isinstance(spec, dict) and isinstance(summary, dict)):
-        raise CliError(f"{run_dir}: spec.json and summary.json must hold JSON objects")
+        raise CliError(str(e), EXIT_USAGE) from None
     return {
-        "spec": spec,
-        "summary": summary,
-        "records": [r for r in records if isinstance(r, dict)],
-        "events": [e for e in events if _has_number(e, "t") and "stage" in e],
-        "timeline": [r for r in timeline if _has_number(r, "t")],
-        "alerts": alerts,
+        "spec": run.spec,
+        "summary": run.summary,
+        "records": run.records,
+        "events": [e for e in run.events if _has_number(e, "t") and e.get("stage")],
+        "timeline": [r for r in run.timeline if _has_number(r, "t")],
+        "alerts": run.alerts,
+        "dropped": run.dropped,
     }
 
 
@@ -131,7 +124,9 @@ def _table(rows: list[tuple[str, str]]) -> str:
 def _pcts(d: dict[str, Any] | None, unit: str = "s") -> str:
     if not d:
         return "n/a"
-    return ", ".join(f"{k} {format_value(d[k], unit)}" for k in ("p50", "p90", "p99") if k in d)
+    keys = [k for k in ("p50", "p90", "p99") if d.get(k) is not None]
+    shown = [f"{k} {format_value(d[k], unit)}" for k in keys]
+    return ", ".join(shown) or "n/a"
 
 
 def render_report(run_dir: Path) -> str:
@@ -144,8 +139,14 @@ def render_report(run_dir: Path) -> str:
     ends = [r["t"] for r in tl] + [r["finished_at"] for r in records if r.get("finished_at")]
     window = (0.0, max(ends, default=1.0))
     advice, verdict = advice_html(run_dir)
+    skipped = (
+        [f"<p class='note'>{d['dropped']} values of the wrong type in the run files (edited by "
+         "hand?) were left out of this page.</p>"]
+        if d["dropped"] else []
+    )  # fmt: skip
     body = [
         *_headline(run_dir, spec, summary, spans, verdict),
+        *skipped,
         *_summary_section(summary.get("overall", {})),
         *_workload_section(spec),
         *_over_time_section(tl, spans, marks, window),
@@ -180,7 +181,7 @@ def _headline(
         f"<h1>kvwatch run report: {escape(run_dir.name)}</h1>",
         f"<p class='sub'>{escape(str(spec.get('target')))} &middot; model "
         f"<code>{escape(str(spec.get('model')))}</code> &middot; started {started} &middot; "
-        f"{overall.get('duration_s', 0):.0f} s</p>",
+        f"{overall.get('duration_s') or 0:.0f} s</p>",
         f"<div class='verdict {'bad' if thrashed else 'good'}'>"
         + (
             f"<b>Thrashing</b>: {len(episodes)} episode(s) seen by the sidecar; "
@@ -212,7 +213,7 @@ def _summary_section(o: dict[str, Any]) -> list[str]:
 def _workload_section(spec: dict[str, Any]) -> list[str]:
     workload = spec.get("workload") or {}
     stages = "".join(
-        f"<tr><td>{escape(s['name'])}</td><td>{escape(str(s['pattern']))}</td>"
+        f"<tr><td>{escape(s.get('name') or '')}</td><td>{escape(s.get('pattern') or '')}</td>"
         f"<td class='n'>{s.get('duration_s') or ''}</td><td class='n'>{s.get('count') or ''}</td>"
         f"<td>{'warm-up' if s.get('warmup') else ''}</td></tr>"
         for s in spec.get("stages", [])
@@ -370,6 +371,9 @@ def _stalls(o: dict[str, Any]) -> str:
 
 
 def _preemption_buckets(spec: dict[str, Any]) -> list[tuple[str, float]]:
-    before = (spec.get("server_before") or {}).get("preemption_buckets") or []
-    after = (spec.get("server_after") or {}).get("preemption_buckets") or []
-    return bucket_delta(before, after) if after else []
+    def pairs(snapshot: str) -> list[list[float]]:
+        rows = (spec.get(snapshot) or {}).get("preemption_buckets") or []
+        return [r for r in rows if len(r) == 2 and None not in r]
+
+    after = pairs("server_after")
+    return bucket_delta(pairs("server_before"), after) if after else []
