@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from kvwatch.common.command import (
     EXIT_FOUND,
@@ -17,9 +16,8 @@ from kvwatch.common.command import (
 )
 from kvwatch.sidecar.contract.threshold_option import add_threshold_option, thresholds_from
 
-__all__ = ["register", "read_log_chunks"]
+__all__ = ["register"]
 
-_CHUNK = 4 << 20
 
 
 def register(sub: Any) -> None:
@@ -174,20 +172,8 @@ def _sidecar(ns: argparse.Namespace) -> int:
         raise CliError(f"--db {cfg.db_path}: {e}") from None
 
 
-def read_log_chunks(fh: BinaryIO) -> Iterator[str]:
-    """Whole-line text chunks of a byte stream; bad UTF-8 is replaced, never fatal."""
-    rest = b""
-    while chunk := fh.read(_CHUNK):
-        data = rest + chunk
-        cut = data.rfind(b"\n") + 1
-        rest = data[cut:]
-        if cut:
-            yield data[:cut].decode("utf-8", "replace")
-    if rest:
-        yield rest.decode("utf-8", "replace") + "\n"
-
-
 def _logs(ns: argparse.Namespace) -> int:
+    from kvwatch.sidecar.logs.follow import FollowStats, read_line_chunks
     from kvwatch.sidecar.logs.logformats import event_to_dict, parse_text
     from kvwatch.sidecar.logs.logsummary import render_summary, summarize
 
@@ -195,15 +181,20 @@ def _logs(ns: argparse.Namespace) -> int:
         fh = sys.stdin.buffer if str(ns.file) == "-" else open(ns.file, "rb")  # noqa: SIM115
     except OSError as e:
         raise CliError(f"cannot read {ns.file}: {e.strerror}") from None
-    lines = 0
+    stats = FollowStats()
     events = []
     with fh:
-        for text in read_log_chunks(fh):
-            lines += text.count("\n")
-            for ev in parse_text(text):
-                events.append(ev)
-                if ns.json:
-                    sys.stdout.write(json.dumps(event_to_dict(ev)) + "\n")
+        try:
+            for text in read_line_chunks(fh, stats):
+                for ev in parse_text(text):
+                    events.append(ev)
+                    if ns.json:
+                        sys.stdout.write(json.dumps(event_to_dict(ev)) + "\n")
+        except OSError as e:
+            raise CliError(
+                f"cannot read {ns.file} past byte {stats.bytes:,}: {e.strerror or e}"
+            ) from None
+    lines = stats.lines + stats.oversized_lines
     summary = summarize(events, lines)
     if ns.json:
         for incident in summary.incidents:

@@ -9,12 +9,19 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, BinaryIO
 
-__all__ = ["LineSplitter", "FollowStats", "FileFollower", "read_stream", "run_and_read"]
+__all__ = [
+    "LineSplitter",
+    "FollowStats",
+    "FileFollower",
+    "read_stream",
+    "read_line_chunks",
+    "run_and_read",
+]
 
 DEFAULT_MAX_LINE = 64 * 1024
 _CHUNK = 1 << 20
@@ -76,6 +83,18 @@ class LineSplitter:
             return []
         self.stats.lines += 1
         return [rest.decode("utf-8", "replace")]
+
+
+def read_line_chunks(fh: BinaryIO, stats: FollowStats) -> Iterator[str]:
+    """A whole file as text chunks of complete lines, through the one splitter: memory stays
+    bounded by a chunk and a line, whatever the file (a file with no newline at all is one
+    oversized line, counted)."""
+    splitter = LineSplitter(stats)
+    while chunk := fh.read(_CHUNK):
+        if lines := splitter.feed(chunk):
+            yield "\n".join(lines) + "\n"
+    if rest := splitter.flush():
+        yield rest[0] + "\n"
 
 
 class FileFollower:

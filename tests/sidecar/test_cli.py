@@ -55,6 +55,42 @@ class TestLogsCommand:
         assert json.loads(p.stdout.decode().splitlines()[0])["kind"] == "stats"
 
 
+    def test_a_file_without_newlines_is_read_in_bounded_memory(self) -> None:
+        """It grew one buffer without limit and copied it on every read (quadratic)."""
+        import io
+        import tracemalloc
+
+        from kvwatch.sidecar.logs.follow import FollowStats, read_line_chunks
+
+        class NoNewlines(io.RawIOBase):
+            def __init__(self, size: int) -> None:
+                self.left = size
+
+            def readable(self) -> bool:
+                return True
+
+            def readinto(self, b: bytearray) -> int:  # type: ignore[override]
+                n = min(len(b), self.left)
+                b[:n] = b"A" * n
+                self.left -= n
+                return n
+
+        stats = FollowStats()
+        tracemalloc.start()
+        try:
+            tail = list(read_line_chunks(io.BufferedReader(NoNewlines(64 << 20)), stats))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert tail == [] and stats.bytes == 64 << 20 and stats.oversized_lines == 1
+        assert peak < 8 << 20, f"{peak / 2**20:.0f} MiB for a 64 MiB line"
+
+    def test_a_read_error_mid_file_is_one_line(self) -> None:
+        p = kvwatch("logs", "/proc/self/mem")  # opens, then every read fails (EIO)
+        assert p.returncode == 2 and b"Traceback" not in p.stderr
+        assert p.stderr.decode().startswith("kvwatch: error: cannot read /proc/self/mem past byte")
+
+
 class TestSidecarArgs:
     def test_bad_listen(self) -> None:
         p = kvwatch("sidecar", "--target", "http://x", "--listen", "nope")
