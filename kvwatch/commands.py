@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import handler
+from kvwatch.common.command import handler, http_url
 
 __all__ = ["register"]
 
@@ -30,7 +30,12 @@ def _register_demo(sub: Any) -> None:
         "print the alerts and the sizing advice, and write a run directory with report.html, "
         "the dashboards and the rules.",
     )
-    d.add_argument("--target", metavar="URL", help="use this running vLLM instead of starting one")
+    d.add_argument(
+        "--target",
+        metavar="URL",
+        type=http_url,
+        help="use this running vLLM instead of starting one",
+    )
     d.add_argument(
         "--kv-cache-bytes",
         type=int,
@@ -59,11 +64,14 @@ def _register_advise(sub: Any) -> None:
     )
     src = a.add_mutually_exclusive_group(required=True)
     src.add_argument("--run", type=Path, metavar="DIR", help="a `kvwatch loadgen run` directory")
-    src.add_argument("--sidecar", metavar="URL", help="a running kvwatch sidecar")
-    src.add_argument("--metrics", metavar="URL", help="a vLLM server (its /metrics)")
+    src.add_argument("--sidecar", metavar="URL", type=http_url, help="a running kvwatch sidecar")
+    src.add_argument(
+        "--metrics", metavar="URL", type=http_url, help="a vLLM server (its /metrics)"
+    )
     src.add_argument(
         "--prometheus",
         metavar="URL",
+        type=http_url,
         help="a Prometheus server: advice for every vLLM instance it scrapes",
     )
     src.add_argument("--what-if", action="store_true", help="from figures alone")

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import EXIT_UNREACHABLE, CliError, handler
+from kvwatch.common.command import EXIT_UNREACHABLE, CliError, handler, http_url
 
 __all__ = ["register"]
 
@@ -170,7 +170,9 @@ def _register_run(lsub: Any) -> None:
 
 
 def _target_args(r: Any) -> None:
-    r.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    r.add_argument(
+        "--url", required=True, type=http_url, help="server base URL, e.g. http://127.0.0.1:8000"
+    )
     r.add_argument("--model", help="model name (default: the first /v1/models lists)")
     r.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
     r.add_argument(
@@ -193,6 +195,7 @@ def _request_args(g: Any) -> None:
     g.add_argument(
         "--sidecar",
         metavar="URL",
+        type=http_url,
         help="a kvwatch sidecar to tell stage starts and ends (for marks and annotations)",
     )
     g.add_argument(

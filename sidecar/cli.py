@@ -13,6 +13,7 @@ from kvwatch.common.command import (
     EXIT_OK,
     EXIT_UNREACHABLE,
     CliError,
+    http_url,
 )
 from kvwatch.sidecar.contract.threshold_option import add_threshold_option, thresholds_from
 
@@ -38,6 +39,7 @@ def register(sub: Any) -> None:
         action="append",
         required=True,
         metavar="URL",
+        type=http_url,
         help="vLLM base URL (or full metrics URL); repeat for several servers",
     )
     s.add_argument(

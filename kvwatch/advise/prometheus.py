@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from kvwatch.common.command import EXIT_UNREACHABLE, CliError
 from kvwatch.sidecar.contract.vocabulary import (
     ADMISSION_REJECTIONS,
     CACHE_CONFIG,
@@ -40,11 +41,15 @@ _BY = "instance, engine"
 def _query(client: httpx.Client, base: str, promql: str) -> list[dict[str, Any]]:
     try:
         r = client.get(base.rstrip("/") + "/api/v1/query", params={"query": promql})
+    except httpx.TransportError as e:  # as every other source: unreachable is exit 3
+        raise CliError(f"cannot reach Prometheus at {base}: {e}", EXIT_UNREACHABLE) from None
+    try:
         body = r.json()
-    except (httpx.HTTPError, ValueError) as e:
-        raise SizingError(f"Prometheus at {base} did not answer: {e}") from None
-    if body.get("status") != "success":
-        raise SizingError(f"Prometheus rejected {promql!r}: {body.get('error')}")
+    except ValueError:
+        raise SizingError(f"Prometheus at {base} answered HTTP {r.status_code}, not JSON") from None
+    if not isinstance(body, dict) or body.get("status") != "success":
+        error = body.get("error") if isinstance(body, dict) else None
+        raise SizingError(f"Prometheus rejected {promql!r}: {error}")
     return list(body["data"]["result"])
 
 

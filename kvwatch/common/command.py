@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 __all__ = [
     "CliError",
@@ -24,6 +26,7 @@ __all__ = [
     "missing_extra",
     "handler",
     "os_error",
+    "http_url",
 ]
 
 EXIT_OK = 0
@@ -85,3 +88,31 @@ def os_error(doing: str, e: OSError) -> CliError:
     where = f" {e.filename}" if e.filename else ""
     why = "a file is in the way of a folder" if isinstance(e, FileExistsError) else e.strerror
     return CliError(f"cannot {doing}{where}: {why or e}")
+
+
+_SPACE_OR_CONTROL = re.compile(r"[\s\x00-\x1f\x7f]")
+_USERINFO = re.compile(r"//[^/@]*@")
+
+
+def http_url(text: str) -> str:
+    """An argparse `type` for every flag that names a server: an http(s) URL with a host, or a
+    usage error (exit 2) before anything starts. A URL with credentials is refused: it would
+    be shown in every label, log line and webhook. vLLM serves /metrics without --api-key;
+    the load generator sends its key from --api-key-env."""
+    try:
+        parts = urlsplit(text)
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:
+        parts, port_ok = None, False
+    shown = _USERINFO.sub("//***@", text[:100])
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        raise argparse.ArgumentTypeError(f"not an http(s) URL with a host: {shown!r}")
+    if _SPACE_OR_CONTROL.search(text):
+        raise argparse.ArgumentTypeError(f"a URL with spaces or control characters: {shown!r}")
+    if parts.username is not None or parts.password is not None:
+        raise argparse.ArgumentTypeError(
+            "a URL with credentials (user:password@) would be shown in every label, log line "
+            "and webhook; vLLM serves /metrics without --api-key, and the load generator sends "
+            "its key from --api-key-env"
+        )
+    return text
