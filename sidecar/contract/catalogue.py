@@ -394,7 +394,9 @@ ALERTS: tuple[Alert, ...] = (
         "The KV cache ran out (usage at or above {pct[saturated_kv]}, or requests preempted) "
         "while requests waited or were refused at the queue limit, minute after minute for 5 "
         "minutes.",
-        RULES, for_="5m",
+        # a failed scrape of vLLM marks its series stale: without keep_firing_for the page
+        # resolves, then pages again 5 minutes later while the cache stayed full
+        RULES, for_="5m", keep_firing_for="2m",
     ),
     Alert(
         "VllmPreemptionRateHigh", "warning",
@@ -459,7 +461,8 @@ ALERTS: tuple[Alert, ...] = (
         "wrong), for {th.exhaustion_for_s:g} s: preemptions come next. Shed or hold load "
         "now; size the cache for it (kvwatch advise). It clears once the forecast does, or "
         "when saturation or thrashing takes over.",
-        BOTH, for_threshold="exhaustion_for_s",
+        # one failed scrape of the sidecar must not resolve the warning and send it again
+        BOTH, for_threshold="exhaustion_for_s", keep_firing_for="30s",
     ),
     Alert(
         "KvwatchTargetDown", "warning",
