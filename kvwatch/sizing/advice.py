@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvwatch.sizing.kvmath import Gpu, SizingError, blocks_for
-from kvwatch.sizing.kvplan import KvLayout
+from kvwatch.sizing.kvplan import PLATFORMS, KvLayout
 from kvwatch.sizing.levers import ServerInfo, Version, has_flag
 from kvwatch.sizing.presets import LINK_BYTES_PER_S
 
@@ -385,7 +385,11 @@ def advise(
     a: list[str] = []
     n = _need(obs, margin, version, a)
     fits = n.peak_blocks <= n.usable * (1 - margin)
-    fp8 = obs.kv_dtype in ("auto", "bf16", "fp16") and 2 * n.usable * (1 - margin) >= n.peak_blocks
+    fp8 = (
+        obs.kv_dtype in ("auto", "bf16", "fp16")
+        and 2 * n.usable * (1 - margin) >= n.peak_blocks
+        and (gpu is None or PLATFORMS[gpu.platform].fp8_kv)  # vLLM refuses it without AVX-512
+    )
     advice = Advice(
         verdict="fits: the observed peak stays inside the cache with the margin",
         max_num_seqs=n.max_seqs,

