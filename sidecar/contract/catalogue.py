@@ -45,7 +45,8 @@ __all__ = [
     "KV_OFFLOAD_STORE_BYTES_PER_SECOND", "KV_OFFLOAD_ALLOCATION_FAILURES",
     "KV_OFFLOAD_CPU_PINNED_RATIO", "ADMISSION_REJECTIONS", "ALERTS_FIRING", "WEBHOOK_PENDING",
     "WEBHOOK_DELIVERED",
-    "WEBHOOK_DROPPED", "LOAD_STAGE", "INTERNAL_ERRORS", "LOG_LINES", "LOG_OVERSIZED_LINES",
+    "WEBHOOK_DROPPED", "LOAD_STAGE", "INTERNAL_ERRORS", "HTTP_CONNECTIONS_SHED",
+    "HTTP_HANDLER_ERRORS", "LOG_LINES", "LOG_OVERSIZED_LINES",
     "LOG_ROTATIONS",
     "REC_KV_USAGE", "REC_RUNNING", "REC_WAITING", "REC_PREEMPTION_RATE", "REC_REPEAT_PREEMPTED",
 ]  # fmt: skip
@@ -215,6 +216,14 @@ INTERNAL_ERRORS = _c(
     "kvwatch_internal_errors", ("loop",),
     "exceptions a background loop caught before it restarted (scrape:URL, log, alerts, webhooks)",
 )  # fmt: skip
+HTTP_CONNECTIONS_SHED = _c(
+    "kvwatch_http_connections_shed", (),
+    "connections to the sidecar's endpoint closed unanswered, past its queue",
+)  # fmt: skip
+HTTP_HANDLER_ERRORS = _c(
+    "kvwatch_http_handler_errors", (),
+    "requests to the sidecar's endpoint whose handler raised (logged at most once a minute)",
+)  # fmt: skip
 LOG_LINES = _c("kvwatch_log_lines", ("source",), "log lines read")
 LOG_OVERSIZED_LINES = _c(
     "kvwatch_log_oversized_lines", ("source",), "log lines dropped as too long"
@@ -255,7 +264,7 @@ METRICS: tuple[Metric, ...] = (
     THRASHING_EPISODES, EPISODE_PREEMPTIONS, EPISODE_RECOMPUTED_TOKENS,
     *(m for m, _ in ENGINE_GAUGES),
     ALERTS_FIRING, WEBHOOK_PENDING, WEBHOOK_DELIVERED, WEBHOOK_DROPPED, LOAD_STAGE,
-    INTERNAL_ERRORS, LOG_LINES,
+    INTERNAL_ERRORS, HTTP_CONNECTIONS_SHED, HTTP_HANDLER_ERRORS, LOG_LINES,
     LOG_OVERSIZED_LINES, LOG_ROTATIONS,
 )  # fmt: skip
 

@@ -13,8 +13,11 @@ import functools
 import hmac
 import ipaddress
 import json
+import logging
+import math
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -41,6 +44,7 @@ class StateCollector(Collector):
 
     def __init__(self, view: Callable[[], StateView]) -> None:
         self._view = view
+        self.server: BoundedHTTPServer | None = None  # its shed and handler-error counts
 
     def collect(self) -> Iterator[Metric]:
         v = self._view()
@@ -106,6 +110,9 @@ class StateCollector(Collector):
             add(cat.LOG_LINES, [log.source], log.stats.lines)
             add(cat.LOG_OVERSIZED_LINES, [log.source], log.stats.oversized_lines)
             add(cat.LOG_ROTATIONS, [log.source], log.stats.rotations + log.stats.truncations)
+        if self.server is not None:
+            add(cat.HTTP_CONNECTIONS_SHED, [], self.server.shed)
+            add(cat.HTTP_HANDLER_ERRORS, [], self.server.handler_errors)
         for m in cat.METRICS:
             # a log family only when a log is followed, as before; the rest always
             if log is None and m in (cat.LOG_LINES, cat.LOG_OVERSIZED_LINES, cat.LOG_ROTATIONS):
@@ -115,6 +122,8 @@ class StateCollector(Collector):
 
 EVENTS_TOKEN_ENV = "KVWATCH_EVENTS_TOKEN"
 _CLIENT_TIMEOUT_S = 5.0
+_LOG_EVERY_S = 60.0
+log = logging.getLogger("kvwatch.http")
 
 
 class BoundedHTTPServer(HTTPServer):
@@ -133,6 +142,8 @@ class BoundedHTTPServer(HTTPServer):
     ) -> None:
         super().__init__(address, handler)
         self.shed = 0
+        self.handler_errors = 0
+        self._logged_at = -math.inf
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="kvwatch-http")
         self._slots = threading.BoundedSemaphore(workers + queue)
 
@@ -150,8 +161,18 @@ class BoundedHTTPServer(HTTPServer):
     def _serve_one(self, request: Any, client_address: Any) -> None:
         try:
             self.finish_request(request, client_address)
-        except Exception:  # noqa: BLE001 (a reset or timed-out client)
-            pass
+        except (ConnectionError, TimeoutError):
+            pass  # the client reset, left or timed out: nothing of ours broke
+        except Exception as e:  # a handler's bug: counted and said, never only a dropped socket
+            self.handler_errors += 1
+            now = time.monotonic()
+            if now - self._logged_at >= _LOG_EVERY_S:
+                self._logged_at = now
+                log.error(
+                    "the HTTP endpoint's handler raised %s: %s (%d so far; "
+                    "kvwatch_http_handler_errors_total)",
+                    type(e).__name__, str(e)[:200], self.handler_errors,
+                )  # fmt: skip
         finally:
             self.shutdown_request(request)
             self._slots.release()
@@ -265,9 +286,11 @@ def serve(
     needs `Authorization: Bearer <events_token>` when a token is given, and is refused beyond
     loopback without one."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StateCollector(view))
+    collector = StateCollector(view)
+    registry.register(collector)
     refusal = functools.partial(events_refusal, events_token, _is_loopback(host))
     handler = _handler(registry, view, stale_after_s, episodes, on_load_event, refusal)
     server = BoundedHTTPServer((host, port), handler)
+    collector.server = server
     threading.Thread(target=server.serve_forever, name="kvwatch-http", daemon=True).start()
     return server
