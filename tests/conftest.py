@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,3 +32,24 @@ def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
 @pytest.fixture
 def data_dir() -> Path:
     return DATA
+
+
+# Live tests that run a stalled load once more say so here; CI's output ends with one
+# `KVWATCH-RETRY` line per retry, so a rising retry rate shows (grep -c KVWATCH-RETRY).
+_RETRIES: list[str] = []
+
+
+@pytest.fixture
+def live_retry(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """Call with why, each time a live test runs its load again."""
+
+    def note(why: str) -> None:
+        _RETRIES.append(f"{request.node.nodeid}: {why}")
+
+    return note
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    terminalreporter.section(f"live-test retries: {len(_RETRIES)}")
+    for line in _RETRIES:
+        terminalreporter.write_line(f"KVWATCH-RETRY {line}")

@@ -6,6 +6,7 @@ import asyncio
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -73,7 +74,9 @@ class _Watcher:
         return [v for r in self.readings if (v := _value(r, name)) is not None]
 
 
-def test_preempting_load_then_quiet(vllm_server: LocalVLLM) -> None:
+def test_preempting_load_then_quiet(
+    vllm_server: LocalVLLM, live_retry: Callable[[str], None]
+) -> None:
     args = [
         "--target",
         vllm_server.base_url,
@@ -100,6 +103,7 @@ def test_preempting_load_then_quiet(vllm_server: LocalVLLM) -> None:
             rate = w.series("kvwatch_preemptions_per_second_short")
             if max(rate, default=0) > 0 or w.longest_gap(t0) < 3.0:
                 break
+            live_retry(f"the polls left a {w.longest_gap(t0):.1f} s gap in the burst")
         usage = w.series("kvwatch_kv_cache_usage_ratio")
         assert max(rate, default=0) > 0, (
             f"sidecar saw no preemption in a {took:.1f} s burst; {w.seen(t0)}"
