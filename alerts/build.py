@@ -117,8 +117,7 @@ def rule_groups(
         f"{cat.REC_PREEMPTION_RATE.name} > 0)"
     )
     refused = (
-        "sum by (instance, model_name) "
-        f"(increase({promql_selector(ADMISSION_REJECTIONS)}[1m]))"
+        f"sum by (instance, model_name) (increase({promql_selector(ADMISSION_REJECTIONS)}[1m]))"
     )
     offload_full = (
         f"sum by ({_BY}) (increase({promql_selector(KV_OFFLOAD_ALLOCATION_FAILURES)}[5m])) > 0"

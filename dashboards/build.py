@@ -391,10 +391,7 @@ def _latency(title: str, family: Any, what: str) -> timeseries.Panel:
         title,
         f"{what} percentiles from vLLM's histogram over $__rate_interval windows.",
         "s",
-        *[
-            (q.latency_quantile(family, x), f"p{x * 100:g} " + "{{instance}}")
-            for x in q.QUANTILES
-        ],
+        *[(q.latency_quantile(family, x), f"p{x * 100:g} " + "{{instance}}") for x in q.QUANTILES],
         width=8,
     )
 

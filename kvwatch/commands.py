@@ -65,9 +65,7 @@ def _register_advise(sub: Any) -> None:
     src = a.add_mutually_exclusive_group(required=True)
     src.add_argument("--run", type=Path, metavar="DIR", help="a `kvwatch loadgen run` directory")
     src.add_argument("--sidecar", metavar="URL", type=http_url, help="a running kvwatch sidecar")
-    src.add_argument(
-        "--metrics", metavar="URL", type=http_url, help="a vLLM server (its /metrics)"
-    )
+    src.add_argument("--metrics", metavar="URL", type=http_url, help="a vLLM server (its /metrics)")
     src.add_argument(
         "--prometheus",
         metavar="URL",

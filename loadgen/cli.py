@@ -261,20 +261,45 @@ def _register_search(lsub: Any) -> None:
         "--slo", required=True, help="every request must meet these, e.g. ttft=500ms,tpot=50ms"
     )
     add = g.add_argument
-    add("--by", choices=["concurrency", "rate"], default="concurrency",
-        help="what to raise: requests in flight, or Poisson arrivals per second (concurrency)")
-    add("--attainment", type=float, default=0.95,
-        help="the share of requests that must meet the SLOs (0.95)")
+    add(
+        "--by",
+        choices=["concurrency", "rate"],
+        default="concurrency",
+        help="what to raise: requests in flight, or Poisson arrivals per second (concurrency)",
+    )
+    add(
+        "--attainment",
+        type=float,
+        default=0.95,
+        help="the share of requests that must meet the SLOs (0.95)",
+    )
     add("--start", type=float, default=1.0, help="the first load (1)")
-    add("--max", type=float, default=256.0, dest="max_load",
-        help="never probe above this load (256)")
-    add("--precision", type=float, default=0.1,
-        help="rate: stop when the bracket is this fraction of its top (0.1)")
+    add(
+        "--max",
+        type=float,
+        default=256.0,
+        dest="max_load",
+        help="never probe above this load (256)",
+    )
+    add(
+        "--precision",
+        type=float,
+        default=0.1,
+        help="rate: stop when the bracket is this fraction of its top (0.1)",
+    )
     add("--repeats", type=int, default=2, help="probes per load (2)")
-    add("--max-repeats", type=int, default=4,
-        help="probes per load while its verdict is not yet decided at 95%% (4)")
-    add("--probe-requests", type=int, metavar="N",
-        help="requests per probe (concurrency: default 4 x the load, at least 16)")
+    add(
+        "--max-repeats",
+        type=int,
+        default=4,
+        help="probes per load while its verdict is not yet decided at 95%% (4)",
+    )
+    add(
+        "--probe-requests",
+        type=int,
+        metavar="N",
+        help="requests per probe (concurrency: default 4 x the load, at least 16)",
+    )
     add("--probe-duration", type=float, metavar="S", help="seconds per probe (rate: default 30)")
     _request_args(g)
     _workload_args(r.add_argument_group("workload"))

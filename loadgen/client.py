@@ -171,6 +171,8 @@ def _carries_output(choice: _Choice) -> bool:
     delta = choice.delta
     if delta is None:
         return False
-    return delta.content is not msgspec.UNSET and delta.content is not None and (
-        delta.role is msgspec.UNSET
+    return (
+        delta.content is not msgspec.UNSET
+        and delta.content is not None
+        and (delta.role is msgspec.UNSET)
     )

@@ -95,9 +95,7 @@ async def _workload(ns: argparse.Namespace, client: httpx.AsyncClient, model: st
     return spec
 
 
-async def prepare_run(
-    ns: argparse.Namespace, headers: dict[str, str]
-) -> tuple[str, WorkloadSpec]:
+async def prepare_run(ns: argparse.Namespace, headers: dict[str, str]) -> tuple[str, WorkloadSpec]:
     """The served model and the workload, checked before any load is sent."""
     async with httpx.AsyncClient(timeout=10, headers=headers) as client:
         try:

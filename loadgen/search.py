@@ -145,7 +145,7 @@ class SearchResult:
 
     @property
     def binding(self) -> str | None:
-        """"kv cache" when the cache had run out (preempting, or queueing requests it had no
+        """ "kv cache" when the cache had run out (preempting, or queueing requests it had no
         room for) by the lowest failing load; "compute" when the SLOs failed on a cache that
         still had room; None when no load failed."""
         if self.min_fail is None:

@@ -149,9 +149,7 @@ async def sidecar_preemptions(
     except (httpx.HTTPError, ValueError):
         return None
     seen = [
-        e.signals.preemptions_observed
-        for t, e in engines
-        if t.rstrip("/") == target.rstrip("/")
+        e.signals.preemptions_observed for t, e in engines if t.rstrip("/") == target.rstrip("/")
     ]
     return sum(seen) if seen else None
 

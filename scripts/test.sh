@@ -5,5 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
 bash scripts/typecheck.sh
 exec .venv/bin/python -m pytest "$@"

@@ -20,7 +20,6 @@ from kvwatch.sidecar.contract.threshold_option import add_threshold_option, thre
 __all__ = ["register"]
 
 
-
 def register(sub: Any) -> None:
     s = sub.add_parser(
         "sidecar",
@@ -107,7 +106,8 @@ def register(sub: Any) -> None:
     )
     g.add_argument("file", type=Path, help="log file, or - for stdin")
     g.add_argument(
-        "--json", action="store_true",
+        "--json",
+        action="store_true",
         help="one JSON event per line, then one per incident (kind: incident, what, at), "
         "then a summary object",
     )

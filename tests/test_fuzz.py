@@ -26,9 +26,7 @@ from tests.fuzzing import (
 
 pytestmark = pytest.mark.fuzz
 EXAMPLES = int(os.environ.get("KVWATCH_FUZZ_EXAMPLES", "10000"))
-_FUZZ = settings(
-    max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+_FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @_FUZZ

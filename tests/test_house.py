@@ -119,9 +119,11 @@ def wrong_imports(module: str, imported: set[str]) -> list[str]:
             continue
         if FLOOR_OF[there] <= FLOOR_OF[here]:
             out.append(f"{module} ({here}) imports {target} ({there}), which is not below it")
-        elif here in ("kvwatch.alerts", "kvwatch.dashboards") and there.startswith(
-            "kvwatch.sidecar"
-        ) and there != CONTRACT:
+        elif (
+            here in ("kvwatch.alerts", "kvwatch.dashboards")
+            and there.startswith("kvwatch.sidecar")
+            and there != CONTRACT
+        ):
             out.append(f"{module} reads the sidecar's internals ({target}), not its contract")
     return out
 

@@ -143,5 +143,3 @@ def _with_model(obs: Observed, model: str) -> Observed:
         ssm_state_dtype=obs.ssm_state_dtype,
     )
     return replace(obs, layout=layout, source=f"{obs.source} (model {arch.name})")
-
-

@@ -113,8 +113,11 @@ def render_capacity(run_dir: Path) -> str:
         [
             Line(
                 "preemptions/s",
-                [(v["load"], v["preemptions_per_s"]) for v in loads
-                 if v["preemptions_per_s"] is not None],
+                [
+                    (v["load"], v["preemptions_per_s"])
+                    for v in loads
+                    if v["preemptions_per_s"] is not None
+                ],
             )
         ],  # fmt: skip
         marks=marks,

@@ -29,7 +29,6 @@ __all__ = ["run_report", "render_report", "counter_rate", "state_spans", "bucket
 _THRASHING = Level.THRASHING.label  # the state names the timeline rows carry
 
 
-
 def run_report(ns: argparse.Namespace) -> int:
     from kvwatch.report.capacity_page import is_search_dir, render_capacity
 

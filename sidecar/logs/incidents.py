@@ -344,8 +344,13 @@ class IncidentTracker:
         self.fatal, self._stopping = None, None
         if self._started:
             self._keep(
-                Incident(What.RESTART, logged_at, logged_at,
-                         f"vLLM {version} started again", version=version)  # fmt: skip
+                Incident(
+                    What.RESTART,
+                    logged_at,
+                    logged_at,
+                    f"vLLM {version} started again",
+                    version=version,
+                )  # fmt: skip
             )
         self._started = True
 

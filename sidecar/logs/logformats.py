@@ -170,7 +170,12 @@ class Malformed:
 
 
 LogEvent = (
-    PreemptionWarning | StatsLine | IterationLine | Capacity | ServerStart | Malformed
+    PreemptionWarning
+    | StatsLine
+    | IterationLine
+    | Capacity
+    | ServerStart
+    | Malformed
     | IncidentLine
 )
 

@@ -17,7 +17,8 @@ from kvwatch.sidecar.metrics.exposition import Exposition, parse_exposition
 from kvwatch.sizing.levers import valid_version
 
 __all__ = [
-    "health_url", "check_health",
+    "health_url",
+    "check_health",
     "metrics_url",
     "version_url",
     "scrape_once",

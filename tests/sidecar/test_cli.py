@@ -54,7 +54,6 @@ class TestLogsCommand:
         assert p.returncode == 0
         assert json.loads(p.stdout.decode().splitlines()[0])["kind"] == "stats"
 
-
     def test_a_file_without_newlines_is_read_in_bounded_memory(self) -> None:
         """It grew one buffer without limit and copied it on every read (quadratic)."""
         import io

@@ -97,8 +97,8 @@ class TestValuesAreCheckedWhereTheyEnter:
         # vLLM 0.11 writes its inter-token histogram under the old and the new name at once
         # (seen in tests/data/releases/0.11.0.post2): read once, nothing refused
         twin = (
-            f'vllm:inter_token_latency_seconds_count{{{E}}} 95\n'
-            f'vllm:time_per_output_token_seconds_count{{{E}}} 95\n'
+            f"vllm:inter_token_latency_seconds_count{{{E}}} 95\n"
+            f"vllm:time_per_output_token_seconds_count{{{E}}} 95\n"
         )
         exp = parse_exposition(_body() + twin)
         assert not exp.rejected and len(exp.samples["itl_seconds"]) == 1
@@ -162,7 +162,7 @@ class TestOpenMetrics:
     def test_exemplars_parse(self) -> None:
         body = (
             f'vllm:request_num_preemptions_bucket{{{E},le="1.0"}} 16.0 # {{trace_id="a}}b"}} 0.6\n'
-            f"vllm:num_preemptions_total{{{E}}} 3 1700000000.1 # {{a=\"b\"}} 1 1700000000\n"
+            f'vllm:num_preemptions_total{{{E}}} 3 1700000000.1 # {{a="b"}} 1 1700000000\n'
             f'vllm:num_requests_running{{engine="0",model_name="m # x"}} 2\n'
             "# EOF\n"
         )
@@ -298,9 +298,11 @@ class TestLogs:
                  "%, Prefix cache hit rate: "]  # fmt: skip
         values = ["1.0", "5.0", "1", "0", "10.0", "0.0"]
         values[where] = junk
-        line = "INFO 11-29 10:00:00 [loggers.py:123] Engine 000: " + "".join(
-            p + v for p, v in zip(parts, values, strict=True)
-        ) + "%"
+        line = (
+            "INFO 11-29 10:00:00 [loggers.py:123] Engine 000: "
+            + "".join(p + v for p, v in zip(parts, values, strict=True))
+            + "%"
+        )
         ev = parse_line(line)
         if ev is not None and not isinstance(ev, Malformed):
             assert 0 <= ev.kv_usage <= 1  # type: ignore[union-attr]
@@ -360,10 +362,7 @@ class TestDelivery:
         )  # fmt: skip
         assert "outbox_by_receiver" in plan
 
-
-    def test_an_outbox_an_older_sidecar_grew_is_trimmed_and_compacted(
-        self, tmp_path: Path
-    ) -> None:
+    def test_an_outbox_an_older_sidecar_grew_is_trimmed_and_compacted(self, tmp_path: Path) -> None:
         path = tmp_path / "old.db"
         old = Outbox(sqlite3.connect(path), keep_delivered=10**9)  # an outbox that never purged
         old.db.executemany(
@@ -378,7 +377,6 @@ class TestDelivery:
         assert box.db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0] == 1_000
         assert box.stats()["r"].delivered == 20_000
         assert path.stat().st_size < grown / 5
-
 
     def test_the_trim_gives_the_disk_back_while_the_sidecar_runs(self, tmp_path: Path) -> None:
         """As the sidecar opens it (WAL): VACUUM wrote the whole file into the WAL, which stayed
@@ -660,9 +658,10 @@ def test_a_hostile_target_leaves_the_sidecar_watching() -> None:
     figures and counts what it refused; no loop fails."""
     body = _body(kv="+Inf", blocks="NaN") + f"vllm:num_requests_running{{{E}}} 2\n"
     reply = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body.encode()
-    with raw_http_server(reply) as target, running_sidecar(
-        ["--target", target, "--db", "", "--interval", "0.3"]
-    ) as side:
+    with (
+        raw_http_server(reply) as target,
+        running_sidecar(["--target", target, "--db", "", "--interval", "0.3"]) as side,
+    ):
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             text = httpx.get(side + "/metrics", timeout=5).text

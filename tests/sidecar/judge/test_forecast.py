@@ -170,7 +170,8 @@ def test_the_alert_fires_after_its_for_with_the_forecast_in_its_text() -> None:
         if fired_at is None and "KvwatchKvExhaustionImminent" in names:
             fired_at = t
             (alert,) = [
-                a for a in active_alerts(view, th, 1000.0 + t + 0.5).active
+                a
+                for a in active_alerts(view, th, 1000.0 + t + 0.5).active
                 if a.name == "KvwatchKvExhaustionImminent"
             ]
             assert alert.labels["severity"] == "warning" and alert.labels["engine"] == "0"

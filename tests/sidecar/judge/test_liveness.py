@@ -44,8 +44,10 @@ def state() -> tuple[SidecarState, Clock]:
 
 def scrape(s: SidecarState, clock: Clock, text: str | None, at: float) -> None:
     clock.t = 1000.0 + at
-    out = ScrapeOutcome(0.01, parse_exposition(text)) if text is not None else ScrapeOutcome(
-        0.01, error_reason="connect", error="refused"
+    out = (
+        ScrapeOutcome(0.01, parse_exposition(text))
+        if text is not None
+        else ScrapeOutcome(0.01, error_reason="connect", error="refused")
     )
     s.record_scrape(URL, at, out)
 
@@ -116,9 +118,10 @@ class TestAlert:
         late = active_alerts(s.view(0.0), th, 1000.0 + th.engine_dead_after_s)
         (a,) = [a for a in late.active if a.name == "KvwatchEngineDead"]
         assert a.labels["target"] == URL
-        assert "It is dead: the API answers /metrics but /health failed" in a.annotations[
-            "description"
-        ]
+        assert (
+            "It is dead: the API answers /metrics but /health failed"
+            in a.annotations["description"]
+        )
 
     def test_exported_as_engine_alive(self) -> None:
         from prometheus_client import CollectorRegistry, generate_latest

@@ -107,7 +107,7 @@ class TestReceiversConfig:
             ("headers: {X-Token: [a]}", "headers.X-Token: must be a string"),
             ("headers: [X-Token]", "headers: must be a mapping"),
             ("headers: {'bad name': x}", "headers: 'bad name' is not a header name"),
-            ("headers: {X-A: \"a\\nb\"}", "headers.X-A: must be a string of printable ASCII"),
+            ('headers: {X-A: "a\\nb"}', "headers.X-A: must be a string of printable ASCII"),
             ("secret_env: 5", "secret_env: must name an environment variable"),
             ("format: 5", "format: must be one of"),
         ],
