@@ -17,6 +17,7 @@ from kvwatch.sidecar.logs.logformats import (
     parse_line,
     parse_text,
 )
+from tests.fuzzing import check_log_line
 
 V0_WARNING = (
     "WARNING 05-12 10:15:03 [scheduler.py:1754] Sequence group cmpl-8f3c2a9e4b1d4f7a-0 is "
@@ -167,7 +168,14 @@ class TestParseText:
     @given(st.sampled_from([V0_WARNING, V0_STATS, V1_DEFERRED, CAP_CPU, CAP_V0]),
            st.integers(0, 400), st.text(max_size=20))  # fmt: skip
     def test_mangled_real_lines_never_raise(self, line: str, cut: int, junk: str) -> None:
-        list(parse_text(line[:cut] + junk + line[cut:]))
+        """A mangled line gives no event, a malformed one, or one whose figures can be true;
+        the line left whole is still read."""
+        mangled = line[:cut] + junk + line[cut:]
+        for part in mangled.splitlines():
+            check_log_line(part)
+        events = list(parse_text(mangled))
+        if not junk:
+            assert events and not isinstance(events[0], Malformed), (line, events)
 
 
 class TestVllm033:
