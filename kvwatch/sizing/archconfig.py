@@ -337,7 +337,10 @@ def _layer_kinds(
     if model_type == "gpt_oss" or arch == "GptOssForCausalLM":
         return ["sliding" if i % 2 == 0 else "full" for i in range(n)]  # vLLM's gpt_oss.py
     types = text.get("layer_types")
-    if isinstance(types, list) and types:
+    if not (isinstance(types, list) and types):
+        types = _transformers_layer_types(text, model_type, n, label)
+    if types:
+        _refused_mix(text, model_type, types, label)
         return [
             "sliding" if t == "sliding_attention" else "full"
             for t in _sized(types, n, "layer_types", label)
@@ -354,6 +357,35 @@ def _layer_kinds(
         )
         return ["sliding" if (i + 1) % p else "full" for i in range(n)]
     return ["sliding"] * n  # a model-wide window: vLLM applies it to every layer
+
+
+def _transformers_layer_types(
+    text: Mapping[str, Any], model_type: str, n: int, label: str
+) -> list[str] | None:
+    """The layer types transformers derives when config.json has none, where vLLM follows
+    them rather than a model-wide window: Qwen2 and Qwen3 (vLLM's Qwen2Model) slide only from
+    `max_window_layers` on (28 by default), so with fewer layers than that nothing slides
+    (`_refused_mix` says which mixes vLLM refuses). Called with the window on
+    (`use_sliding_window`); None where transformers' list is not what vLLM uses."""
+    if model_type not in ("qwen2", "qwen3"):
+        return None  # Qwen2-MoE: vLLM applies the window to every layer
+    first = _opt_int(text, "max_window_layers", label)
+    first = 28 if first is None else first  # transformers' default
+    return ["sliding_attention" if i >= first else "full_attention" for i in range(n)]
+
+
+def _refused_mix(text: Mapping[str, Any], model_type: str, types: list[Any], label: str) -> None:
+    """vLLM's Qwen2Model refuses layer types that mix sliding and full attention unless
+    `max_window_layers` equals the layer count."""
+    if model_type not in ("qwen2", "qwen3") or len({str(t) for t in types}) < 2:
+        return
+    first = _opt_int(text, "max_window_layers", label)
+    first = 28 if first is None else first
+    if first != len(types):
+        raise SizingError(
+            f"{label}: vLLM refuses to start it: sliding window on some but not all layers "
+            f"(max_window_layers {first}, num_hidden_layers {len(types)}; vLLM's qwen2.py)"
+        )
 
 
 def _sized(values: list[Any], n: int, key: str, label: str) -> list[Any]:

@@ -151,7 +151,10 @@ class TestConfigRules:
     def test_qwen_window_needs_use_sliding_window(self) -> None:
         q = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "sliding_window": 64}
         assert _arch(**q).kinds() == {"full": 4}
-        assert _arch(**q, use_sliding_window=True).kinds() == {"sliding 64": 4}
+        # and slides only from max_window_layers (28 by default) on: none of 4 layers
+        assert _arch(**q, use_sliding_window=True).kinds() == {"full": 4}
+        on = _arch(**q, use_sliding_window=True, max_window_layers=0)
+        assert on.kinds() == {"sliding 64": 4}
 
     def test_gpt_oss_slides_on_even_layers(self) -> None:
         g = _arch(
