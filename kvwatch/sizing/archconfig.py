@@ -369,9 +369,13 @@ def _transformers_layer_types(
     (`use_sliding_window`); None where transformers' list is not what vLLM uses."""
     if model_type not in ("qwen2", "qwen3"):
         return None  # Qwen2-MoE: vLLM applies the window to every layer
-    first = _opt_int(text, "max_window_layers", label)
-    first = 28 if first is None else first  # transformers' default
+    first = _max_window_layers(text, label)
     return ["sliding_attention" if i >= first else "full_attention" for i in range(n)]
+
+
+def _max_window_layers(text: Mapping[str, Any], label: str) -> int:
+    first = _opt_int(text, "max_window_layers", label)
+    return 28 if first is None else first  # transformers' default
 
 
 def _refused_mix(text: Mapping[str, Any], model_type: str, types: list[Any], label: str) -> None:
@@ -379,8 +383,7 @@ def _refused_mix(text: Mapping[str, Any], model_type: str, types: list[Any], lab
     `max_window_layers` equals the layer count."""
     if model_type not in ("qwen2", "qwen3") or len({str(t) for t in types}) < 2:
         return
-    first = _opt_int(text, "max_window_layers", label)
-    first = 28 if first is None else first
+    first = _max_window_layers(text, label)
     if first != len(types):
         raise SizingError(
             f"{label}: vLLM refuses to start it: sliding window on some but not all layers "
