@@ -218,11 +218,13 @@ INTERNAL_ERRORS = _c(
 )  # fmt: skip
 HTTP_CONNECTIONS_SHED = _c(
     "kvwatch_http_connections_shed", (),
-    "connections to the sidecar's endpoint closed unanswered, past its queue",
+    "connections to the sidecar's endpoint closed unanswered: the oldest still sending their "
+    "request, evicted past 512 open",
 )  # fmt: skip
 HTTP_HANDLER_ERRORS = _c(
     "kvwatch_http_handler_errors", (),
-    "requests to the sidecar's endpoint whose handler raised (logged at most once a minute)",
+    "requests to the sidecar's endpoint whose handler raised: answered 500, logged at most once "
+    "a minute",
 )  # fmt: skip
 LOG_LINES = _c("kvwatch_log_lines", ("source",), "log lines read")
 LOG_OVERSIZED_LINES = _c(

@@ -4,7 +4,8 @@ or with the bearer token in $KVWATCH_EVENTS_TOKEN where that is set).
 
 Metrics are built from a state view at scrape time (a custom collector on our own registry),
 with the names, types, labels and help of sidecar/contract/catalogue.py. A target that is down
-exports `kvwatch_target_up 0` and no engine series: down is not zero.
+exports `kvwatch_target_up 0` and no engine series: down is not zero. The connections are
+outputs/http_endpoint.py's (it keeps answering under a flood of held connections).
 """
 
 from __future__ import annotations
@@ -13,15 +14,7 @@ import functools
 import hmac
 import ipaddress
 import json
-import logging
-import math
-import socket
-import threading
-import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -29,9 +22,10 @@ from prometheus_client.registry import Collector
 
 from kvwatch.sidecar.contract import catalogue as cat
 from kvwatch.sidecar.judge.episodes import Episode
+from kvwatch.sidecar.outputs.http_endpoint import EndpointServer, Request, Response
 from kvwatch.sidecar.state.views import StateView, state_json
 
-__all__ = ["StateCollector", "serve", "EVENTS_TOKEN_ENV", "BoundedHTTPServer", "events_refusal"]
+__all__ = ["StateCollector", "serve", "EVENTS_TOKEN_ENV", "events_refusal"]
 
 
 def _family(m: cat.Metric) -> GaugeMetricFamily | CounterMetricFamily:
@@ -44,7 +38,7 @@ class StateCollector(Collector):
 
     def __init__(self, view: Callable[[], StateView]) -> None:
         self._view = view
-        self.server: BoundedHTTPServer | None = None  # its shed and handler-error counts
+        self.server: EndpointServer | None = None  # its shed and handler-error counts
 
     def collect(self) -> Iterator[Metric]:
         v = self._view()
@@ -121,68 +115,6 @@ class StateCollector(Collector):
 
 
 EVENTS_TOKEN_ENV = "KVWATCH_EVENTS_TOKEN"
-_CLIENT_TIMEOUT_S = 5.0
-_LOG_EVERY_S = 60.0
-log = logging.getLogger("kvwatch.http")
-
-
-class BoundedHTTPServer(HTTPServer):
-    """A fixed pool of handler threads and a short queue in front of it: a flood of connections
-    costs a few threads, never one each, and past the queue a connection is closed at once
-    (counted in `shed`). A client that goes away mid-answer is no traceback."""
-
-    request_queue_size = socket.SOMAXCONN  # the kernel's accept queue: 5 would drop handshakes
-
-    def __init__(
-        self,
-        address: tuple[str, int],
-        handler: type[BaseHTTPRequestHandler],
-        workers: int = 8,
-        queue: int = 128,
-    ) -> None:
-        super().__init__(address, handler)
-        self.shed = 0
-        self.handler_errors = 0
-        self._logged_at = -math.inf
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="kvwatch-http")
-        self._slots = threading.BoundedSemaphore(workers + queue)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shed += 1
-            self.shutdown_request(request)
-            return
-        try:
-            self._pool.submit(self._serve_one, request, client_address)
-        except RuntimeError:  # shutting down
-            self._slots.release()
-            self.shutdown_request(request)
-
-    def _serve_one(self, request: Any, client_address: Any) -> None:
-        try:
-            self.finish_request(request, client_address)
-        except (ConnectionError, TimeoutError):
-            pass  # the client reset, left or timed out: nothing of ours broke
-        except Exception as e:  # a handler's bug: counted and said, never only a dropped socket
-            self.handler_errors += 1
-            now = time.monotonic()
-            if now - self._logged_at >= _LOG_EVERY_S:
-                self._logged_at = now
-                log.error(
-                    "the HTTP endpoint's handler raised %s: %s (%d so far; "
-                    "kvwatch_http_handler_errors_total)",
-                    type(e).__name__, str(e)[:200], self.handler_errors,
-                )  # fmt: skip
-        finally:
-            self.shutdown_request(request)
-            self._slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # BrokenPipe and resets: the client left; nothing to print
-
-    def server_close(self) -> None:
-        super().server_close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _is_loopback(host: str) -> bool:
@@ -206,71 +138,57 @@ def events_refusal(
     return None
 
 
-def _handler(
+def _responder(
     registry: CollectorRegistry,
     view: Callable[[], StateView],
     stale_after_s: float,
     episodes: Callable[[], list[Episode]],
     on_load_event: Callable[[object], None] | None,
     refuse_event: Callable[[str | None], tuple[int, str] | None],
-) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        timeout = _CLIENT_TIMEOUT_S  # a client that sends nothing (or trickles) is dropped
+) -> Callable[[Request], Response]:
+    def get(path: str) -> Response:
+        if path == "/metrics":
+            return Response(200, generate_latest(registry), "text/plain; version=0.0.4")
+        if path == "/healthz":
+            v = view()
+            failing = v.failing_loops
+            ok = v.heartbeat_age_s <= stale_after_s and not failing
+            doc = {
+                "ok": ok,
+                "heartbeat_age_s": round(v.heartbeat_age_s, 3),
+                "failing_loops": list(failing),
+            }
+            return Response(200 if ok else 503, json.dumps(doc).encode(), "application/json")
+        if path == "/api/state":
+            body = json.dumps(state_json(view()), indent=1, default=str).encode()
+            return Response(200, body, "application/json")
+        if path == "/api/episodes":
+            body = json.dumps([e.to_dict() for e in episodes()], indent=1).encode()
+            return Response(200, body, "application/json")
+        return Response(404, b"not found: try /metrics, /healthz, /api/state, /api/episodes\n")
 
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                self._send(200, generate_latest(registry), "text/plain; version=0.0.4")
-            elif path == "/healthz":
-                v = view()
-                failing = v.failing_loops
-                ok = v.heartbeat_age_s <= stale_after_s and not failing
-                doc = {
-                    "ok": ok,
-                    "heartbeat_age_s": round(v.heartbeat_age_s, 3),
-                    "failing_loops": list(failing),
-                }
-                body = json.dumps(doc).encode()
-                self._send(200 if ok else 503, body, "application/json")
-            elif path == "/api/state":
-                body = json.dumps(state_json(view()), indent=1, default=str).encode()
-                self._send(200, body, "application/json")
-            elif path == "/api/episodes":
-                body = json.dumps([e.to_dict() for e in episodes()], indent=1).encode()
-                self._send(200, body, "application/json")
-            else:
-                msg = b"not found: try /metrics, /healthz, /api/state, /api/episodes\n"
-                self._send(404, msg, "text/plain")
+    def post(req: Request) -> Response:
+        if req.path != "/api/events" or on_load_event is None:
+            return Response(404, b"POST /api/events only\n")
+        refusal = refuse_event(req.headers.get("authorization"))
+        if refusal is not None:
+            return Response(refusal[0], refusal[1].encode() + b"\n")
+        try:
+            if not req.body:
+                raise ValueError("body must be 1 byte to 64 KiB of JSON")
+            on_load_event(json.loads(req.body))
+        except (ValueError, TypeError, RecursionError) as e:
+            return Response(400, f"bad event: {str(e)[:200]}\n".encode())
+        return Response(204, b"")
 
-        def do_POST(self) -> None:  # noqa: N802
-            if self.path.split("?", 1)[0] != "/api/events" or on_load_event is None:
-                self._send(404, b"POST /api/events only\n", "text/plain")
-                return
-            refusal = refuse_event(self.headers.get("Authorization"))
-            if refusal is not None:
-                self._send(refusal[0], refusal[1].encode() + b"\n", "text/plain")
-                return
-            try:
-                length = int(self.headers.get("Content-Length") or 0)
-                if not 0 < length <= 65536:
-                    raise ValueError("body must be 1 byte to 64 KiB of JSON")
-                on_load_event(json.loads(self.rfile.read(length)))
-            except (ValueError, TypeError, RecursionError) as e:
-                self._send(400, f"bad event: {str(e)[:200]}\n".encode(), "text/plain")
-                return
-            self._send(204, b"", "text/plain")
+    def respond(req: Request) -> Response:
+        if req.method == "GET":
+            return get(req.path)
+        if req.method == "POST":
+            return post(req)
+        return Response(405, b"GET, or POST /api/events\n")
 
-        def _send(self, code: int, body: bytes, ctype: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-            pass  # quiet: the sidecar's stdout may carry vLLM's own log
-
-    return Handler
+    return respond
 
 
 def serve(
@@ -281,7 +199,7 @@ def serve(
     episodes: Callable[[], list[Episode]] = list,
     on_load_event: Callable[[object], None] | None = None,
     events_token: str | None = None,
-) -> BoundedHTTPServer:
+) -> EndpointServer:
     """Start the endpoint in a daemon thread; `server.shutdown()` stops it. `POST /api/events`
     needs `Authorization: Bearer <events_token>` when a token is given, and is refused beyond
     loopback without one."""
@@ -289,8 +207,7 @@ def serve(
     collector = StateCollector(view)
     registry.register(collector)
     refusal = functools.partial(events_refusal, events_token, _is_loopback(host))
-    handler = _handler(registry, view, stale_after_s, episodes, on_load_event, refusal)
-    server = BoundedHTTPServer((host, port), handler)
+    respond = _responder(registry, view, stale_after_s, episodes, on_load_event, refusal)
+    server = EndpointServer(host, port, respond)
     collector.server = server
-    threading.Thread(target=server.serve_forever, name="kvwatch-http", daemon=True).start()
     return server
