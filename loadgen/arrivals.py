@@ -22,7 +22,10 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = ["Constant", "Poisson", "Gamma", "Ramp", "Burst", "Concurrency", "Pattern", "OpenPattern"]
+__all__ = [
+    "Constant", "Poisson", "Gamma", "Ramp", "Burst", "Concurrency", "Pattern", "OpenPattern",
+    "describe",
+]  # fmt: skip
 
 
 def _positive(name: str, value: float) -> None:
@@ -144,3 +147,20 @@ class Concurrency:
 
 OpenPattern = Constant | Poisson | Gamma | Ramp | Burst
 Pattern = OpenPattern | Concurrency
+
+
+def describe(pattern: Pattern) -> str:
+    """The pattern in a user's words, for a report's tables and chart marks."""
+    match pattern:
+        case Concurrency(n=n):
+            return f"{n} stream{'s' if n != 1 else ''}"
+        case Constant(rate=r):
+            return f"{r:g} req/s, even"
+        case Poisson(rate=r):
+            return f"{r:g} req/s, Poisson"
+        case Gamma(rate=r, burstiness=b):
+            return f"{r:g} req/s, bursty ({b:g})"
+        case Ramp(start=a, end=b, poisson=poisson):
+            return f"{a:g}\u2192{b:g} req/s ramp" + (", Poisson" if poisson else "")
+        case Burst(size=size, every=every):
+            return f"{size} at once every {every:g} s"

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from kvwatch.loadgen.arrivals import describe
 from kvwatch.loadgen.records import StallRule
 from kvwatch.loadgen.runner import Progress, run_loop
 from kvwatch.loadgen.schedule import Stage
@@ -123,6 +124,7 @@ def run_spec(
             {
                 "name": s.name,
                 "pattern": s.pattern,
+                "label": describe(s.pattern),
                 "duration_s": s.duration_s,
                 "count": s.count,
                 "warmup": s.warmup,

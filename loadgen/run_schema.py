@@ -35,7 +35,8 @@ _CACHE = {
 _SERVER_SNAPSHOT = {"cache": _CACHE, "version": TEXT, "preemption_buckets": [[BOUND]]}
 SPEC: dict[str, Any] = {
     "target": TEXT, "model": TEXT, "start_unix": STAMP, "workload": {},
-    "stages": [{"name": TEXT, "pattern": TEXT, "duration_s": NUM, "count": NUM, "warmup": FLAG}],
+    "stages": [{"name": TEXT, "pattern": TEXT, "label": TEXT, "duration_s": NUM, "count": NUM,
+                "warmup": FLAG}],
     "server_before": _SERVER_SNAPSHOT, "server_after": _SERVER_SNAPSHOT,
 }  # fmt: skip
 _OVERALL = {

@@ -7,6 +7,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 __all__ = ["PageCheck", "open_page", "CHROMIUM"]
 
@@ -24,6 +25,36 @@ class PageCheck:
     requests: list[str] = field(default_factory=list)
     svg_sizes: list[tuple[float, float]] = field(default_factory=list)
     svg_marks: list[int] = field(default_factory=list)  # drawn shapes per chart
+    # pairs of chart labels (stage marks) whose drawn boxes overlap, and labels drawn past
+    # their chart's edge: what a reader cannot read
+    label_overlaps: list[tuple[str, str]] = field(default_factory=list)
+    labels_outside: list[str] = field(default_factory=list)
+    label_count: int = 0
+
+
+def _overlap(a: dict[str, float], b: dict[str, float]) -> bool:
+    return (
+        a["x"] < b["x"] + b["width"]
+        and b["x"] < a["x"] + a["width"]
+        and a["y"] < b["y"] + b["height"]
+        and b["y"] < a["y"] + a["height"]
+    )
+
+
+def _check_labels(svg: Any, frame: dict[str, float] | None, check: PageCheck) -> None:
+    """The drawn boxes of a chart's stage labels, as Chromium lays them out."""
+    labels = []
+    for el in svg.query_selector_all("text.kvw-mark"):
+        box = el.bounding_box()
+        text = el.evaluate("e => e.lastChild ? e.lastChild.textContent : ''")
+        if box is not None:
+            labels.append((text, box))
+    check.label_count += len(labels)
+    for i, (ta, a) in enumerate(labels):
+        right = a["x"] + a["width"]
+        if frame is not None and (a["x"] < frame["x"] or right > frame["x"] + frame["width"] + 0.5):
+            check.labels_outside.append(ta)
+        check.label_overlaps += [(ta, tb) for tb, b in labels[i + 1 :] if _overlap(a, b)]
 
 
 def open_page(path: Path, screenshot: Path) -> PageCheck:
@@ -49,6 +80,7 @@ def open_page(path: Path, screenshot: Path) -> PageCheck:
                 box = svg.bounding_box()
                 check.svg_sizes.append((box["width"], box["height"]) if box else (0.0, 0.0))
                 check.svg_marks.append(len(svg.query_selector_all("path, circle, rect")))
+                _check_labels(svg, box, check)
             screenshot.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(screenshot), full_page=True)
             ctx.close()

@@ -62,4 +62,7 @@ def test_report_renders_offline_in_chromium(demo: tuple[str, Path]) -> None:
     assert len(check.svg_sizes) >= 6
     assert all(w > 300 and h > 100 for w, h in check.svg_sizes), check.svg_sizes
     assert all(n >= 3 for n in check.svg_marks), check.svg_marks  # something drawn in each
+    # the stages' labels over the four charts over time: all drawn, none over another
+    assert check.label_count == 4 * 3 and check.label_overlaps == [], check.label_overlaps
+    assert check.labels_outside == []
     assert shot.stat().st_size > 20_000

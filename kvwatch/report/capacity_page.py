@@ -15,7 +15,7 @@ from typing import Any
 
 from kvwatch.common.command import EXIT_USAGE, CliError
 from kvwatch.loadgen.cmd_search import SEARCH_FILE, render_search
-from kvwatch.report.parts import CSS, advice_html
+from kvwatch.report.parts import CSS, advice_html, model_html
 from kvwatch.report.svgplot import Line, Mark, line_chart
 
 __all__ = ["is_search_dir", "render_capacity"]
@@ -154,7 +154,7 @@ def render_capacity(run_dir: Path) -> str:
     body = [
         f"<h1>kvwatch capacity: {escape(run_dir.name)}</h1>",
         f"<p class='sub'>{escape(str(doc.get('target')))} &middot; model "
-        f"<code>{escape(str(doc.get('model')))}</code> &middot; started {started} &middot; "
+        f"{model_html(doc.get('model'))} &middot; started {started} &middot; "
         f"by {escape(by)}, SLOs {slo}, {target:.0%} of requests</p>",
         f"<div class='verdict {verdict_class}'>{summary}</div>",
         "<h2>Capacity</h2>",

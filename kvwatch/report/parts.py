@@ -6,7 +6,7 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 
-__all__ = ["CSS", "advice_html"]
+__all__ = ["CSS", "advice_html", "model_html"]
 
 CSS = """
 body{font-family:sans-serif;max-width:980px;margin:24px auto;padding:0 16px;color:#222}
@@ -19,7 +19,18 @@ td,th{padding:4px 10px;border-bottom:1px solid #eee;text-align:left}
 th{background:#f6f6f6}td.n{text-align:right;font-variant-numeric:tabular-nums}
 pre{background:#f6f6f6;padding:10px;overflow-x:auto;font-size:12px}
 svg.kvw-chart{width:100%;height:auto;margin:6px 0}.note{color:#666;font-size:13px}
+code.key{color:#666;font-size:12px}
 """
+
+
+def model_html(model: object) -> str:
+    """The model as a reader knows it: a local directory by its last part (the whole path on
+    hover), a hub name (org/name) as it is."""
+    text = str(model or "?")
+    local = text.startswith(("/", "./", "../", "~")) or "\\" in text
+    name = text.rstrip("/\\").replace("\\", "/").rsplit("/", 1)[-1] if local else text
+    title = f" title='{escape(text)}'" if local and name != text else ""
+    return f"<code{title}>{escape(name or text)}</code>"
 
 
 def advice_html(run_dir: Path) -> tuple[str, str | None]:

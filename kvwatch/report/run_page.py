@@ -9,7 +9,6 @@ wrote them) and computes the advice again with its arithmetic.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from html import escape
@@ -18,7 +17,7 @@ from typing import Any
 
 from kvwatch.common.command import EXIT_USAGE, CliError, os_error
 from kvwatch.loadgen.rundir import read_run
-from kvwatch.report.parts import CSS, advice_html
+from kvwatch.report.parts import CSS, advice_html, model_html
 from kvwatch.report.svgplot import Line, Mark, Span, bar_chart, format_value, line_chart
 from kvwatch.sidecar.contract.levels import Level
 from kvwatch.sidecar.contract.thresholds import DEFAULT_THRESHOLDS
@@ -133,7 +132,12 @@ def render_report(run_dir: Path) -> str:
     spec, summary, records = d["spec"], d["summary"], d["records"]
     t0 = spec.get("start_unix") or (d["timeline"][0]["t"] if d["timeline"] else 0.0)
     tl = [dict(r, t=r["t"] - t0) for r in d["timeline"]]
-    marks = [Mark(e["t"], e["stage"]) for e in d["events"] if e.get("event") == "stage_start"]
+    labels = _stage_labels(spec)
+    marks = [
+        Mark(e["t"], labels.get(e["stage"], e["stage"]))
+        for e in d["events"]
+        if e.get("event") == "stage_start"
+    ]
     spans = state_spans(tl, Level.SATURATED.label, "#ff7f0e") + state_spans(tl)
     ends = [r["t"] for r in tl] + [r["finished_at"] for r in records if r.get("finished_at")]
     window = (0.0, max(ends, default=1.0))
@@ -179,7 +183,7 @@ def _headline(
     return [
         f"<h1>kvwatch run report: {escape(run_dir.name)}</h1>",
         f"<p class='sub'>{escape(str(spec.get('target')))} &middot; model "
-        f"<code>{escape(str(spec.get('model')))}</code> &middot; started {started} &middot; "
+        f"{model_html(spec.get('model'))} &middot; started {started} &middot; "
         f"{overall.get('duration_s') or 0:.0f} s</p>",
         f"<div class='verdict {'bad' if thrashed else 'good'}'>"
         + (
@@ -209,18 +213,68 @@ def _summary_section(o: dict[str, Any]) -> list[str]:
     return ["<h2>Summary</h2>", figures]
 
 
+def _stage_labels(spec: dict[str, Any]) -> dict[str, str]:
+    """Each stage's key (its name in the records) to its load in a user's words; a run written
+    before stages carried a label keeps its key."""
+    out = {}
+    for st in spec.get("stages") or []:
+        if isinstance(st, dict) and st.get("name"):
+            out[st["name"]] = st.get("label") or st["name"]
+    return out
+
+
+_WORKLOAD_ROWS = (
+    ("dataset", "prompts from", "{}"),
+    ("input_len", "prompt tokens", "{}"),
+    ("output_len", "output tokens", "{}"),
+    ("token_exact", "lengths", None),
+    ("shared_prefix", "shared prefix", "{} tokens"),
+    ("prefix_groups", "prefix groups", "{}"),
+)
+
+
+def _workload_rows(spec: dict[str, Any]) -> list[tuple[str, str]]:
+    """The workload as a table: what the prompts were, in words, not the file's JSON."""
+    workload = spec.get("workload")
+    w = workload if isinstance(workload, dict) else {}
+    rows = []
+    for key, label, fmt in _WORKLOAD_ROWS:
+        v = w.get(key)
+        if v is None or v == "" or (key == "prefix_groups" and not w.get("shared_prefix")):
+            continue
+        if key == "shared_prefix" and not v:
+            continue
+        if fmt is None:  # token_exact
+            text = "exact (token ids)" if v else "approximate (text, re-tokenized by the server)"
+        else:
+            text = fmt.format(v)
+        rows.append((label, escape(text)))
+    if spec.get("endpoint"):
+        rows.append(
+            ("API", escape(f"/v1/{spec['endpoint']}".replace("/chat", "/chat/completions")))
+        )
+    if spec.get("ignore_eos") is not None:
+        rows.append(("stops at EOS", "no (ignore_eos)" if spec["ignore_eos"] else "yes"))
+    if spec.get("seed") is not None:
+        rows.append(("seed", escape(str(spec["seed"]))))
+    return rows
+
+
 def _workload_section(spec: dict[str, Any]) -> list[str]:
-    workload = spec.get("workload") or {}
+    labels = _stage_labels(spec)
     stages = "".join(
-        f"<tr><td>{escape(s.get('name') or '')}</td><td>{escape(s.get('pattern') or '')}</td>"
+        f"<tr><td>{escape(labels.get(s.get('name') or '', s.get('name') or ''))}</td>"
+        f"<td><code class='key'>{escape(s.get('name') or '')}</code></td>"
         f"<td class='n'>{s.get('duration_s') or ''}</td><td class='n'>{s.get('count') or ''}</td>"
         f"<td>{'warm-up' if s.get('warmup') else ''}</td></tr>"
         for s in spec.get("stages", [])
+        if isinstance(s, dict)
     )
+    rows = _workload_rows(spec)
     return [
         "<h2>Workload</h2>",
-        f"<table><tr><th>stage</th><th>pattern</th><th>seconds</th><th>requests</th><th></th></tr>{stages}</table>",
-        "<pre>" + escape(json.dumps(workload, indent=1)) + "</pre>",
+        f"<table><tr><th>load</th><th>stage</th><th>seconds</th><th>requests</th><th></th></tr>{stages}</table>",
+        _table(rows) if rows else "",
     ]  # fmt: skip
 
 
@@ -284,13 +338,21 @@ def _preemptions_section(spec: dict[str, Any]) -> list[str]:
 
 
 def _alerts_section(alerts: list[Any]) -> list[str]:
-    if not alerts:
+    """What the webhook receiver got, one row per delivery (alerts.jsonl keeps the payloads)."""
+    rows = [a for a in alerts if isinstance(a, dict)]
+    if not rows:
         return []
-    return [
-        "<h2>Alerts delivered</h2><pre>",
-        escape("\n".join(json.dumps(a) for a in alerts)),
-        "</pre>",
-    ]
+    out = ["<h2>Alerts delivered</h2>",
+           "<table><tr><th>at</th><th>status</th><th>alert</th><th>summary</th></tr>"]  # fmt: skip
+    for a in rows:
+        annotations = a.get("annotations")
+        summary = annotations.get("summary") if isinstance(annotations, dict) else None
+        at = str(a.get("starts_at") or "")[:19].replace("T", " ")
+        status = str(a.get("status") or "") + (" (repeat)" if a.get("repeat") is True else "")
+        cells = (at, status, a.get("alertname"), summary)
+        out.append("<tr>" + "".join(f"<td>{escape(str(c or ''))}</td>" for c in cells) + "</tr>")
+    out.append("</table><p class='note'>The payloads as sent: alerts.jsonl.</p>")
+    return out
 
 
 def _incidents_section(side: Any) -> list[str]:

@@ -12,7 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from html import escape
 
-__all__ = ["Line", "Span", "Mark", "line_chart", "bar_chart", "state_lanes", "format_value"]
+__all__ = [
+    "Line", "Span", "Mark", "line_chart", "bar_chart", "state_lanes", "format_value", "mark_layout",
+]  # fmt: skip
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 _W, _H = 720, 240
@@ -118,6 +120,45 @@ def _axes(f: _Frame, unit: str, relative_x: bool, x_unit: str = "s") -> list[str
     return out
 
 
+_CHAR_W = 7.0  # an 11 px sans-serif character with its halo, generously: labels must not touch
+_MARK_ROW_H = 19  # a text box with its halo, as Chromium draws it at 11 px
+_MARK_ROWS = 3
+
+
+def _text_w(text: str) -> float:
+    return _CHAR_W * len(text)
+
+
+def mark_layout(f: _Frame, marks: Sequence[Mark]) -> list[tuple[float, int, str]]:
+    """Where each mark's label goes: (left x, row, text). A label starts at its line (ends at it
+    near the frame's right edge), in the first of three rows where it overlaps no label placed
+    before it; where no row has room, the row whose last label ends first takes it and that
+    earlier label is shortened to end before it (the whole label stays in its tooltip). Stages
+    seconds apart never print over each other, and no label leaves its line."""
+    right_edge = f.w - _R
+    last: list[int | None] = [None] * _MARK_ROWS  # each row's last label, by index into out
+    out: list[tuple[float, int, str]] = []
+
+    def end(i: int | None) -> float:
+        return -math.inf if i is None else out[i][0] + _text_w(out[i][2])
+
+    for m in marks:
+        px = f.px(m.x)
+        w = _text_w(m.label)
+        x0 = max(px - 3 - w if px + 3 + w > right_edge else px + 3, float(_L))
+        row = next((r for r in range(_MARK_ROWS) if end(last[r]) + 6 <= x0), None)
+        if row is None:
+            row = min(range(_MARK_ROWS), key=lambda r: end(last[r]))
+            i = last[row]
+            assert i is not None
+            px0, _, text = out[i]
+            room = int((x0 - 6 - px0) // _CHAR_W)
+            out[i] = (px0, row, text[: room - 1] + "\u2026" if room >= 2 else "")
+        last[row] = len(out)
+        out.append((x0, row, m.label))
+    return out
+
+
 def line_chart(
     title: str,
     lines: Sequence[Line],
@@ -157,15 +198,14 @@ def line_chart(
             f'<line x1="{_L}" x2="{f.w - _R}" y1="{py:.1f}" y2="{py:.1f}" stroke="{color}" '
             'stroke-dasharray="4 3"/>'
         )
-    for m in marks:
+    for m, (x0, row, text) in zip(marks, mark_layout(f, marks), strict=True):
         px = f.px(m.x)
-        # a label near the right edge goes on the line's left, so the frame does not cut it
-        right = px > f.w - _R - 8 * len(m.label)
-        tx, anchor = (px - 3, "end") if right else (px + 3, "start")
         body.append(
             f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{_T}" y2="{f.h - _B}" stroke="#555" '
-            f'stroke-dasharray="2 3"/><text x="{tx:.1f}" y="{_T + 10}" fill="#555" '
-            f'text-anchor="{anchor}">{escape(m.label)}</text>'
+            f'stroke-dasharray="2 3"/><text class="kvw-mark" x="{x0:.1f}" '
+            f'y="{_T + 10 + row * _MARK_ROW_H}" fill="#555" stroke="#fff" stroke-width="3" '
+            f'paint-order="stroke"><title>{escape(m.label)}</title>'
+            f"{escape(text)}</text>"
         )
     legend = []
     for i, ln in enumerate(lines):

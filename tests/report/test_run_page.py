@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kvwatch.loadgen.rundir import write_run
 from kvwatch.report.run_page import bucket_delta, counter_rate, render_report, state_spans
 
@@ -32,9 +34,10 @@ def _run_dir(tmp: Path) -> Path:
     cache = {"block_size": 32, "num_blocks": 40, "kv_cache_memory_bytes": 40 * 32 * 8192}
     spec = {
         "target": "http://x:8000", "model": "m", "start_unix": 1000.0,
-        "stages": [{"name": "s1", "pattern": "Concurrency(n=4)", "duration_s": None,
-                    "count": 8, "warmup": False}],
-        "workload": {"synthetic": True},
+        "stages": [{"name": "s1", "pattern": "Concurrency(n=4)", "label": "4 streams",
+                    "duration_s": None, "count": 8, "warmup": False}],
+        "workload": {"synthetic": True, "input_len": "30", "output_len": "300",
+                     "token_exact": True, "shared_prefix": 0, "prefix_groups": 1},
         "server_before": {"cache": cache, "preemption_buckets": [[1.0, 0.0], [2.0, 0.0]]},
         "server_after": {"cache": cache, "preemption_buckets": [[1.0, 5.0], [2.0, 8.0]]},
     }  # fmt: skip
@@ -116,3 +119,49 @@ def test_incidents_the_sidecar_saw_are_listed_escaped(tmp_path: Path) -> None:
     assert "<script" not in html and "&lt;script&gt;" in html
     # without a sidecar, the section says so
     assert "No sidecar was given to this run" in render_report(_run_dir(tmp_path / "plain"))
+
+
+def test_the_page_speaks_the_users_words(tmp_path: Path) -> None:
+    """Stage keys, the workload's raw JSON and a model's local path were what the page showed."""
+    run = _run_dir(tmp_path / "run")
+    spec = json.loads((run / "spec.json").read_text())
+    spec["model"] = "/root/.cache/kvwatch/models/tiny-llama-30m-v1"
+    (run / "spec.json").write_text(json.dumps(spec))
+    html = render_report(run)
+    assert (
+        "<code title='/root/.cache/kvwatch/models/tiny-llama-30m-v1'>tiny-llama-30m-v1</code>"
+        in html
+    )
+    assert "<td>4 streams</td><td><code class='key'>s1</code>" in html  # the load, then its key
+    assert ">4 streams</text>" in html  # the chart marks say the load too
+    assert "<th>prompt tokens</th><td>30</td>" in html and "exact (token ids)" in html
+    assert '"synthetic"' not in html and "{" not in html.split("<h2>Workload</h2>")[1][:2000]
+    spec["model"] = "meta-llama/Llama-3.1-8B-Instruct"  # a hub name is kept whole
+    (run / "spec.json").write_text(json.dumps(spec))
+    assert "<code>meta-llama/Llama-3.1-8B-Instruct</code>" in render_report(run)
+
+
+@pytest.mark.integration
+def test_short_stages_label_their_charts_legibly_in_chromium(tmp_path: Path) -> None:
+    """The demo's stage lengths and shorter: every stage label drawn, none over another, none
+    past its chart's edge, as Chromium lays them out."""
+    from tests.browser import open_page
+
+    run = _run_dir(tmp_path / "run")
+    spec = json.loads((run / "spec.json").read_text())
+    loads = (2, 8, 10, 24, 32, 64)
+    spec["stages"] = [
+        {"name": f"concurrency:n={n}#{n}", "pattern": f"Concurrency(n={n})",
+         "label": f"{n} streams", "duration_s": None, "count": n, "warmup": False}
+        for n in loads
+    ]  # fmt: skip
+    (run / "spec.json").write_text(json.dumps(spec))
+    starts = (0.1, 0.6, 1.1, 3.0, 3.4, 10.5)  # stages half a second long, then longer
+    events = [{"event": "stage_start", "stage": f"concurrency:n={n}#{n}", "t": t}
+              for n, t in zip(loads, starts, strict=True)]  # fmt: skip
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (run / "report.html").write_text(render_report(run))
+    check = open_page(run / "report.html", tmp_path / "report.png")
+    assert check.console_errors == [] and check.page_errors == []
+    assert check.label_count == 4 * len(loads)  # four charts over time carry the marks
+    assert check.label_overlaps == [] and check.labels_outside == []
