@@ -66,12 +66,22 @@ class Platform:
     ssm_state_dtype: str | None
     fp8_kv: bool = True  # vLLM can keep the KV cache in fp8 here
     mla_overrides_user: bool = False  # the MLA block size wins over --block-size
+    # the block size of the MLA backend chosen for an fp8 KV cache when --block-size is not
+    # given, where it differs from the bf16 one (None: the same)
+    mla_fp8_block_size: int | None = None
 
     @property
     def is_cpu(self) -> bool:
         return self.name.startswith("cpu")
 
-    def block_size(self, arch: Architecture, requested: int | None) -> int:
+    def block_size(self, arch: Architecture, requested: int | None, kv_dtype: str = "auto") -> int:
+        if (
+            arch.uses_mla
+            and self.mla_fp8_block_size is not None
+            and requested is None
+            and kv_dtype.startswith("fp8")
+        ):
+            return self.mla_fp8_block_size
         if (
             arch.uses_mla
             and self.mla_block_size is not None
@@ -112,6 +122,11 @@ PLATFORMS = {
     # GPUs other than A100 (2048 on smaller ones, set per GPU by the caller). An auto SSM
     # state takes the model's dtype (mamba_utils.py).
     "cuda": Platform("cuda", 16, 16, None, True, 8192, None),
+    # Hopper (SM90) as "cuda", except MLA with an fp8 KV cache: FLASH_ATTN_MLA, first for SM90
+    # (platforms/cuda.py), takes no fp8 cache, so FLASHMLA is chosen, whose kernel takes 64-token
+    # blocks only (v1/attention/backends/mla/flashmla.py); with --block-size 16 it is passed
+    # over for TRITON_MLA, which keeps the 16.
+    "cuda-hopper": Platform("cuda-hopper", 16, 16, None, True, 8192, None, mla_fp8_block_size=64),
     # Blackwell: FlashInfer's MLA kernels take 32 or 64; vLLM prefers 32.
     "cuda-blackwell": Platform("cuda-blackwell", 16, 16, 32, True, 16384, None),
     # ROCm: taken with CUDA's rules (block 16, async); its AITER MLA backend is not modeled.
@@ -305,7 +320,7 @@ def _resolve(arch: Architecture, serving: Serving, platform: Platform) -> _Resol
     """The settings vLLM ends up with: block size, KV dtype, in-flight tokens, manager."""
     notes: list[str] = []
     kv = KV_DTYPE_BYTES[serving.kv_dtype] or arch.dtype_bytes
-    bs = platform.block_size(arch, serving.block_size)
+    bs = platform.block_size(arch, serving.block_size, serving.kv_dtype)
     if serving.kv_dtype.startswith("fp8") and not platform.fp8_kv:
         raise SizingError(
             f"vLLM refuses an fp8 KV cache on {platform.name}: on CPU it needs x86 with "
@@ -313,6 +328,11 @@ def _resolve(arch: Architecture, serving: Serving, platform: Platform) -> _Resol
         )
     if arch.uses_mla and bs != (serving.block_size or bs):
         notes.append(f"vLLM's MLA backend on {platform.name} forces {bs}-token blocks")
+    elif arch.uses_mla and serving.block_size is None and bs != platform.default_block_size:
+        notes.append(
+            f"vLLM's MLA backend on {platform.name} for a {serving.kv_dtype} KV cache takes "
+            f"{bs}-token blocks"
+        )
     mnbt = serving.max_num_batched_tokens
     if mnbt is None:
         mnbt = platform.server_max_num_batched_tokens * (

@@ -309,8 +309,8 @@ class GpuSpec:
 GPU_PRESETS: dict[str, GpuSpec] = {
     g.name: g
     for g in (
-        GpuSpec("h100", 80e9, 989e12, 3.35e12, "pcie5", "cuda", 8192),
-        GpuSpec("h200", 141e9, 989e12, 4.8e12, "pcie5", "cuda", 8192),
+        GpuSpec("h100", 80e9, 989e12, 3.35e12, "pcie5", "cuda-hopper", 8192),
+        GpuSpec("h200", 141e9, 989e12, 4.8e12, "pcie5", "cuda-hopper", 8192),
         GpuSpec("b200", 180e9, 2.25e15, 8.0e12, "pcie6", "cuda-blackwell", 16384),
         GpuSpec("a100-40gb", 40e9, 312e12, 1.555e12, "pcie4", "cuda", 2048),
         GpuSpec("a100", 80e9, 312e12, 2.039e12, "pcie4", "cuda", 2048),
