@@ -55,6 +55,7 @@ class WhatIfAnswer:
             "block_size": p.layout.block_size,
             "kv_cache_size_tokens": p.kv_cache_size_tokens,
             "max_concurrency": p.max_concurrency,
+            "decode_concurrency": p.decode_concurrency,
             "capacity_line": capacity_line(p, device),
             "bytes_per_block": p.layout.bytes_per_block,
             "kv_bytes_per_token": p.layout.bytes_per_token,
@@ -151,6 +152,20 @@ def what_if(ns: argparse.Namespace) -> WhatIfAnswer:
     return WhatIfAnswer(model, gpu, serving, p, how, weights, obs, costs)
 
 
+def _decode_lines(p: KvPlan) -> list[str]:
+    """Beside vLLM's startup concurrency, what the pool holds once every request decodes,
+    where windows make the two differ (other planners print the second; users compare)."""
+    held = p.decode_blocks_per_request
+    startup = p.layout.max_blocks_per_request(p.max_model_len)
+    if held >= startup:
+        return []
+    return [
+        f"  once every request decodes: {p.decode_concurrency:.2f}x {p.max_model_len:,}-token "
+        f"requests fit ({held:,} blocks each; vLLM's startup figure counts {startup:,}: each "
+        "window also holds a prefill chunk of in-flight tokens)"
+    ]
+
+
 def render_what_if(a: WhatIfAnswer) -> list[str]:
     p, m = a.plan, a.model
     kinds = ", ".join(f"{n} {k}" for k, n in m.kinds().items())
@@ -163,6 +178,7 @@ def render_what_if(a: WhatIfAnswer) -> list[str]:
         f"({a.budget})",
         f"  vLLM would print: {capacity_line(p, device)}",
         f"  num_gpu_blocks {p.num_gpu_blocks:,}, block_size {p.layout.block_size}",
+        *_decode_lines(p),
         "  how vLLM gets there:",
         *[f"    {x}" for x in p.arithmetic],
     ]

@@ -304,6 +304,19 @@ class KvPlan:
     kv_cache_memory_bytes: int
     arithmetic: list[str] = field(default_factory=list)
 
+    @property
+    def decode_blocks_per_request(self) -> int:
+        """Blocks one max-length request holds once it decodes: a sliding window keeps only
+        its window, where vLLM's startup figure also counts a prefill chunk in each window."""
+        return self.layout.blocks_per_request(self.max_model_len)
+
+    @property
+    def decode_concurrency(self) -> float:
+        """Max-length requests the pool holds while every one of them decodes; equal to
+        `max_concurrency` for full attention and MLA, above it with sliding or chunked
+        windows (the figure other planners print, and the one a busy server lives by)."""
+        return self.num_gpu_blocks / max(self.decode_blocks_per_request, 1)
+
 
 @dataclass(frozen=True)
 class _Resolved:

@@ -111,3 +111,24 @@ def test_a_load_on_a_sliding_window_model_counts_windows() -> None:
 def test_refusals_are_one_line(args: tuple[str, ...], message: str) -> None:
     rc, out, err = what_if(*args)
     assert rc == 2 and message in err and "Traceback" not in err, err
+
+
+def test_sliding_window_models_say_what_the_pool_holds_once_requests_decode() -> None:
+    """vLLM's startup concurrency counts a prefill chunk in every window; once requests decode a
+    window holds only itself. Other planners print the second figure: say both."""
+    args = ("--gpu", "h200", "--max-model-len", "131072")
+    _, gemma = what_if_json("--model", "gemma-3-27b", *args)
+    w = gemma["what_if"]
+    # held while decoding at 131,072 tokens: a full group all of it, a window group its window
+    held = sum(131072 // 16 if g["kind"] == "full" else 1024 // 16 for g in w["groups"])
+    assert held == 8192 + 6 * 64
+    assert w["decode_concurrency"] == pytest.approx(w["num_gpu_blocks"] / held)
+    assert w["decode_concurrency"] > 1.5 * w["max_concurrency"]
+    _, out, _ = what_if("--model", "gemma-3-27b", *args)
+    assert f"once every request decodes: {w['decode_concurrency']:.2f}x 131,072-token" in out
+    assert "(8,576 blocks each" in out
+    _, llama = what_if_json("--model", "llama-3.1-8b", *args)
+    assert llama["what_if"]["decode_concurrency"] == pytest.approx(
+        llama["what_if"]["max_concurrency"], rel=1e-3
+    )  # full attention: the two are one figure
+    assert "once every request decodes" not in what_if("--model", "llama-3.1-8b", *args)[1]
