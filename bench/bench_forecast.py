@@ -67,7 +67,6 @@ import numpy as np
 from fixture_sim import FIXTURE, Engine, Shape, Speeds, run_until_out
 from procfs import session_pids
 
-from kvwatch.loadgen.burst import rate_for_in_flight
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig, set_autogroup_nice, stop_process
 from kvwatch.loadgen.tiny_model import build_tiny_model
 from kvwatch.sidecar.contract.thresholds import Thresholds, parse_overrides
@@ -77,6 +76,7 @@ from kvwatch.sidecar.judge.signals import derive
 from kvwatch.sidecar.judge.timeline import Timeline
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.observe import EngineObservation, observe
+from tests.burst import rate_for_in_flight
 
 OUT = Path(__file__).resolve().parent / "results" / "forecast"
 HORIZONS = (30.0, 10.0, 5.0)

@@ -20,9 +20,9 @@ from pathlib import Path
 import httpx
 from procfs import cpu_seconds, status_kb
 
-from kvwatch.loadgen.burst import run_burst
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig, free_port
 from kvwatch.loadgen.tiny_model import build_tiny_model
+from tests.burst import run_burst
 
 
 async def _load(base: str, until: float) -> int:

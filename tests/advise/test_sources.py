@@ -10,10 +10,10 @@ import sys
 import httpx
 import pytest
 
-from kvwatch.loadgen.burst import run_burst
 from kvwatch.loadgen.local_server import LocalVLLM
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.observe import observe
+from tests.burst import run_burst
 from tests.prometheus import running_prometheus, wait_for_series
 from tests.sidecar.running import running_sidecar
 

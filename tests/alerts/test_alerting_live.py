@@ -13,9 +13,9 @@ import time
 import httpx
 import pytest
 
-from kvwatch.loadgen.burst import run_burst
 from kvwatch.loadgen.local_server import LocalVLLM
 from tests.alertmanager import running_alertmanager, shipped_config
+from tests.burst import run_burst
 from tests.prometheus import prometheus_alerting
 from tests.receiver import receiver
 from tests.sidecar.running import running_sidecar

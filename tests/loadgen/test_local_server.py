@@ -10,7 +10,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvwatch.loadgen.burst import run_burst
 from kvwatch.loadgen.local_server import (
     LocalVLLM,
     ServerConfig,
@@ -21,6 +20,7 @@ from kvwatch.loadgen.local_server import (
 )
 from kvwatch.sidecar.contract.vocabulary import KV_USAGE, PREEMPTIONS
 from kvwatch.sidecar.metrics.exposition import parse_exposition
+from tests.burst import run_burst
 
 pytestmark = pytest.mark.integration
 

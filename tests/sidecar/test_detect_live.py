@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvwatch.loadgen.burst import run_burst
 from kvwatch.loadgen.local_server import LocalVLLM
 from kvwatch.loadgen.server_metrics import TimelineRecorder
+from tests.burst import run_burst
 from tests.loadgen.test_loadgen_live import run as loadgen_run
 from tests.receiver import receiver
 from tests.sidecar.running import Sidecar, kvwatch_samples, running_sidecar, runs

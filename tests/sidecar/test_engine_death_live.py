@@ -26,8 +26,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvwatch.loadgen.burst import run_burst
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig
+from tests.burst import run_burst
 from tests.receiver import receiver
 from tests.sidecar.running import running_sidecar
 

@@ -32,9 +32,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvwatch.loadgen.burst import rate_for_in_flight
 from kvwatch.loadgen.local_server import LocalVLLM, stop_process
 from kvwatch.loadgen.server_metrics import TimelineRecorder
+from tests.burst import rate_for_in_flight
 from tests.receiver import receiver
 from tests.sidecar.running import running_sidecar, runs
 

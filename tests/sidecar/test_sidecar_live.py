@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvwatch.loadgen.burst import run_burst
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig, free_port
+from tests.burst import run_burst
 from tests.sidecar.running import Sidecar, kvwatch_samples, running_sidecar
 
 pytestmark = pytest.mark.integration

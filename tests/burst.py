@@ -1,4 +1,5 @@
-"""Fire N streaming completions at once: the simplest load that makes a small KV cache preempt."""
+"""Fire N streaming completions at once: the simplest load that makes a small KV cache preempt.
+Test and bench code (tests, bench/, scripts/record_release.py), not shipped in the wheel."""
 
 from __future__ import annotations
 
