@@ -7,12 +7,13 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from tests.http_server import serving
 
-__all__ = ["receiver"]
+__all__ = ["receiver", "alert_events"]
 
 
 @contextmanager
@@ -44,3 +45,15 @@ def receiver(port: int = 0, delay_s: float = 0.0) -> Iterator[tuple[str, list[di
 
     with serving(Handler, port) as url:
         yield url + "/hook", got
+
+
+def alert_events(got: list[dict[str, Any]]) -> list[tuple[float, str, str]]:
+    """(when, status, alert name) of each delivery, timed by the sidecar (a firing's start, a
+    resolve's end), not by when the receiver got it: on two busy cores a delivery can come
+    seconds late."""
+
+    def at(body: dict[str, Any]) -> float:
+        stamp = body["ends_at"] if body["status"] == "resolved" else body["starts_at"]
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+    return [(at(g["body"]), g["body"]["status"], g["body"]["alertname"]) for g in got]
