@@ -711,3 +711,49 @@ class TestAnotherSidecarsState:
     def test_a_wrong_field_is_a_clear_error(self, bad: dict[str, object]) -> None:
         with pytest.raises(ValueError, match="EngineSignals"):
             engines_from_json(self._doc(**bad))
+
+
+@pytest.mark.integration
+def test_answers_that_come_late_by_turns_do_not_inflate_rates() -> None:
+    """A FAKE target (no real server counts at an exact rate on demand): its token counter
+    grows 400 a second, read when a request arrives, and every other answer leaves 1.5 s late,
+    as from a server (or a sidecar) starved of CPU. Stamped when each answer came, two scrapes'
+    counting fell into a moment and the rate shot up (5,402 tokens/s, 13x, was seen across a
+    vLLM restart in CI); stamped when each scrape began, as Prometheus does, it stays true."""
+    from http.server import BaseHTTPRequestHandler
+
+    from tests.http_server import serving
+
+    t0 = time.monotonic()
+    turn = [0]
+
+    class Late(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802
+            body = _body(gen=round(400 * (time.monotonic() - t0)), kv=0.2).encode()
+            turn[0] += 1
+            if self.path.startswith("/metrics") and turn[0] % 2:
+                time.sleep(1.5)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    rates: list[float] = []
+    with (
+        serving(Late) as target,
+        running_sidecar(
+            ["--target", target, "--db", "", "--interval", "0.5", "--short-window", "3"]
+        ) as side,  # fmt: skip
+    ):
+        deadline = time.monotonic() + 12
+        while time.monotonic() < deadline:
+            text = httpx.get(side + "/metrics", timeout=5).text
+            m = re.search(r"kvwatch_generation_tokens_per_second\{[^}]*\} (\S+)", text)
+            if m:
+                rates.append(float(m.group(1)))
+            time.sleep(0.2)
+    assert len(rates) >= 10, rates
+    assert max(rates) < 400 * 1.3 and min(rates) > 400 / 1.3, rates
