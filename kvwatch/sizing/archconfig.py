@@ -338,39 +338,43 @@ def _layer_kinds(
         return ["sliding" if i % 2 == 0 else "full" for i in range(n)]  # vLLM's gpt_oss.py
     types = text.get("layer_types")
     if not (isinstance(types, list) and types):
-        types = _transformers_layer_types(text, model_type, n, label)
+        types = _transformers_layer_types(text, model_type, n, label, notes)
     if types:
         _refused_mix(text, model_type, types, label)
         return [
             "sliding" if t == "sliding_attention" else "full"
             for t in _sized(types, n, "layer_types", label)
         ]
-    pattern = _opt_int(text, "sliding_window_pattern", label)
-    if pattern and model_type in ("gemma3_text", "gemma3", "cohere2", "gemma2"):
-        return ["sliding" if (i + 1) % pattern else "full" for i in range(n)]
-    if model_type in ("gemma2", "gemma3_text", "gemma3"):
-        # transformers' default pattern for Gemma: 2 (Gemma 2) or 6 (Gemma 3)
-        p = 2 if model_type == "gemma2" else 6
-        notes.append(
-            f"{label}: no layer_types or sliding_window_pattern; Gemma's default "
-            f"pattern of {p} applies"
-        )
-        return ["sliding" if (i + 1) % p else "full" for i in range(n)]
     return ["sliding"] * n  # a model-wide window: vLLM applies it to every layer
 
 
+# transformers' default `sliding_window_pattern` where config.json gives neither it nor
+# layer_types: every pattern-th layer is full (configuration_gemma2/gemma3/cohere2.py)
+_DEFAULT_PATTERN = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4}
+
+
 def _transformers_layer_types(
-    text: Mapping[str, Any], model_type: str, n: int, label: str
+    text: Mapping[str, Any], model_type: str, n: int, label: str, notes: list[str]
 ) -> list[str] | None:
-    """The layer types transformers derives when config.json has none, where vLLM follows
-    them rather than a model-wide window: Qwen2 and Qwen3 (vLLM's Qwen2Model) slide only from
+    """The layer types transformers derives when config.json has none, which vLLM follows
+    rather than a model-wide window. Qwen2 and Qwen3 (vLLM's Qwen2Model) slide only from
     `max_window_layers` on (28 by default), so with fewer layers than that nothing slides
-    (`_refused_mix` says which mixes vLLM refuses). Called with the window on
-    (`use_sliding_window`); None where transformers' list is not what vLLM uses."""
-    if model_type not in ("qwen2", "qwen3"):
-        return None  # Qwen2-MoE: vLLM applies the window to every layer
-    first = _max_window_layers(text, label)
-    return ["sliding_attention" if i >= first else "full_attention" for i in range(n)]
+    (`_refused_mix` says which mixes vLLM refuses); Gemma 2/3 and Cohere2 make every
+    pattern-th layer full. Called with the window on (`use_sliding_window`); None where
+    transformers' list is not what vLLM uses (Qwen2-MoE: vLLM slides every layer)."""
+    if model_type in ("qwen2", "qwen3"):
+        first = _max_window_layers(text, label)
+        return ["sliding_attention" if i >= first else "full_attention" for i in range(n)]
+    if model_type not in _DEFAULT_PATTERN:
+        return None
+    pattern = _opt_int(text, "sliding_window_pattern", label)
+    if not pattern:
+        pattern = _DEFAULT_PATTERN[model_type]
+        notes.append(
+            f"{label}: no layer_types or sliding_window_pattern; transformers' default "
+            f"pattern of {pattern} applies (every {pattern}th layer full)"
+        )
+    return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
 
 
 def _max_window_layers(text: Mapping[str, Any], label: str) -> int:
@@ -459,6 +463,8 @@ def _build_layer(kind: str, text: Mapping[str, Any], label: str, heads: int, hid
     window = None
     if kind == "sliding":
         window = _int(text, "sliding_window", label)
+        if text.get("model_type") == "cohere2" and window:
+            window += 1  # vLLM's commandr.py: a Cohere2 layer sees [pos - W, pos], W + 1 tokens
     elif kind == "chunked":
         window = _int(text, "attention_chunk_size", label)
     return AttentionLayer(kind, kv, head, head, window)  # type: ignore[arg-type]

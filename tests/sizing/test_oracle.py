@@ -99,6 +99,11 @@ CASES = [
     Case("gemma3-interleaved", "gemma3"),
     Case("gemma3-no-hybrid-manager", "gemma3", extra={"disable_hybrid_kv_cache_manager": True}),
     Case("gptoss-sliding-sinks-moe", "gptoss", kv_bytes=16 * MIB, max_num_batched_tokens=256),
+    # Cohere2 with neither layer_types nor sliding_window_pattern: transformers makes every
+    # 4th layer full, and vLLM's commandr.py widens the window by one token (W - 1 + T = 640
+    # blocks out at 128 only with the +1). kvwatch took every layer as sliding: 20 blocks,
+    # 3,413 tokens; without the +1, 3,150
+    Case("cohere2-default-pattern-window-plus-one", "cohere2", max_num_batched_tokens=577),
     Case("deepseek-v2-mla", "deepseekv2", extra={"block_size": 128}),
     # no --block-size: the reference CPU MLA forces 16, AMX_MLA takes the CPU default 128
     Case("deepseek-v2-mla-default-block", "deepseekv2"),
