@@ -249,10 +249,9 @@ def _workload_rows(spec: dict[str, Any]) -> list[tuple[str, str]]:
         else:
             text = fmt.format(v)
         rows.append((label, escape(text)))
-    if spec.get("endpoint"):
-        rows.append(
-            ("API", escape(f"/v1/{spec['endpoint']}".replace("/chat", "/chat/completions")))
-        )
+    api = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+    if spec.get("endpoint") in api:
+        rows.append(("API", api[spec["endpoint"]]))
     if spec.get("ignore_eos") is not None:
         rows.append(("stops at EOS", "no (ignore_eos)" if spec["ignore_eos"] else "yes"))
     if spec.get("seed") is not None:

@@ -170,7 +170,7 @@ class EndpointServer:
             writer.transport.abort()
             return
         try:
-            request = await self._read(reader, writer)
+            request = await self._read(reader)
             self._reading.pop(writer, None)
             if isinstance(request, Response):  # malformed: say why
                 response = request
@@ -178,19 +178,18 @@ class EndpointServer:
                 response = await self._loop.run_in_executor(self._pool, self._answer, request)
             writer.write(_wire(response))
             await asyncio.wait_for(writer.drain(), self._send_timeout_s)
-        except (ConnectionError, TimeoutError, asyncio.IncompleteReadError):
-            pass  # the client left, reset, or was too slow: nothing of ours broke
+        except (OSError, TimeoutError, asyncio.IncompleteReadError):
+            pass  # the client left, reset, was evicted or was too slow: nothing of ours broke
         finally:
             self._reading.pop(writer, None)
             self._open -= 1
             writer.close()
 
-    async def _read(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> Request | Response:
-        deadline = self._head_timeout_s
+    async def _read(self, reader: asyncio.StreamReader) -> Request | Response:
+        """The whole request (head, then body), or the answer to a malformed one. The
+        connection stays evictable until both have arrived."""
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), deadline)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self._head_timeout_s)
         except asyncio.LimitOverrunError:
             return Response(400, f"the request head is over {_HEAD_LIMIT} bytes\n".encode())
         try:
