@@ -151,7 +151,7 @@ def render_report(run_dir: Path) -> str:
         *_headline(run_dir, spec, summary, spans, verdict),
         *skipped,
         *_summary_section(summary.get("overall", {})),
-        *_workload_section(spec),
+        *_workload_section(spec, labels),
         *_over_time_section(tl, spans, marks, window),
         *_requests_section(records, marks, spans, window),
         *_preemptions_section(spec),
@@ -223,32 +223,22 @@ def _stage_labels(spec: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-_WORKLOAD_ROWS = (
-    ("dataset", "prompts from", "{}"),
-    ("input_len", "prompt tokens", "{}"),
-    ("output_len", "output tokens", "{}"),
-    ("token_exact", "lengths", None),
-    ("shared_prefix", "shared prefix", "{} tokens"),
-    ("prefix_groups", "prefix groups", "{}"),
-)
-
-
 def _workload_rows(spec: dict[str, Any]) -> list[tuple[str, str]]:
     """The workload as a table: what the prompts were, in words, not the file's JSON."""
     workload = spec.get("workload")
     w = workload if isinstance(workload, dict) else {}
-    rows = []
-    for key, label, fmt in _WORKLOAD_ROWS:
-        v = w.get(key)
-        if v is None or v == "" or (key == "prefix_groups" and not w.get("shared_prefix")):
-            continue
-        if key == "shared_prefix" and not v:
-            continue
-        if fmt is None:  # token_exact
-            text = "exact (token ids)" if v else "approximate (text, re-tokenized by the server)"
-        else:
-            text = fmt.format(v)
-        rows.append((label, escape(text)))
+    shown = [
+        ("prompts from", w.get("dataset")),
+        ("prompt tokens", w.get("input_len")),
+        ("output tokens", w.get("output_len")),
+    ]
+    if w.get("token_exact") is not None:
+        exact = "exact (token ids)" if w["token_exact"] else "approximate (text, re-tokenized)"
+        shown.append(("lengths", exact))
+    if w.get("shared_prefix"):  # groups only mean something with a shared prefix
+        shown += [("shared prefix", f"{w['shared_prefix']} tokens"),
+                  ("prefix groups", w.get("prefix_groups"))]  # fmt: skip
+    rows = [(label, escape(str(v))) for label, v in shown if v not in (None, "")]
     api = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
     if spec.get("endpoint") in api:
         rows.append(("API", api[spec["endpoint"]]))
@@ -259,8 +249,7 @@ def _workload_rows(spec: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-def _workload_section(spec: dict[str, Any]) -> list[str]:
-    labels = _stage_labels(spec)
+def _workload_section(spec: dict[str, Any], labels: dict[str, str]) -> list[str]:
     stages = "".join(
         f"<tr><td>{escape(labels.get(s.get('name') or '', s.get('name') or ''))}</td>"
         f"<td><code class='key'>{escape(s.get('name') or '')}</code></td>"

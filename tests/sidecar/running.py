@@ -10,13 +10,14 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from kvwatch.loadgen.local_server import free_port, stop_process, wait_until_ok
 from kvwatch.sidecar.metrics.exposition import Sample
 
-__all__ = ["running_sidecar", "kvwatch_samples", "Sidecar", "runs"]
+__all__ = ["running_sidecar", "kvwatch_samples", "Sidecar", "runs", "ran_out_at"]
 
 
 class Sidecar(str):
@@ -111,3 +112,14 @@ def runs(points: Sequence[tuple[float, str]], t0: float, gap_s: float = 1.0) -> 
     if start is not None and prev is not None:
         out.append(f"{start - t0:.1f}-{prev - t0:.1f} {label}")
     return " | ".join(out)
+
+
+def ran_out_at(rows: Sequence[dict[str, Any]], before: float) -> float | None:
+    """The first server row (loadgen's summarize_engines: t, kv_usage, preemptions_total) with
+    the cache out of blocks: usage at 100% or the preemption counter risen past `before` (it
+    rises when the victim runs again, so it lags). bench/bench_forecast.py's truth."""
+    return next(
+        (r["t"] for r in rows
+         if (r["kv_usage"] or 0) >= 1.0 or (r["preemptions_total"] or 0) > before),
+        None,
+    )  # fmt: skip

@@ -39,7 +39,7 @@ from kvwatch.sidecar.store.database import connect
 from kvwatch.sidecar.store.outbox import DeliveryStats, Outbox
 from tests.receiver import receiver
 from tests.sidecar.fakes import raw_http_server
-from tests.sidecar.running import running_sidecar
+from tests.sidecar.running import kvwatch_samples, running_sidecar
 
 E = 'engine="0",model_name="m"'
 
@@ -624,12 +624,8 @@ def test_a_flood_of_held_connections_neither_costs_a_thread_each_nor_starves_a_s
         assert codes[0] == 200 and codes[1] in (200, 503) and codes[2] == 200
         r = httpx.get(side + "/metrics", timeout=5)
         assert r.status_code == 200 and "kvwatch_target_up" in r.text
-        (shed,) = (
-            float(line.split()[1])
-            for line in r.text.splitlines()
-            if line.startswith("kvwatch_http_connections_shed_total")
-        )
-        assert shed >= 1000 - 512  # the oldest still sending were evicted
+        (shed,) = kvwatch_samples(side)["kvwatch_http_connections_shed_total"]
+        assert shed.value >= 1000 - 512  # the oldest still sending were evicted
 
 
 def test_kvwatch_logs_keeps_engines_apart() -> None:
@@ -750,10 +746,10 @@ def test_answers_that_come_late_by_turns_do_not_inflate_rates() -> None:
     ):
         deadline = time.monotonic() + 12
         while time.monotonic() < deadline:
-            text = httpx.get(side + "/metrics", timeout=5).text
-            m = re.search(r"kvwatch_generation_tokens_per_second\{[^}]*\} (\S+)", text)
-            if m:
-                rates.append(float(m.group(1)))
+            rates += [
+                x.value
+                for x in kvwatch_samples(side).get("kvwatch_generation_tokens_per_second", [])
+            ]
             time.sleep(0.2)
     assert len(rates) >= 10, rates
     assert max(rates) < 400 * 1.3 and min(rates) > 400 / 1.3, rates

@@ -33,7 +33,7 @@ from kvwatch.loadgen.local_server import LocalVLLM, stop_process
 from kvwatch.loadgen.server_metrics import TimelineRecorder
 from tests.burst import rate_for_in_flight
 from tests.receiver import alert_events, receiver
-from tests.sidecar.running import running_sidecar, runs
+from tests.sidecar.running import ran_out_at, running_sidecar, runs
 
 pytestmark = pytest.mark.integration
 
@@ -110,16 +110,6 @@ class _Forecasts:
         )
 
 
-def _full_at(rows: list[dict], before: float) -> float | None:
-    """The first sample of vLLM's own /metrics with the cache out of blocks: usage at 100% or
-    the preemption counter risen (it rises when the victim runs again, so it lags)."""
-    return next(
-        (r["t"] for r in rows
-         if (r["kv_usage"] or 0) >= 1.0 or (r["preemptions_total"] or 0) > before),
-        None,
-    )  # fmt: skip
-
-
 @contextmanager
 def _watched(
     base: str, interval_s: float
@@ -170,7 +160,7 @@ def _steady_run(base: str, run_dir: Path, seed: int) -> _SteadyRun:
         events=alert_events(got),
         started=t0,
         peak=max((r["kv_usage"] or 0.0) for r in rows),
-        full_at=_full_at(rows, before),
+        full_at=ran_out_at(rows, before),
         summary=f"{steady} (2 requests at once took {took:.1f} s); {seen.summary(t0)}",
         forecasts_within=len([fc for _, _, fc, _ in seen.rows if fc is not None and fc <= 30]),
     )

@@ -12,7 +12,6 @@ then page the run-out, and resolve the warning no later than the page.
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,9 +22,12 @@ from typing import Any
 
 import pytest
 
+from kvwatch.loadgen.server_metrics import summarize_engines
+from kvwatch.sidecar.metrics.exposition import parse_exposition
+from kvwatch.sidecar.metrics.observe import observe
 from tests.http_server import serving
 from tests.receiver import alert_events, receiver
-from tests.sidecar.running import running_sidecar
+from tests.sidecar.running import ran_out_at, running_sidecar
 
 pytestmark = pytest.mark.integration
 
@@ -35,22 +37,6 @@ RECORDING = Path(__file__).resolve().parents[2] / "bench/results/forecast/niced-
 MIN_LEAD_S = 12.0
 IMMINENT = "KvwatchKvExhaustionImminent"
 PAGES = ("KvwatchKvCacheSaturated", "KvwatchThrashing")
-
-
-def _sample(body: str, name: str) -> float:
-    m = re.search(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", body, re.M)
-    assert m, name
-    return float(m.group(1))
-
-
-def _full_at(rows: list[dict[str, Any]]) -> float:
-    """When the recorded cache ran out: KV usage at 100% or the preemption counter risen."""
-    before = _sample(rows[0]["body"], "vllm:num_preemptions_total")
-    return next(
-        r["t"] for r in rows
-        if _sample(r["body"], "vllm:kv_cache_usage_perc") >= 1.0
-        or _sample(r["body"], "vllm:num_preemptions_total") > before
-    )  # fmt: skip
 
 
 @contextmanager
@@ -89,7 +75,12 @@ def _replayed(rows: list[dict[str, Any]]) -> Iterator[tuple[str, Callable[[], No
 
 def test_a_recorded_ramp_is_warned_about_before_its_cache_runs_out() -> None:
     rows = [json.loads(line) for line in RECORDING.read_text().splitlines()]
-    full_at = _full_at(rows)
+    # read as the sidecar reads them; the run-out as bench/bench_forecast.py judges it
+    server = [
+        {"t": r["t"], **summarize_engines(observe(parse_exposition(r["body"])))} for r in rows
+    ]
+    full_at = ran_out_at(server, server[0]["preemptions_total"] or 0.0)
+    assert full_at is not None, "the recording never ran out"
     with receiver() as (hook, got), _replayed(rows) as (base, begin):
         args = ["--target", base, "--interval", "0.5", "--webhook", hook]
         with running_sidecar(args):
