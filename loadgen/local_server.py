@@ -66,9 +66,10 @@ class ServerConfig:
     """What the server is started with. `extra_args` go to vLLM verbatim (e.g. --max-num-seqs)."""
 
     model: Path
-    kv_cache_memory_bytes: int = DEFAULT_KV_CACHE_BYTES
-    block_size: int = DEFAULT_BLOCK_SIZE
-    max_model_len: int = 1024
+    # None leaves the setting to vLLM (the twin sizes like a GPU from --gpu-memory-utilization)
+    kv_cache_memory_bytes: int | None = DEFAULT_KV_CACHE_BYTES
+    block_size: int | None = DEFAULT_BLOCK_SIZE
+    max_model_len: int | None = 1024
     host: str = "127.0.0.1"
     port: int | None = None
     served_model_name: str | None = None
@@ -82,6 +83,8 @@ class ServerConfig:
     env: dict[str, str] = field(default_factory=dict)
     # the Python that has vLLM (another release's venv, say); None: this one
     python: str | None = None
+    # a model directory with no weights (the twin builds the model on the meta device)
+    weightless: bool = False
 
     def command(self, port: int) -> list[str]:
         cmd = [
@@ -90,11 +93,15 @@ class ServerConfig:
             "--host", self.host,
             "--port", str(port),
             "--dtype", "bfloat16",
-            "--max-model-len", str(self.max_model_len),
-            "--block-size", str(self.block_size),
-            "--kv-cache-memory-bytes", str(self.kv_cache_memory_bytes),
             "-O0",
         ]  # fmt: skip
+        for flag, value in (
+            ("--max-model-len", self.max_model_len),
+            ("--block-size", self.block_size),
+            ("--kv-cache-memory-bytes", self.kv_cache_memory_bytes),
+        ):
+            if value is not None:
+                cmd += [flag, str(value)]
         if self.served_model_name:
             cmd += ["--served-model-name", self.served_model_name]
         cmd += list(self.extra_args)
@@ -128,13 +135,13 @@ def set_autogroup_nice(pid: int, nice: int) -> bool:
     return True
 
 
-def _check_model_dir(model: Path) -> None:
+def _check_model_dir(model: Path, weightless: bool = False) -> None:
     if not model.is_dir():
         raise ServerStartError(f"model directory {model} does not exist")
     missing = [n for n in ("config.json", "tokenizer.json") if not (model / n).is_file()]
     if missing:
         raise ServerStartError(f"model directory {model} lacks {', '.join(missing)}")
-    if not any(model.glob("*.safetensors")):
+    if not weightless and not any(model.glob("*.safetensors")):
         raise ServerStartError(f"model directory {model} has no *.safetensors weights")
 
 
@@ -179,7 +186,7 @@ class LocalVLLM:
         return self.proc.pid if self.proc else None
 
     def start(self) -> LocalVLLM:
-        _check_model_dir(self.config.model)
+        _check_model_dir(self.config.model, self.config.weightless)
         port = self.config.port or free_port(self.config.host)
         if not port_is_free(port, self.config.host):
             raise ServerStartError(f"port {port} on {self.config.host} is already in use")

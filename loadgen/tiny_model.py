@@ -24,6 +24,7 @@ __all__ = [
     "default_cache_dir",
     "build_tiny_model",
     "model_dir_for",
+    "build_tokenizer",
 ]
 
 # Bump when the build changes what it writes, so old caches are not reused.
@@ -141,6 +142,15 @@ def _build_tokenizer(spec: TinyModelSpec, out: Path) -> None:
     )
     fast.chat_template = _CHAT_TEMPLATE
     fast.save_pretrained(str(out))
+
+
+def build_tokenizer(out: Path, spec: TinyModelSpec = DEFAULT_SPEC) -> int:
+    """Write the tiny model's tokenizer into `out` (for a model served without weights, as the
+    twin serves); returns its vocabulary size."""
+    from transformers import PreTrainedTokenizerFast
+
+    _build_tokenizer(spec, out)
+    return len(PreTrainedTokenizerFast.from_pretrained(str(out)))
 
 
 def _build_weights(spec: TinyModelSpec, out: Path, vocab_size: int) -> None:

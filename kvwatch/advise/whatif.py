@@ -2,8 +2,8 @@
 
 The plan is vLLM's own arithmetic (`kvplan`, checked against vLLM in tests/sizing): with
 `--kv-cache-memory-bytes` it is exact; from `--gpu-memory-utilization` the budget is the GPU's
-memory share less the weights per GPU, which leaves out vLLM's profiled activation peak and
-CUDA graphs (it says so). A load (`--concurrency`, `--prompt-len`, `--output-len`) adds the
+memory share less the weights and an estimated activation peak per GPU (`sizing/budget.py`,
+which the twin shares), which leaves out CUDA graphs (it says so). A load (`--concurrency`, `--prompt-len`, `--output-len`) adds the
 sizing advice and what one preemption costs on that model.
 """
 
@@ -16,6 +16,7 @@ from typing import Any
 
 from kvwatch.sizing.advice import Observed, byte_size
 from kvwatch.sizing.archconfig import Architecture
+from kvwatch.sizing.budget import default_max_num_seqs, utilization_budget
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvmath import Gpu, VictimCosts, lookup_gpu, resolve_model, victim_costs
 from kvwatch.sizing.kvplan import PLATFORMS, KvPlan, Serving, capacity_line, plan
@@ -98,24 +99,16 @@ def what_if(ns: argparse.Namespace) -> WhatIfAnswer:
             raise SizingError("--kv-cache-memory-bytes must be positive")
         budget, how = int(ns.kv_cache_memory_bytes), "--kv-cache-memory-bytes (exact)"
     else:
-        util = ns.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
-        if not 0 < util <= 1:
-            raise SizingError("--gpu-memory-utilization must be in (0, 1]")
-        if gpu.memory_bytes is None:
-            raise SizingError(
-                "--gpu cpu: vLLM's CPU backend is sized by --kv-cache-memory-bytes; give it"
-            )
-        budget = int(gpu.memory_bytes * util - weights)
-        how = (
-            f"{util:g} x {gpu.memory_bytes / 1e9:.0f} GB - {weights / 1e9:.1f} GB of weights "
-            "per GPU; vLLM also subtracts its profiled activation peak and CUDA graphs, so a "
-            "little less in practice"
+        b = utilization_budget(
+            model,
+            gpu,
+            ns.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION,
+            ns.tp,
+            ns.pp,
+            serving.max_num_batched_tokens or gpu.batched_tokens,
+            default_max_num_seqs(gpu),
         )
-        if budget <= 0:
-            raise SizingError(
-                f"{model.name} weights ({weights / 1e9:.0f} GB per GPU) do not fit in "
-                f"{util:g} x {gpu.memory_bytes / 1e9:.0f} GB; raise --tp or --pp"
-            )
+        budget, how = b.kv_bytes, b.how
     p = plan(model, serving, PLATFORMS[gpu.platform], budget)
     load = (ns.concurrency, ns.prompt_len, ns.output_len)
     obs = costs = None

@@ -105,6 +105,9 @@ class Architecture:
     weight_bytes_per_param: float = 2.0  # after quantization (fp8 checkpoints: 1)
     max_position_embeddings: int | None = None  # vLLM's default max_model_len
     notes: tuple[str, ...] = field(default_factory=tuple)
+    moe_routed_share: float = 0.0  # MoE: experts per token over routed experts (k/E); 0: dense
+    mlp_width: int = 0  # the widest MLP a token passes (dense, or its experts side by side)
+    vocab_size: int = 0
 
     @property
     def uses_mla(self) -> bool:
@@ -272,6 +275,9 @@ def architecture_from_config(cfg: dict[str, Any], name: str = "model") -> Archit
         weight_bytes_per_param=wbytes,
         max_position_embeddings=_opt_int(text, "max_position_embeddings", label),
         notes=tuple(notes),
+        moe_routed_share=_routed_share(text),
+        mlp_width=_mlp_width(text),
+        vocab_size=int(text.get("vocab_size") or 0),
     )
 
 
@@ -470,19 +476,36 @@ def _build_layer(kind: str, text: Mapping[str, Any], label: str, heads: int, hid
     return AttentionLayer(kind, kv, head, head, window)  # type: ignore[arg-type]
 
 
-def _params(text: Mapping[str, Any], layers: tuple[Layer, ...], label: str) -> tuple[float, float]:
-    """Total and active parameters, from the shapes (SwiGLU MLPs, untied unless said)."""
-    hidden = int(text["hidden_size"])
-    heads = int(text["num_attention_heads"])
-    vocab = int(text.get("vocab_size") or 32000)
-    inter = int(text.get("intermediate_size") or 4 * hidden)
+def _experts(text: Mapping[str, Any]) -> tuple[int, int]:
+    """(routed experts, experts per token); (0, 0) for a dense model."""
     experts = int(
         text.get("num_local_experts")
         or text.get("n_routed_experts")
         or text.get("num_experts")
         or 0
     )
-    per_tok = int(text.get("num_experts_per_tok") or text.get("experts_per_token") or 0)
+    return experts, int(text.get("num_experts_per_tok") or text.get("experts_per_token") or 0)
+
+
+def _mlp_width(text: Mapping[str, Any]) -> int:
+    dense = int(text.get("intermediate_size_mlp") or text.get("intermediate_size") or 0)
+    experts, per_tok = _experts(text)
+    routed = per_tok * int(text.get("moe_intermediate_size") or 0) if experts else 0
+    return max(dense, routed)
+
+
+def _routed_share(text: Mapping[str, Any]) -> float:
+    experts, per_tok = _experts(text)
+    return min(1.0, per_tok / experts) if experts and per_tok else 0.0
+
+
+def _params(text: Mapping[str, Any], layers: tuple[Layer, ...], label: str) -> tuple[float, float]:
+    """Total and active parameters, from the shapes (SwiGLU MLPs, untied unless said)."""
+    hidden = int(text["hidden_size"])
+    heads = int(text["num_attention_heads"])
+    vocab = int(text.get("vocab_size") or 32000)
+    inter = int(text.get("intermediate_size") or 4 * hidden)
+    experts, per_tok = _experts(text)
     moe_inter = int(text.get("moe_intermediate_size") or inter)
     shared = int(text.get("n_shared_experts") or 0) * moe_inter + int(
         text.get("shared_expert_intermediate_size") or 0
