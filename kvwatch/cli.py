@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "kvwatch.dashboards.cli",
     "kvwatch.sidecar.cli",
     "kvwatch.loadgen.cli",
+    "kvwatch.twin.command",
 )
 
 

@@ -91,17 +91,20 @@ class TwinWorker(WorkerBase):
     # -- set-up -----------------------------------------------------------------------------
 
     def init_device(self) -> None:
+        from vllm.config import set_current_vllm_config
         from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
 
         self.device = torch.device("cpu")
-        init_distributed_environment(
-            world_size=1,
-            rank=0,
-            distributed_init_method=self.distributed_init_method,
-            local_rank=0,
-            backend="gloo",
-        )
-        ensure_model_parallel_initialized(1, 1)
+        # under the config, as vLLM's workers do: MoE models get their expert-parallel group
+        with set_current_vllm_config(self.vllm_config):
+            init_distributed_environment(
+                world_size=1,
+                rank=0,
+                distributed_init_method=self.distributed_init_method,
+                local_rank=0,
+                backend="gloo",
+            )
+            ensure_model_parallel_initialized(1, 1)
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         from vllm.model_executor.model_loader.utils import initialize_model

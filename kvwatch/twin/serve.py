@@ -1,0 +1,166 @@
+"""`kvwatch twin`'s work: build the model directory, start vLLM with the twin, say what it is."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvwatch.common.command import EXIT_UNREACHABLE, CliError
+from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig, ServerStartError
+from kvwatch.sizing.errors import SizingError
+from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
+from kvwatch.twin.modeldir import EOS_ID, twin_model_dir
+from kvwatch.twin.settings import ENV_VAR, SettingsError, TwinSettings
+from kvwatch.twin.steptime import StepConstants, StepError
+
+__all__ = ["run_twin", "TwinServer", "start_twin", "time_scale_for", "SUSTAINED_TOKENS_PER_S"]
+
+# What this class of machine's API server streams before it falls behind (measured on the
+# 2-core development machine: saturated near 10,000 tokens/s; docs/twin.md): a load expecting
+# more gets a time scale that brings it back under this.
+SUSTAINED_TOKENS_PER_S = 8000.0
+_CAPACITY = re.compile(r"\w+ KV cache size: [\d,]+ tokens.*")
+
+
+def time_scale_for(expected_tokens_per_s: float | None, sustained: float = SUSTAINED_TOKENS_PER_S) -> float:
+    """The smallest whole time scale that keeps the wall token rate within what is sustained."""
+    if not expected_tokens_per_s or expected_tokens_per_s <= sustained:
+        return 1.0
+    return float(math.ceil(expected_tokens_per_s / sustained))
+
+
+@dataclass
+class TwinServer:
+    server: LocalVLLM
+    settings: TwinSettings
+    changes: tuple[str, ...]
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    def capacity_line(self) -> str | None:
+        try:
+            text = self.server.log_path.read_text(errors="replace")
+        except OSError:
+            return None
+        found = _CAPACITY.search(text)
+        return found.group(0) if found else None
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def start_twin(
+    model: str,
+    gpu: str,
+    log_path: Path,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    time_scale: float = 1.0,
+    eos_probability: float = 0.0,
+    seed: int = 0,
+    step: dict[str, float] | None = None,
+    kv_cache_dtype: str = "auto",
+    vllm_args: tuple[str, ...] = (),
+    port: int | None = None,
+    status_dir: Path | None = None,
+    start_timeout_s: float = 300.0,
+    stats_interval_s: float = 1.0,
+) -> TwinServer:
+    """Start vLLM with the twin; raises SizingError/SettingsError/StepError for bad settings and
+    ServerStartError when vLLM does not come up (its log's tail in the message)."""
+    card = lookup_gpu(gpu)
+    if card.memory_bytes is None:
+        raise SizingError(f"--gpu {gpu}: the twin simulates GPUs; serve-local runs vLLM on the CPU")
+    arch = resolve_model(model)
+    StepConstants.with_overrides(step or {})
+    served = twin_model_dir(model)
+    status = (status_dir or Path(tempfile.mkdtemp(prefix="kvwatch-twin-"))) / "card.json"
+    settings = TwinSettings(
+        model=model if not Path(model).exists() else str(Path(model).resolve()),
+        gpu=card.name,
+        tp=tp,
+        pp=pp,
+        time_scale=time_scale,
+        eos_probability=eos_probability,
+        sample_vocab=served.vocab,
+        eos_token_id=EOS_ID,
+        seed=seed,
+        status_path=str(status),
+        step=dict(step or {}),
+    )
+    config = ServerConfig(
+        model=served.path,
+        kv_cache_memory_bytes=None,
+        block_size=None,
+        max_model_len=None,
+        port=port,
+        served_model_name=arch.name,
+        stats_interval_s=stats_interval_s,
+        extra_args=("--kv-cache-dtype", kv_cache_dtype, *vllm_args),
+        env={ENV_VAR: settings.to_env()},
+        weightless=True,
+    )
+    server = LocalVLLM(config, log_path=log_path, start_timeout_s=start_timeout_s)
+    server.start()
+    return TwinServer(server, settings, served.changes)
+
+
+def run_twin(ns: argparse.Namespace) -> int:
+    extra = tuple(a for a in ns.vllm_args if a != "--") if ns.vllm_args else ()
+    scale = ns.time_scale if ns.time_scale is not None else time_scale_for(ns.expect_tokens_per_s)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    log = ns.log.resolve()
+    print(f"starting vLLM with the kvwatch twin (log: {log}) ...", file=sys.stderr)
+    try:
+        twin = start_twin(
+            ns.model,
+            ns.gpu,
+            log,
+            tp=ns.tp,
+            pp=ns.pp,
+            time_scale=scale,
+            eos_probability=ns.eos_probability,
+            seed=ns.seed,
+            step=dict(ns.step),
+            kv_cache_dtype=ns.kv_cache_dtype,
+            vllm_args=extra,
+            port=ns.port,
+            start_timeout_s=ns.start_timeout,
+        )
+    except (SizingError, SettingsError, StepError) as e:
+        raise CliError(str(e)) from None
+    except ServerStartError as e:
+        raise CliError(str(e), EXIT_UNREACHABLE) from None
+    try:
+        s = twin.settings
+        print(f"base_url={twin.base_url}")
+        print(f"log={log}")
+        print(f"pid={twin.server.pid}")
+        print(f"twin={s.model} on {s.gpu} TP{s.tp} PP{s.pp} (simulated; vLLM's own engine)")
+        print(f"time_scale={s.time_scale:g}")
+        for c in twin.changes:
+            print(f"note=the model is {c}")
+        print(f"capacity={twin.capacity_line() or '(not in the log)'}", flush=True)
+        while True:
+            time.sleep(0.5)
+            proc = twin.server.proc
+            if proc is not None and proc.poll() is not None:
+                raise CliError(
+                    f"vLLM exited with code {proc.returncode}; see {log}", EXIT_UNREACHABLE
+                )
+    except KeyboardInterrupt:
+        pass
+    finally:
+        print("stopping vLLM ...", file=sys.stderr)
+        twin.stop()
+    return 0
