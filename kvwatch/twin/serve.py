@@ -75,6 +75,7 @@ def start_twin(
     status_dir: Path | None = None,
     start_timeout_s: float = 300.0,
     stats_interval_s: float = 1.0,
+    status_interval_s: float = 5.0,
 ) -> TwinServer:
     """Start vLLM with the twin; raises SizingError/SettingsError/StepError for bad settings and
     ServerStartError when vLLM does not come up (its log's tail in the message)."""
@@ -96,6 +97,7 @@ def start_twin(
         eos_token_id=EOS_ID,
         seed=seed,
         status_path=str(status),
+        status_interval_s=status_interval_s,
         step=dict(step or {}),
     )
     config = ServerConfig(

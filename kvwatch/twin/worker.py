@@ -69,6 +69,9 @@ class TwinWorker(WorkerBase):
         self.settings = settings()
         self.model: torch.nn.Module | None = None
         self._prompt_len: dict[str, int] = {}
+        self._admitted: dict[str, int] = {}  # request -> its admission number, for the victims
+        self._out: set[str] = set()  # preempted, not resumed yet
+        self._admissions = 0
         self._previous: set[str] = set()
         self._pending: tuple[ModelRunnerOutput, float] | None = None
         self._rng = np.random.default_rng(self.settings.seed)
@@ -189,6 +192,10 @@ class TwinWorker(WorkerBase):
         so = scheduler_output
         for rid in so.finished_req_ids:
             self._prompt_len.pop(rid, None)
+            self._admitted.pop(rid, None)
+            self._out.discard(rid)
+        if so.preempted_req_ids:
+            self._log_preemptions(so.preempted_req_ids)
         if so.total_num_scheduled_tokens == 0:
             return EMPTY_MODEL_RUNNER_OUTPUT
         batch: list[ScheduledRequest] = []
@@ -197,6 +204,8 @@ class TwinWorker(WorkerBase):
         for new in so.scheduled_new_reqs:
             prompt = len(new.prompt_token_ids or ()) or int(new.prompt_embeds.shape[0])
             self._prompt_len[new.req_id] = prompt
+            self._admitted[new.req_id] = self._admissions
+            self._admissions += 1
             n = so.num_scheduled_tokens[new.req_id]
             done = new.num_computed_tokens + n
             req_ids.append(new.req_id)
@@ -205,6 +214,16 @@ class TwinWorker(WorkerBase):
         cached = so.scheduled_cached_reqs
         for i, rid in enumerate(cached.req_ids):
             n = so.num_scheduled_tokens[rid]
+            if rid in cached.resumed_req_ids:
+                self._out.discard(rid)
+                logger.info(
+                    "kvwatch twin: resumed %s: %d tokens recomputed in this step, %d found in "
+                    "the prefix cache, of its %d",
+                    rid,
+                    n,
+                    cached.num_computed_tokens[i],
+                    self._prompt_len[rid] + cached.num_output_tokens[i],
+                )
             done = cached.num_computed_tokens[i] + n
             req_ids.append(rid)
             batch.append(ScheduledRequest(n, done))
@@ -226,6 +245,21 @@ class TwinWorker(WorkerBase):
             ready = self._card.submit(self._steps.seconds(batch), time.monotonic(), continuing)
         self._pending = (output, ready)
         return None
+
+    def _log_preemptions(self, victims: set[str]) -> None:
+        """vLLM 0.32 logs no line per preemption (docs/log-formats.md); the twin sees each one
+        and says which request went, against the newest running one (FCFS takes the newest)."""
+        running = (n for r, n in self._admitted.items() if r not in self._out or r in victims)
+        newest = max(running, default=-1)
+        self._out |= victims
+        for rid in sorted(victims, key=lambda r: -self._admitted.get(r, -1)):
+            logger.info(
+                "kvwatch twin: preempted %s (admitted #%d; the newest running request was "
+                "admitted #%d)",
+                rid,
+                self._admitted.get(rid, -1),
+                newest,
+            )
 
     def sample_tokens(self, grammar_output: Any) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         assert self._pending is not None, "sample_tokens without a step"
