@@ -38,8 +38,10 @@ def main() -> None:
             log,
             time_scale=ns.time_scale,
             vllm_args=(
-                "--max-model-len", "4096",
-                "--kv-cache-memory-bytes", str(ns.blocks * 16 * 131072),
+                "--max-model-len",
+                "4096",
+                "--kv-cache-memory-bytes",
+                str(ns.blocks * 16 * 131072),
             ),  # fmt: skip
             status_dir=Path(tmp),
             status_interval_s=0.25,

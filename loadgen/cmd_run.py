@@ -23,7 +23,14 @@ from kvwatch.loadgen.schedule import Stage, StageSpecError, parse_stage, sweep_s
 from kvwatch.loadgen.server_metrics import sidecar_incidents
 from kvwatch.loadgen.workload import DatasetError, WorkloadSpec, tokenize_corpus
 
-__all__ = ["run_command", "build_stages", "prepare_run", "send_stages"]
+__all__ = [
+    "run_command",
+    "build_stages",
+    "prepare_run",
+    "send_stages",
+    "announce_time_scale",
+    "in_wall_time",
+]
 
 
 def _single_pattern(ns: argparse.Namespace) -> Pattern | None:
@@ -95,8 +102,11 @@ async def _workload(ns: argparse.Namespace, client: httpx.AsyncClient, model: st
     return spec
 
 
-async def prepare_run(ns: argparse.Namespace, headers: dict[str, str]) -> tuple[str, WorkloadSpec]:
-    """The served model and the workload, checked before any load is sent."""
+async def prepare_run(
+    ns: argparse.Namespace, headers: dict[str, str]
+) -> tuple[str, WorkloadSpec, float | None]:
+    """The served model, the workload, checked before any load is sent, and the target's time
+    scale if it is a kvwatch twin (None: a real server, whose time is wall time)."""
     async with httpx.AsyncClient(timeout=10, headers=headers) as client:
         try:
             model = ns.model or await served_model(client, ns.url)
@@ -106,7 +116,39 @@ async def prepare_run(ns: argparse.Namespace, headers: dict[str, str]) -> tuple[
             workload = await _workload(ns, client, model)
         except DatasetError as e:
             raise CliError(str(e)) from None
-        return model, workload
+        return model, workload, await _time_scale(client, ns.url)
+
+
+async def _time_scale(client: httpx.AsyncClient, url: str) -> float | None:
+    from kvwatch.sidecar.metrics.twin import read_time_scale
+
+    try:
+        r = await client.get(url.rstrip("/") + "/metrics")
+    except httpx.HTTPError:
+        return None
+    return read_time_scale(r.text) if r.status_code == 200 else None
+
+
+def announce_time_scale(time_scale: float | None) -> None:
+    if time_scale is not None and time_scale != 1.0:
+        print(
+            f"the target is a kvwatch twin at time scale {time_scale:g}: every latency it shows "
+            f"is {time_scale:g}x the simulated card's; the stall rule and SLOs are judged in "
+            "wall time (x the scale), and the records and summary are wall seconds",
+            file=sys.stderr,
+        )
+
+
+def in_wall_time(
+    stall: StallRule, slo: dict[str, float], time_scale: float | None
+) -> tuple[StallRule, dict[str, float]]:
+    """A twin at time scale K stretches every duration K times: the stall floor and the SLO
+    limits, given in the card's seconds, become wall seconds, so judging the wall-clock records
+    against them is judging the card (without this, K = 4 reported false stalls)."""
+    k = time_scale or 1.0
+    if k == 1.0:
+        return stall, slo
+    return StallRule(stall.factor, stall.min_s * k), {m: v * k for m, v in slo.items()}
 
 
 def send_stages(
@@ -183,7 +225,8 @@ def _run_into(
         async with httpx.AsyncClient(timeout=10) as client:
             return await sidecar_incidents(client, ns.sidecar)
 
-    model, workload = run_loop(prepare_run(ns, headers))
+    model, workload, time_scale = run_loop(prepare_run(ns, headers))
+    announce_time_scale(time_scale)
     opts = RunOptions(
         ns.url,
         model,
@@ -195,17 +238,19 @@ def _run_into(
         request_timeout_s=ns.request_timeout,
         events_url=ns.sidecar,
     )
-    stall = StallRule(ns.stall_factor, ns.stall_min)
+    stall, slo = in_wall_time(StallRule(ns.stall_factor, ns.stall_min), slo, time_scale)
     send = lambda: send_stages(ns, stages, opts, workload, stall, progress)  # noqa: E731
     m = measure(ns.url, headers, ns.sidecar, send)
     summary = summarize_records(m.records, slo)
+    if time_scale is not None:
+        summary["time_scale"] = time_scale
     if (delta := m.server_delta()) is not None:
         summary["server"] = delta
     if ns.sidecar:
         summary["sidecar"] = run_loop(sidecar_end())
     spec = run_spec(
         ns.url, model, ns.chat, ns.seed, slo, ns.workers, stages, workload,
-        not ns.no_ignore_eos, stall, m,
+        not ns.no_ignore_eos, stall, m, time_scale,
     )  # fmt: skip
     write_run(run_dir, spec, m.records, m.events, summary, m.timeline)
     if ns.json:

@@ -19,7 +19,7 @@ import httpx
 
 from kvwatch.common.command import EXIT_FOUND, CliError
 from kvwatch.loadgen.arrivals import Concurrency, Poisson
-from kvwatch.loadgen.cmd_run import prepare_run, send_stages
+from kvwatch.loadgen.cmd_run import announce_time_scale, in_wall_time, prepare_run, send_stages
 from kvwatch.loadgen.measure import Measured, measure, run_spec
 from kvwatch.loadgen.records import StallRule
 from kvwatch.loadgen.rundir import discard_if_empty, prepare_run_dir, write_run
@@ -129,7 +129,9 @@ def _search_into(
 ) -> int:
     """The search's probes, each written under `run_dir` (made and probed already)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    model, workload = run_loop(prepare_run(ns, headers))
+    model, workload, time_scale = run_loop(prepare_run(ns, headers))
+    announce_time_scale(time_scale)
+    stall, slo = in_wall_time(_STALL, slo, time_scale)
 
     async def sidecar_count() -> float | None:
         if not ns.sidecar:
@@ -158,15 +160,17 @@ def _search_into(
         progress = Progress()
         m = measure(
             ns.url, headers, ns.sidecar,
-            lambda: send_stages(ns, [stage], opts, wl, _STALL, progress),  # noqa: B023
+            lambda: send_stages(ns, [stage], opts, wl, stall, progress),  # noqa: B023
         )  # fmt: skip
         side_after = run_loop(sidecar_count())
         summary = summarize_records(m.records, slo)
+        if time_scale is not None:
+            summary["time_scale"] = time_scale
         if (delta := m.server_delta()) is not None:
             summary["server"] = delta
         spec = run_spec(
             ns.url, model, ns.chat, seed, slo, ns.workers, [stage], wl,
-            not ns.no_ignore_eos, _STALL, m,
+            not ns.no_ignore_eos, stall, m, time_scale,
         )  # fmt: skip
         write_run(run_dir / "probes" / name, spec, m.records, m.events, summary, m.timeline)
         o = summary["overall"]

@@ -110,8 +110,11 @@ def run_spec(
     ignore_eos: bool,
     stall: StallRule,
     measured: Measured,
+    time_scale: float | None = None,
 ) -> dict[str, Any]:
-    """The run directory's spec.json: what was sent to what, and the server before and after."""
+    """The run directory's spec.json: what was sent to what, and the server before and after.
+    `time_scale`: the target is a kvwatch twin stretching its card's time this many times; the
+    records are wall seconds, and the stall rule and SLOs here are already in wall time."""
     return {
         "target": target,
         "model": model,
@@ -136,4 +139,5 @@ def run_spec(
         "stall_rule": {"factor": stall.factor, "min_s": stall.min_s},
         "server_before": measured.server_before,
         "server_after": measured.server_after,
+        "time_scale": time_scale,
     }

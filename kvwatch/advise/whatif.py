@@ -3,8 +3,8 @@
 The plan is vLLM's own arithmetic (`kvplan`, checked against vLLM in tests/sizing): with
 `--kv-cache-memory-bytes` it is exact; from `--gpu-memory-utilization` the budget is the GPU's
 memory share less the weights and an estimated activation peak per GPU (`sizing/budget.py`,
-which the twin shares), which leaves out CUDA graphs (it says so). A load (`--concurrency`, `--prompt-len`, `--output-len`) adds the
-sizing advice and what one preemption costs on that model.
+which the twin shares), which leaves out CUDA graphs (it says so). A load (`--concurrency`,
+`--prompt-len`, `--output-len`) adds the sizing advice and what one preemption costs on that model.
 """
 
 from __future__ import annotations

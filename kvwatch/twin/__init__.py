@@ -7,3 +7,7 @@ card would have finished (`steptime.py`, `card.py`). `command.py` is `kvwatch tw
 May import: loadgen (the tokenizer build and the server process), sizing, common. Nothing below
 imports it.
 """
+
+from __future__ import annotations
+
+__all__: list[str] = []

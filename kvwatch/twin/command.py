@@ -43,7 +43,9 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     t.add_argument("--model", required=True, help="a preset (llama-3.1-8b, ...) or a config.json")
-    t.add_argument("--gpu", required=True, help="h100, h200, b200, a100, a100-40gb, l40s, l4, mi300x")
+    t.add_argument(
+        "--gpu", required=True, help="h100, h200, b200, a100, a100-40gb, l40s, l4, mi300x"
+    )
     t.add_argument("--tp", type=int, default=1, help="simulated tensor-parallel ranks (1)")
     t.add_argument("--pp", type=int, default=1, help="simulated pipeline stages (1)")
     t.add_argument(

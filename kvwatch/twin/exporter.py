@@ -32,9 +32,9 @@ class TwinCollector(Collector):
         s = self.settings
         m = TWIN_METRICS
         info = GaugeMetricFamily(
-            m.info, "The kvwatch twin: simulated card, model and parallelism", labels=[
-                "gpu", "model", "tp", "pp"
-            ]
+            m.info,
+            "The kvwatch twin: simulated card, model and parallelism",
+            labels=["gpu", "model", "tp", "pp"],
         )
         info.add_metric([s.gpu, s.model, str(s.tp), str(s.pp)], 1)
         yield info

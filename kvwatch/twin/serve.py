@@ -29,7 +29,9 @@ SUSTAINED_TOKENS_PER_S = 8000.0
 _CAPACITY = re.compile(r"\w+ KV cache size: [\d,]+ tokens.*")
 
 
-def time_scale_for(expected_tokens_per_s: float | None, sustained: float = SUSTAINED_TOKENS_PER_S) -> float:
+def time_scale_for(
+    expected_tokens_per_s: float | None, sustained: float = SUSTAINED_TOKENS_PER_S
+) -> float:
     """The smallest whole time scale that keeps the wall token rate within what is sustained."""
     if not expected_tokens_per_s or expected_tokens_per_s <= sustained:
         return 1.0

@@ -70,7 +70,8 @@ class StepConstants:
         unknown = sorted(set(overrides) - names)
         if unknown:
             raise StepError(
-                f"unknown step-time constants: {', '.join(unknown)}; known: {', '.join(sorted(names))}"
+                f"unknown step-time constants: {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(names))}"
             )
         bad = [k for k, v in overrides.items() if not (isinstance(v, int | float) and v >= 0)]
         if bad:

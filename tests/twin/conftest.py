@@ -23,8 +23,10 @@ def twin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         tmp / "vllm.log",
         time_scale=TWIN_TIME_SCALE,
         vllm_args=(
-            "--max-model-len", "4096",
-            "--kv-cache-memory-bytes", str(TWIN_BLOCKS * 16 * 131072),
+            "--max-model-len",
+            "4096",
+            "--kv-cache-memory-bytes",
+            str(TWIN_BLOCKS * 16 * 131072),
         ),  # fmt: skip
         status_dir=tmp,
         status_interval_s=0.25,

@@ -23,7 +23,9 @@ import httpx
 __all__ = ["SeedResult", "run_seed", "scrape"]
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})? ([-+\d.eE]+|NaN)$")
-_VICTIM = re.compile(r"preempted (\S+) \(admitted #(\d+); the newest running request was admitted #(\d+)\)")
+_VICTIM = re.compile(
+    r"preempted (\S+) \(admitted #(\d+); the newest running request was admitted #(\d+)\)"
+)
 _RESUMED = re.compile(
     r"resumed (\S+): (\d+) tokens recomputed in this step, (\d+) found in the prefix cache, "
     r"of its (\d+)"

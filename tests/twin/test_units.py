@@ -1,0 +1,121 @@
+"""The twin's pure parts: the step-time model, the card's timeline, the served config, the time
+scale as loadgen and the sidecar read it."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvwatch.loadgen.cmd_run import in_wall_time
+from kvwatch.loadgen.records import StallRule
+from kvwatch.sidecar.metrics.twin import read_time_scale
+from kvwatch.sizing.kvmath import lookup_gpu, lookup_model
+from kvwatch.twin.card import CardClock
+from kvwatch.twin.modeldir import served_config
+from kvwatch.twin.serve import time_scale_for
+from kvwatch.twin.steptime import ScheduledRequest, StepConstants, StepError, StepModel
+
+H100 = lookup_gpu("h100")
+LLAMA8B = lookup_model("llama-3.1-8b")
+
+
+def decode(n: int, context: int) -> list[ScheduledRequest]:
+    return [ScheduledRequest(1, context) for _ in range(n)]
+
+
+def test_batch_one_decode_is_the_weights_over_the_bandwidth() -> None:
+    m = StepModel(LLAMA8B, H100)
+    c = m.constants
+    want = LLAMA8B.weight_bytes / (H100.hbm_bytes_per_s * c.hbm_efficiency) + c.step_overhead_s
+    # one token of context adds 128 KiB of KV: nothing against 16 GB of weights
+    assert m.seconds(decode(1, 1)) == pytest.approx(want, rel=1e-4)
+
+
+def test_kv_reads_grow_a_decode_step_and_windows_cap_them() -> None:
+    m = StepModel(LLAMA8B, H100)
+    short, long = m.seconds(decode(64, 100)), m.seconds(decode(64, 8000))
+    kv = 64 * (8000 - 100) * 131072 / (H100.hbm_bytes_per_s * m.constants.hbm_efficiency)
+    assert long - short == pytest.approx(kv, rel=1e-6)
+    gpt = StepModel(lookup_model("gpt-oss-120b"), lookup_gpu("h200"))
+    # half its layers slide over 128 tokens: 8,000 tokens of context cost about half of full
+    grow = gpt.seconds(decode(64, 8000)) - gpt.seconds(decode(64, 4000))
+    full_rate = 64 * 4000 * 36 * 8 * 64 * 2 * 2 / (4.8e12 * gpt.constants.hbm_efficiency)
+    assert grow == pytest.approx(full_rate / 2, rel=1e-6)
+
+
+def test_a_long_prefill_is_compute_bound() -> None:
+    m = StepModel(LLAMA8B, H100)
+    t = m.seconds([ScheduledRequest(8192, 8192)])
+    dense = 2 * LLAMA8B.params_active * 8192 / (H100.bf16_flops * m.constants.mfu)
+    assert t > dense + m.constants.step_overhead_s  # plus attention's FLOPs
+    assert t < 1.5 * dense
+
+
+def test_moe_reads_only_the_experts_its_tokens_route_to() -> None:
+    m = StepModel(lookup_model("qwen3-30b-a3b"), H100)
+    one, many = m.seconds(decode(1, 1)), m.seconds(decode(256, 1))
+    # 8 of 128 experts per token: one token reads a sliver, 256 tokens nearly all of them
+    assert many > 4 * one
+
+
+def test_tp_splits_the_work_and_adds_all_reduces() -> None:
+    one = StepModel(lookup_model("llama-3.1-70b"), H100)
+    four = StepModel(lookup_model("llama-3.1-70b"), H100, tp=4)
+    b = decode(32, 2000)
+    assert one.seconds(b) / 4 < four.seconds(b) < one.seconds(b) / 2
+
+
+def test_constants_are_checked() -> None:
+    assert StepConstants.with_overrides({"mfu": 0.4}).mfu == 0.4
+    for bad in ({"speed": 1.0}, {"mfu": -1.0}, {"hbm_efficiency": 0.0}):
+        with pytest.raises(StepError):
+            StepConstants.with_overrides(bad)
+    with pytest.raises(StepError, match="no bandwidth"):
+        StepModel(LLAMA8B, lookup_gpu("cpu"))
+
+
+def test_the_card_runs_one_step_at_a_time_and_counts_falling_behind() -> None:
+    card = CardClock(time_scale=2.0, now=0.0)
+    assert card.submit(0.01, now=0.0, continuing=False) == pytest.approx(0.02)
+    # handed over while busy: queued behind the first
+    assert card.submit(0.01, now=0.01, continuing=True) == pytest.approx(0.04)
+    # handed over 0.06 s after the card went idle, requests still running: behind
+    assert card.submit(0.01, now=0.10, continuing=True) == pytest.approx(0.12)
+    # a new load after a pause is not falling behind
+    card.submit(0.01, now=1.0, continuing=False)
+    st = card.status(now=2.0)
+    assert st.behind_s_total == pytest.approx(0.06)
+    assert st.busy_share == pytest.approx(0.08 / 2.0)
+    assert st.steps == 4 and st.simulated_s_total == pytest.approx(0.04)
+    assert card.status(now=3.0).steps == 0
+
+
+def test_the_served_config() -> None:
+    gemma = lookup_model("gemma-3-27b")
+    from kvwatch.sizing.presets import MODEL_PRESETS
+
+    cfg, changes = served_config(MODEL_PRESETS["gemma-3-27b"].config)
+    assert cfg["architectures"] == ["Gemma3ForCausalLM"] and cfg["num_hidden_layers"] == 62
+    assert "text model" in changes[0] and gemma.name == "gemma-3-27b"
+    cfg, changes = served_config(MODEL_PRESETS["deepseek-v3"].config)
+    assert "quantization_config" not in cfg and "fp8 weights are not read" in changes[0]
+    assert (cfg["bos_token_id"], cfg["eos_token_id"]) == (0, 1)
+
+
+def test_the_time_scale_is_read_and_checked() -> None:
+    assert read_time_scale("# HELP x\nvllm:num_requests_running 3\n") is None
+    assert read_time_scale("kvwatch_twin_time_scale 4.0\n") == 4.0
+    assert read_time_scale("kvwatch_twin_time_scale_other 4.0\nkvwatch_twin_time_scale 2\n") == 2
+    for bad in ("NaN", "-1", "0", "1e9", "x"):
+        assert read_time_scale(f"kvwatch_twin_time_scale {bad}\n") is None
+
+
+def test_loadgen_judges_a_scaled_twin_in_wall_time() -> None:
+    stall, slo = in_wall_time(StallRule(5.0, 0.25), {"ttft": 0.5, "tpot": 0.05}, 4.0)
+    assert stall == StallRule(5.0, 1.0) and slo == {"ttft": 2.0, "tpot": 0.2}
+    assert in_wall_time(StallRule(), {"e2e": 1.0}, None) == (StallRule(), {"e2e": 1.0})
+
+
+def test_time_scale_from_the_expected_rate() -> None:
+    assert time_scale_for(None) == 1.0
+    assert time_scale_for(5000) == 1.0
+    assert time_scale_for(30000) == 4.0
