@@ -53,14 +53,15 @@ LINK_BYTES_PER_S = {
 class StepConstants:
     """The model's free constants; `--step NAME=VALUE` overrides any of them."""
 
-    # share of the HBM bandwidth a decode step's weight and KV reads reach (docs/twin.md: fitted
-    # to vLLM's batch-1 decode, 77% of the roofline on an A100 and ~0.75 on an H100)
-    hbm_efficiency: float = 0.75
-    # share of the dense bf16 peak a prefill reaches (docs/twin.md)
+    # share of the HBM bandwidth a decode step's weight and KV reads reach: with the overhead
+    # below, fitted to vLLM 0.23's batch-1 decode of Llama 3.1 8B on an A100 40GB, 75 tokens/s
+    # (docs/twin.md cites it); bench/calibrate_twin.py refits it on a real card
+    hbm_efficiency: float = 0.80
+    # share of the dense bf16 peak a prefill reaches (an assumption until calibrated; docs/twin.md)
     mfu: float = 0.55
     # what every step costs beside the roofline: sampling, launch gaps, the step's host work
     # that CUDA graphs do not hide, seconds
-    step_overhead_s: float = 0.0015
+    step_overhead_s: float = 0.0005
     # one all-reduce's fixed cost inside a TP group, seconds
     allreduce_latency_s: float = 10e-6
 

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 import httpx
 
+from kvwatch.sidecar.contract.twin_metrics import TWIN_METRICS
 from kvwatch.sidecar.metrics.exposition import Exposition, parse_exposition
+from kvwatch.sidecar.metrics.twin import read_time_scale
 from kvwatch.sizing.levers import valid_version
 
 __all__ = [
@@ -42,6 +44,8 @@ class ScrapeOutcome:
     exposition: Exposition | None = None
     error_reason: str | None = None
     error: str | None = None
+    # a kvwatch twin's declared time scale (metrics/twin.py); None: a real server
+    time_scale: float | None = None
 
 
 def metrics_url(target: str) -> str:
@@ -129,5 +133,7 @@ async def scrape_once(
         return fail("connect", f"{url}: cannot connect ({e})")
     except httpx.HTTPError as e:
         return fail("transport", f"{url}: {type(e).__name__}: {e}")
-    exp = parse_exposition(body.decode("utf-8", "replace"))
-    return ScrapeOutcome(time.monotonic() - t0, exposition=exp)
+    text = body.decode("utf-8", "replace")
+    exp = parse_exposition(text)
+    scale = read_time_scale(text) if TWIN_METRICS.time_scale in text else None
+    return ScrapeOutcome(time.monotonic() - t0, exposition=exp, time_scale=scale)

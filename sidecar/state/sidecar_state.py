@@ -8,6 +8,7 @@ can drive all of it.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -36,6 +37,8 @@ from kvwatch.sidecar.state.views import (
 )
 from kvwatch.sidecar.store.episode_store import EpisodeStore
 from kvwatch.sizing.archconfig import Architecture
+
+_log = logging.getLogger("kvwatch.sidecar")
 
 __all__ = ["TargetState", "SidecarState"]
 
@@ -67,6 +70,8 @@ class TargetState:
     health_detail: str = ""
     fatal_seen_unix: float | None = None  # when the log's latest fatal incident was read
     liveness: Liveness | None = None
+    # a kvwatch twin's time scale: judged in wall time, so rates are 1/K of its card's
+    time_scale: float | None = None
 
     def judge_liveness(self, now: float, unix: float, th: Thresholds) -> None:
         """The engine's liveness from what was last seen (scrape, /health, log)."""
@@ -131,6 +136,7 @@ class TargetState:
             liveness=self.liveness if up else _when_down(self.liveness),
             vllm_version=self.api_version or log.version,
             server_args=log.server_args,
+            time_scale=self.time_scale,
             log=LogView(
                 capacity=log.capacity,
                 events=dict(log.events),
@@ -206,6 +212,17 @@ class SidecarState:
                 ts.last_scrape_at = now
                 return
             observed = observe(exp)
+            if outcome.time_scale != ts.time_scale and outcome.time_scale not in (None, 1.0):
+                _log.warning(
+                    "%s is a kvwatch twin at time scale %g: the sidecar judges it in wall "
+                    "time, so its rates are 1/%g and its durations %g times the simulated "
+                    "card's (docs/twin.md)",
+                    url,
+                    outcome.time_scale,
+                    outcome.time_scale,
+                    outcome.time_scale,
+                )
+            ts.time_scale = outcome.time_scale
             ts.up = True
             ts.last_error = None
             ts.last_success_unix = unix

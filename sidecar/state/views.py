@@ -81,6 +81,7 @@ class TargetView:
     liveness: Liveness | None = None  # the engine alive, dead or stuck (None: unknown)
     vllm_version: str | None = None  # GET /version, else the log's startup banner
     server_args: tuple[tuple[str, str], ...] = ()  # the log's `non-default args` (secrets hidden)
+    time_scale: float | None = None  # a kvwatch twin's (judged in wall time); None: real
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,7 @@ def _target_json(t: TargetView) -> dict[str, Any]:
         "engine_status_since_unix": None if t.liveness is None else t.liveness.since_unix,
         "vllm_version": t.vllm_version,
         "server_args": dict(t.server_args),
+        "time_scale": t.time_scale,
         "engines": [engine_json(e) for e in t.engines],
         "log": {
             "capacity": None if log.capacity is None else event_to_dict(log.capacity),
