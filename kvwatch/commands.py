@@ -42,6 +42,18 @@ def _register_demo(sub: Any) -> None:
         default=10 * 1024 * 1024,
         help="KV budget of the local server (default 10 MiB = 40 blocks)",
     )
+    d.add_argument(
+        "--twin",
+        metavar="MODEL:GPU",
+        help="run on the kvwatch twin (vLLM's own engine, simulated card; docs/twin.md) "
+        "instead of the tiny CPU model, e.g. llama-3.1-8b:h100; --twin-blocks sizes its cache",
+    )
+    d.add_argument(
+        "--twin-blocks",
+        type=int,
+        default=400,
+        help="KV blocks of the twin (400: the heavy stage outgrows them)",
+    )
     d.add_argument("--light", type=int, default=2, help="concurrent streams, healthy stage (2)")
     d.add_argument("--heavy", type=int, default=32, help="concurrent streams, heavy stage (32)")
     d.add_argument("--max-tokens", type=int, default=300, help="tokens per request (300)")

@@ -164,6 +164,9 @@ def run_demo(ns: argparse.Namespace) -> int:
     with ExitStack() as stack:
         if ns.target:
             base, log = ns.target.rstrip("/"), None
+        elif ns.twin:
+            log = (run_dir / "vllm.log").resolve()
+            base = _start_twin(stack, ns.twin, ns.twin_blocks, log)
         else:
             print("building the tiny model ...", flush=True)
             cfg = ServerConfig(
@@ -198,6 +201,37 @@ def run_demo(ns: argparse.Namespace) -> int:
     _write_extras(run_dir, state, alerts)
     _print_summary(run_dir, state, view, alerts)
     return 0 if load.returncode == 0 else EXIT_FOUND
+
+
+def _start_twin(stack: ExitStack, spec: str, blocks: int, log: Path) -> str:
+    """The twin for `--twin MODEL:GPU`, with a cache of `blocks` blocks; its base URL."""
+    from kvwatch.sizing.errors import SizingError
+    from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
+    from kvwatch.sizing.kvplan import PLATFORMS, Serving, layout_for
+    from kvwatch.twin.serve import start_twin
+
+    model, sep, gpu = spec.rpartition(":")
+    if not sep or not model or not gpu or blocks < 1:
+        raise CliError("--twin takes MODEL:GPU (e.g. llama-3.1-8b:h100) and --twin-blocks >= 1")
+    try:
+        card = lookup_gpu(gpu)
+        layout = layout_for(
+            resolve_model(model), Serving(max_model_len=2048), PLATFORMS[card.platform]
+        )
+    except SizingError as e:
+        raise CliError(str(e)) from None
+    print(f"starting the kvwatch twin: {model} on a simulated {gpu} (log: {log}) ...", flush=True)
+    try:
+        twin = start_twin(
+            model, gpu, log,
+            vllm_args=("--max-model-len", "2048",
+                       "--kv-cache-memory-bytes", str(blocks * layout.bytes_per_block)),
+        )  # fmt: skip
+    except ServerStartError as e:
+        raise CliError(str(e), EXIT_UNREACHABLE) from None
+    stack.callback(twin.stop)
+    print(f"  {twin.capacity_line()} (simulated card; vLLM's own engine)", flush=True)
+    return twin.base_url
 
 
 def _write_extras(run_dir: Path, state: dict[str, Any], alerts: list[dict[str, Any]]) -> None:
