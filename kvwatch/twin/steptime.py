@@ -27,7 +27,14 @@ from kvwatch.sizing.archconfig import Architecture, AttentionLayer, MlaLayer, St
 from kvwatch.sizing.kvplan import KV_DTYPE_BYTES
 from kvwatch.sizing.presets import GpuSpec
 
-__all__ = ["StepConstants", "StepModel", "ScheduledRequest", "LINK_BYTES_PER_S", "StepError"]
+__all__ = [
+    "StepConstants",
+    "StepModel",
+    "ScheduledRequest",
+    "LINK_BYTES_PER_S",
+    "MFU_BY_GPU",
+    "StepError",
+]
 
 
 class StepError(ValueError):
@@ -49,16 +56,25 @@ LINK_BYTES_PER_S = {
 }
 
 
+# A prefill's share of the dense bf16 peak, fitted to Lambda's time to first token of ten prompts
+# (1,369 tokens in one batch) of Llama 3 8B with vLLM 0.6.0: 62 ms on an H100 SXM, 127 ms on an
+# A100 80GB (docs/twin.md). Hopper reaches a smaller share of its far higher peak at this size.
+# Other cards: 0.45, an assumption until calibrated.
+MFU_BY_GPU = {"h100": 0.36, "h200": 0.36, "a100": 0.55, "a100-40gb": 0.55}
+_MFU_OTHER = 0.45
+
+
 @dataclass(frozen=True)
 class StepConstants:
     """The model's free constants; `--step NAME=VALUE` overrides any of them."""
 
     # share of the HBM bandwidth a decode step's weight and KV reads reach: with the overhead
-    # below, fitted to vLLM 0.23's batch-1 decode of Llama 3.1 8B on an A100 40GB, 75 tokens/s
-    # (docs/twin.md cites it); bench/calibrate_twin.py refits it on a real card
-    hbm_efficiency: float = 0.80
-    # share of the dense bf16 peak a prefill reaches (an assumption until calibrated; docs/twin.md)
-    mfu: float = 0.55
+    # below, fitted to Lambda's H100 SXM decode of Llama 3 8B (vLLM 0.6.0, 10-step scheduling:
+    # 7.2 ms a step at up to 10 sequences); it predicts their A100 80GB's 11.45 ms to 0.1%
+    # (docs/twin.md); bench/calibrate_twin.py refits it on a real card
+    hbm_efficiency: float = 0.72
+    # share of the dense bf16 peak a prefill reaches; None: the card's (MFU_BY_GPU)
+    mfu: float | None = None
     # what every step costs beside the roofline: sampling, launch gaps, the step's host work
     # that CUDA graphs do not hide, seconds
     step_overhead_s: float = 0.0005
@@ -74,7 +90,11 @@ class StepConstants:
                 f"unknown step-time constants: {', '.join(unknown)}; "
                 f"known: {', '.join(sorted(names))}"
             )
-        bad = [k for k, v in overrides.items() if not (isinstance(v, int | float) and v >= 0)]
+        bad = [
+            k
+            for k, v in overrides.items()
+            if isinstance(v, bool) or not (isinstance(v, int | float) and v >= 0)
+        ]
         if bad:
             raise StepError(f"step-time constants must be non-negative numbers: {', '.join(bad)}")
         if overrides.get("hbm_efficiency", 1) == 0 or overrides.get("mfu", 1) == 0:
@@ -113,6 +133,11 @@ class StepModel:
             raise StepError(f"{self.gpu.name} has no bandwidth or FLOP/s figure to simulate")
         if self.tp < 1 or self.pp < 1:
             raise StepError("tp and pp must be at least 1")
+
+    @property
+    def mfu(self) -> float:
+        given = self.constants.mfu
+        return given if given is not None else MFU_BY_GPU.get(self.gpu.name, _MFU_OTHER)
 
     @property
     def _kv_layers(self) -> list[_KvLayer]:
@@ -177,7 +202,7 @@ class StepModel:
         weights = self._weights_read(tokens)
         memory_s = (weights + kv_bytes) / (gpu.hbm_bytes_per_s * c.hbm_efficiency)
         dense_flops = 2 * self.arch.params_active * tokens / (self.tp * self.pp)
-        compute_s = (dense_flops + attn_flops) / (gpu.bf16_flops * c.mfu)
+        compute_s = (dense_flops + attn_flops) / (gpu.bf16_flops * self.mfu)
         comm_s = 0.0
         if self.tp > 1:
             link = LINK_BYTES_PER_S.get(gpu.name, 32e9)
@@ -199,6 +224,7 @@ class StepModel:
             "pp": self.pp,
             "weights_bytes_per_rank": self._weights_read(0),
             **{f.name: getattr(self.constants, f.name) for f in fields(self.constants)},
+            "mfu": self.mfu,
         }
 
 

@@ -45,7 +45,7 @@ def test_kv_reads_grow_a_decode_step_and_windows_cap_them() -> None:
 def test_a_long_prefill_is_compute_bound() -> None:
     m = StepModel(LLAMA8B, H100)
     t = m.seconds([ScheduledRequest(8192, 8192)])
-    dense = 2 * LLAMA8B.params_active * 8192 / (H100.bf16_flops * m.constants.mfu)
+    dense = 2 * LLAMA8B.params_active * 8192 / (H100.bf16_flops * m.mfu)
     assert t > dense + m.constants.step_overhead_s  # plus attention's FLOPs
     assert t < 1.5 * dense
 
@@ -119,3 +119,13 @@ def test_time_scale_from_the_expected_rate() -> None:
     assert time_scale_for(None) == 1.0
     assert time_scale_for(5000) == 1.0
     assert time_scale_for(30000) == 4.0
+
+
+def test_the_step_model_holds_to_the_published_step_times() -> None:
+    from kvwatch.twin.published import PUBLISHED
+
+    for p in PUBLISHED:
+        t = StepModel(lookup_model(p.model), lookup_gpu(p.gpu)).seconds(list(p.batch))
+        # fitted points within 5%, held-out ones within the 20%
+        assert abs(t / p.seconds - 1) < (0.05 if p.fitted else 0.20), (p.name, p.gpu, t)
+    assert any(not p.fitted for p in PUBLISHED)
