@@ -21,6 +21,7 @@ on a real card. Pure arithmetic.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from functools import cached_property
 from typing import Any
 
 from kvwatch.sizing.archconfig import Architecture, AttentionLayer, MlaLayer, StateLayer
@@ -111,11 +112,13 @@ class ScheduledRequest:
 
 
 @dataclass(frozen=True)
-class _KvLayer:
-    bytes_per_token: float  # this rank's K and V (or latent) per token
+class _KvGroup:
+    """Layers that read the same span of a request's context, summed (one rank, one stage)."""
+
+    bytes_per_token: float  # K and V (or latent) per token
     window: int | None  # sliding window; None: the whole context
     chunk: int | None  # chunked local attention's chunk
-    state_bytes: float  # a state layer's fixed bytes per request
+    state_bytes: float  # recurrent-state layers: fixed bytes per request
     attn_flops_per_pos: float  # per new token per context position
 
 
@@ -139,29 +142,39 @@ class StepModel:
         given = self.constants.mfu
         return given if given is not None else MFU_BY_GPU.get(self.gpu.name, _MFU_OTHER)
 
-    @property
-    def _kv_layers(self) -> list[_KvLayer]:
+    @cached_property
+    def _kv_groups(self) -> tuple[_KvGroup, ...]:
+        """Computed once: a step adds one term per group and request, not one per layer
+        (a 126-layer model at 256 requests would cost this machine's engine ms a step)."""
         dtype = KV_DTYPE_BYTES.get(self.kv_dtype) or self.arch.dtype_bytes
-        out = []
         heads_rank = max(1, self.arch.attention_heads // self.tp)
-        for layer in self.arch.layers:
+        layers = [x for x in self.arch.layers if x is not None]
+        if self.pp > 1:  # one stage's share of the layers
+            layers = layers[: max(1, -(-len(layers) // self.pp))]
+        sums: dict[tuple[int | None, int | None, bool], list[float]] = {}
+        for layer in layers:
+            per_tok = state = flops = 0.0
+            window = chunk = None
             if isinstance(layer, AttentionLayer):
                 kv_heads = max(1, layer.kv_heads // self.tp)
                 per_tok = kv_heads * (layer.head_size + layer.head_size_v) * dtype
                 flops = 2 * heads_rank * (layer.head_size + layer.head_size_v)
                 window = layer.window if layer.kind == "sliding" else None
                 chunk = layer.window if layer.kind == "chunked" else None
-                out.append(_KvLayer(per_tok, window, chunk, 0.0, flops))
             elif isinstance(layer, MlaLayer):
                 # the latent is not split across ranks; heads are
+                per_tok = layer.latent * dtype
                 flops = 2 * heads_rank * (layer.qk_head_dim + layer.v_head_dim)
-                out.append(_KvLayer(layer.latent * dtype, None, None, 0.0, flops))
             elif isinstance(layer, StateLayer):
                 conv, ssm = layer.shapes(self.tp)
                 state = conv * self.arch.dtype_bytes + ssm * 4
-                out.append(_KvLayer(0.0, None, None, state, 0.0))
-        # PP: one stage's share of the layers
-        return out[: max(1, -(-len(out) // self.pp))] if self.pp > 1 else out
+            acc = sums.setdefault((window, chunk, isinstance(layer, StateLayer)), [0.0, 0.0, 0.0])
+            acc[0] += per_tok
+            acc[1] += state
+            acc[2] += flops
+        return tuple(
+            _KvGroup(v[0], window, chunk, v[1], v[2]) for (window, chunk, _), v in sums.items()
+        )
 
     def _weights_read(self, tokens: int) -> float:
         """Bytes of weights one rank reads for a step of `tokens` tokens."""
@@ -185,20 +198,20 @@ class StepModel:
         c, gpu = self.constants, self.gpu
         assert gpu.hbm_bytes_per_s is not None and gpu.bf16_flops is not None
         tokens = sum(r.new_tokens for r in batch)
-        layers = self._kv_layers
+        groups = self._kv_groups
         kv_bytes = 0.0
         attn_flops = 0.0
         for r in batch:
             start = max(0, r.context - r.new_tokens)
-            for layer in layers:
-                if layer.state_bytes:
-                    kv_bytes += layer.state_bytes
+            for g in groups:
+                if g.state_bytes:
+                    kv_bytes += g.state_bytes
                     continue
-                span = _span(r.context, layer)
-                kv_bytes += span * layer.bytes_per_token
+                span = _span(r.context, g)
+                kv_bytes += span * g.bytes_per_token
                 # causal: the i-th new token sees start + i positions (capped by the window)
                 mean_seen = min(span, (start + r.context + 1) / 2)
-                attn_flops += r.new_tokens * mean_seen * layer.attn_flops_per_pos
+                attn_flops += r.new_tokens * mean_seen * g.attn_flops_per_pos
         weights = self._weights_read(tokens)
         memory_s = (weights + kv_bytes) / (gpu.hbm_bytes_per_s * c.hbm_efficiency)
         dense_flops = 2 * self.arch.params_active * tokens / (self.tp * self.pp)
@@ -233,7 +246,7 @@ def _routed_share(a: Architecture) -> float:
     return a.moe_routed_share or min(0.5, a.params_active / a.params_total)
 
 
-def _span(context: int, layer: _KvLayer) -> int:
+def _span(context: int, layer: _KvGroup) -> int:
     if layer.window is not None:
         return min(context, layer.window)
     if layer.chunk is not None:
