@@ -107,6 +107,12 @@ REJECTED_SAMPLES = _c(
     "samples refused as untrue (not_finite, out_of_range, duplicate, implausible_jump)",
 )  # fmt: skip
 SCRAPE_DURATION = _g("kvwatch_scrape_duration_seconds", T, "last scrape duration")
+TIME_SCALE = _g(
+    "kvwatch_target_time_scale", T,
+    "1 for a real server; a kvwatch twin's time scale K otherwise, and the sidecar judges that "
+    "target in its simulated time (rates per simulated second, windows and forecasts in "
+    "simulated seconds: K wall seconds each)",
+)  # fmt: skip
 LOG_PREEMPTION_WARNINGS = _c("kvwatch_log_preemption_warnings", T, "V0 preemption warnings read")
 LOG_INCIDENTS = _c(
     "kvwatch_log_incidents", (*T, "what"),
@@ -261,7 +267,7 @@ ENGINE_GAUGES: tuple[tuple[Metric, str], ...] = (
 
 METRICS: tuple[Metric, ...] = (
     TARGET_UP, VLLM_METRICS_PRESENT, ENGINE_ALIVE, SCRAPES, SCRAPE_ERRORS, EXPOSITION_PARSE_ERRORS,
-    REJECTED_SAMPLES, SCRAPE_DURATION, PREEMPTIONS_OBSERVED, COUNTER_RESETS,
+    REJECTED_SAMPLES, SCRAPE_DURATION, TIME_SCALE, PREEMPTIONS_OBSERVED, COUNTER_RESETS,
     LOG_PREEMPTION_WARNINGS, LOG_INCIDENTS, STATE, STATE_LEVEL, KV_EXHAUSTION_IMMINENT,
     THRASHING_EPISODES, EPISODE_PREEMPTIONS, EPISODE_RECOMPUTED_TOKENS,
     *(m for m, _ in ENGINE_GAUGES),

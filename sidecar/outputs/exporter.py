@@ -63,6 +63,7 @@ class StateCollector(Collector):
                 add(cat.REJECTED_SAMPLES, [t.target, reason], n)
             if t.last_scrape_duration_s is not None:
                 add(cat.SCRAPE_DURATION, url, t.last_scrape_duration_s)
+            add(cat.TIME_SCALE, url, t.time_scale or 1.0)
             add(cat.LOG_PREEMPTION_WARNINGS, url, t.log.preemption_warnings)
             for what, n in t.log.incidents_counted.items():
                 add(cat.LOG_INCIDENTS, [t.target, what], n)

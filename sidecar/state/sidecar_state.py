@@ -70,8 +70,26 @@ class TargetState:
     health_detail: str = ""
     fatal_seen_unix: float | None = None  # when the log's latest fatal incident was read
     liveness: Liveness | None = None
-    # a kvwatch twin's time scale: judged in wall time, so rates are 1/K of its card's
+    # a kvwatch twin's time scale K (None: a real server): its engines are judged on the
+    # twin's simulated clock, which runs 1/K as fast as the wall's (`clock`)
     time_scale: float | None = None
+    clock_anchor: tuple[float, float] | None = None  # (wall, simulated) where K last changed
+
+    def clock(self, now: float) -> float:
+        """The judges' clock at monotonic `now`: wall time, or a twin's simulated time. It is
+        continuous where K changes, so no window, rate or forecast sees time jump."""
+        if self.clock_anchor is None:
+            return now
+        wall, sim = self.clock_anchor
+        return sim + (now - wall) / (self.time_scale or 1.0)
+
+    def take_time_scale(self, k: float | None, now: float) -> bool:
+        """Adopt the scale the target declares; True when it changed."""
+        if k == self.time_scale:
+            return False
+        self.clock_anchor = (now, self.clock(now))
+        self.time_scale = k
+        return True
 
     def judge_liveness(self, now: float, unix: float, th: Thresholds) -> None:
         """The engine's liveness from what was last seen (scrape, /health, log)."""
@@ -80,8 +98,9 @@ class TargetState:
             self.fatal_seen_unix = None
         elif self.fatal_seen_unix is None:
             self.fatal_seen_unix = unix
+        at = self.clock(now)
         stalled = max(
-            (ej.timeline.stalled_s(now) for k, ej in self.engines.items() if k in self.present),
+            (ej.timeline.stalled_s(at) for k, ej in self.engines.items() if k in self.present),
             default=0.0,
         )
         self.liveness = judge_liveness(
@@ -212,17 +231,16 @@ class SidecarState:
                 ts.last_scrape_at = now
                 return
             observed = observe(exp)
-            if outcome.time_scale != ts.time_scale and outcome.time_scale not in (None, 1.0):
+            if ts.take_time_scale(outcome.time_scale, now) and outcome.time_scale:
                 _log.warning(
-                    "%s is a kvwatch twin at time scale %g: the sidecar judges it in wall "
-                    "time, so its rates are 1/%g and its durations %g times the simulated "
-                    "card's (docs/twin.md)",
+                    "%s is a kvwatch twin at time scale %g: judging it on its simulated clock "
+                    "(rates per simulated second; windows and forecasts in simulated seconds, "
+                    "%g wall seconds each; docs/twin.md)",
                     url,
                     outcome.time_scale,
                     outcome.time_scale,
-                    outcome.time_scale,
                 )
-            ts.time_scale = outcome.time_scale
+            judge_now = ts.clock(now)
             ts.up = True
             ts.last_error = None
             ts.last_success_unix = unix
@@ -240,7 +258,7 @@ class SidecarState:
                 if ej is None:
                     before = self._episode_counts.get((url, *key), 0)
                     ej = ts.engines[key] = EngineJudge(url, key, self.th, before, self.model)
-                judged = ej.observe(now, unix, obs, fallback)
+                judged = ej.observe(judge_now, unix, obs, fallback)
                 if judged.rejected:
                     ts.rejected["implausible_jump"] += 1
                 if judged.transition is not None:
