@@ -27,6 +27,7 @@ __all__ = ["run_twin", "TwinServer", "start_twin", "time_scale_for", "SUSTAINED_
 # more gets a time scale that brings it back under this.
 SUSTAINED_TOKENS_PER_S = 8000.0
 _CAPACITY = re.compile(r"\w+ KV cache size: [\d,]+ tokens.*")
+_BUDGET = re.compile(r"kvwatch twin: KV budget (.*)")
 
 
 def time_scale_for(
@@ -49,12 +50,20 @@ class TwinServer:
         return self.server.base_url
 
     def capacity_line(self) -> str | None:
+        """vLLM's own capacity line, from the log."""
+        return self._from_log(_CAPACITY, 0)
+
+    def budget_line(self) -> str | None:
+        """How the twin found the KV budget from --gpu-memory-utilization (None: given)."""
+        return self._from_log(_BUDGET, 1)
+
+    def _from_log(self, pattern: re.Pattern[str], group: int) -> str | None:
         try:
             text = self.server.log_path.read_text(errors="replace")
         except OSError:
             return None
-        found = _CAPACITY.search(text)
-        return found.group(0) if found else None
+        found = pattern.search(text)
+        return found.group(group) if found else None
 
     def stop(self) -> None:
         self.server.stop()
@@ -154,6 +163,9 @@ def run_twin(ns: argparse.Namespace) -> int:
         print(f"time_scale={s.time_scale:g}")
         for c in twin.changes:
             print(f"note=the model is {c}")
+        budget = twin.budget_line()
+        if budget:
+            print(f"kv_budget={budget}")
         print(f"capacity={twin.capacity_line() or '(not in the log)'}", flush=True)
         while True:
             time.sleep(0.5)
