@@ -1,9 +1,12 @@
 """How many concurrent streams the twin keeps in real time on this machine.
 
-Starts the twin at time scale 1, holds C closed-loop streams of 100 prompt + 200 output tokens
-for a while at each C, and reads the twin's own counters: the share of wall time the simulated
-card sat idle while running requests waited on this machine's CPU (`kvwatch_twin_behind_*`),
-and the tokens generated per wall second. Real time holds while that share stays under 10%.
+Starts the twin at time scale 1, holds C closed-loop streams (PROMPT prompt + OUTPUT output
+tokens) for a while at each C, and reads the twin's own counters: the share of wall time the
+simulated card sat idle while running requests waited on this machine's CPU
+(`kvwatch_twin_behind_*`), the tokens generated per wall second, and how many requests vLLM
+had running on average (sampled once a second). Real time holds at C while the card waits on
+the CPU under 10% of the time and vLLM runs at least 90% of the C streams asked for (a client
+or API server too slow to keep C in flight shows as fewer running, not as a late card).
 Writes bench/results/twin/realtime.json; docs/twin.md has the table.
 
     PYTHONPATH=. .venv/bin/python bench/bench_twin_realtime.py [--levels 64,128,256,512]
@@ -28,8 +31,12 @@ OUT = Path(__file__).parent / "results" / "twin" / "realtime.json"
 PRESETS = {"llama-3.1-8b": "h100", "gpt-oss-120b": "h200"}
 
 
-async def _level(url: str, model: str, streams: int, seconds: float) -> dict[str, float]:
+PROMPT, OUTPUT = 1000, 300
+
+
+async def _level(url: str, model: str, streams: int, seconds: float) -> dict[str, object]:
     rng = random.Random(streams)
+    running: list[float] = []
     stop = time.monotonic() + seconds
     limits = httpx.Limits(max_connections=streams + 4)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
@@ -38,8 +45,8 @@ async def _level(url: str, model: str, streams: int, seconds: float) -> dict[str
             while time.monotonic() < stop:
                 body = {
                     "model": model,
-                    "prompt": [rng.randrange(3, 4000) for _ in range(100)],
-                    "max_tokens": 200,
+                    "prompt": [rng.randrange(3, 4000) for _ in range(PROMPT)],
+                    "max_tokens": OUTPUT,
                     "ignore_eos": True,
                     "stream": True,
                 }
@@ -47,9 +54,16 @@ async def _level(url: str, model: str, streams: int, seconds: float) -> dict[str
                     async for _ in r.aiter_lines():
                         pass
 
+        async def watch() -> None:
+            await asyncio.sleep(5)  # past the first prefills
+            while time.monotonic() < stop:
+                m = scrape((await client.get("/metrics")).text)
+                running.append(m.get("vllm:num_requests_running", 0.0))
+                await asyncio.sleep(1)
+
         before = scrape((await client.get("/metrics")).text)
         t0 = time.monotonic()
-        await asyncio.gather(*(stream() for _ in range(streams)))
+        await asyncio.gather(watch(), *(stream() for _ in range(streams)))
         wall = time.monotonic() - t0
         after = scrape((await client.get("/metrics")).text)
 
@@ -62,26 +76,33 @@ async def _level(url: str, model: str, streams: int, seconds: float) -> dict[str
         "tokens_per_s": d("vllm:generation_tokens_total") / wall,
         "behind_share": d("kvwatch_twin_behind_seconds_total") / wall,
         "busy_share": d("kvwatch_twin_simulated_seconds_total") / wall,
+        "mean_running": sum(running) / len(running) if running else 0.0,
+        "held": d("kvwatch_twin_behind_seconds_total") / wall < 0.10
+        and (sum(running) / len(running) if running else 0.0) >= 0.9 * streams,
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--levels", default="64,128,256,512")
-    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--levels", default="64,128,192,256")
+    ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--out", type=Path, default=OUT)
     ns = ap.parse_args()
     levels = [int(x) for x in ns.levels.split(",")]
-    results: dict[str, list[dict[str, float]]] = {}
+    results: dict[str, list[dict[str, object]]] = {}
     for model, gpu in PRESETS.items():
         with tempfile.TemporaryDirectory(prefix="kvwatch-twin-rt-") as tmp:
             twin = start_twin(model, gpu, Path(tmp) / "vllm.log",
                               vllm_args=("--max-model-len", "4096"), status_dir=Path(tmp),
                               status_interval_s=1.0)  # fmt: skip
+            print(model, gpu, twin.capacity_line(), flush=True)
             try:
                 rows = []
                 for c in levels:
-                    row = asyncio.run(_level(twin.base_url, model, c, ns.seconds))
+                    try:
+                        row = asyncio.run(_level(twin.base_url, model, c, ns.seconds))
+                    except httpx.HTTPError as e:  # the client, not the twin, gave out
+                        row = {"streams": c, "error": f"{type(e).__name__}: {e}"}
                     print(model, gpu, json.dumps(row), flush=True)
                     rows.append(row)
                 results[f"{model} on {gpu}"] = rows

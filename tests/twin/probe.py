@@ -3,24 +3,54 @@
 `python -m tests.twin.probe CASES_JSON` builds each case's engine config as `vllm serve` would
 (`EngineArgs.create_engine_config`, API-server defaults) and starts vLLM's `EngineCore` on the
 twin's platform and worker: the same `_initialize_kv_caches` a served twin runs, which prints
-the capacity line and sets `cache_config`. One JSON line per case follows its log lines. The
-caller (`tests/twin/test_capacity.py`) never imports vLLM into its own process.
+the capacity line and sets `cache_config`. One JSON line per case follows its log lines.
+`run_probe` is the caller's side (tests/twin/test_capacity.py, bench/bench_twin_capacity.py),
+which never imports vLLM into its own process.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import traceback
+from pathlib import Path
 from typing import Any
 
 MARK = "KVWATCH-TWIN-PROBE "
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_probe(cases: list[dict[str, Any]], timeout_s: float = 600) -> dict[str, dict[str, Any]]:
+    """case id -> vLLM's figures (or its refusal as `error`), with the capacity line it logged."""
+    env = dict(
+        os.environ,
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+    )
+    env.pop("KVWATCH_TWIN", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.twin.probe", json.dumps(cases)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s, check=False,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    found: dict[str, dict[str, Any]] = {}
+    for line in out.splitlines():
+        if line.startswith(MARK):
+            item = json.loads(line[len(MARK) :])
+            found[item.pop("case")] = item
+    if len(found) != len(cases):
+        raise RuntimeError(f"the probe answered {len(found)} of {len(cases)} cases:\n{out[-4000:]}")
+    return found
 
 
 def _case(case: dict[str, Any]) -> dict[str, Any]:
     from vllm.engine.arg_utils import EngineArgs
     from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.core.kv_cache_utils import _kv_cache_device_name
     from vllm.v1.engine.core import EngineCore
     from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
@@ -49,6 +79,13 @@ def _case(case: dict[str, Any]) -> dict[str, Any]:
         max_num_batched_tokens=config.scheduler_config.max_num_batched_tokens,
         max_num_seqs=config.scheduler_config.max_num_seqs,
         async_scheduling=config.scheduler_config.async_scheduling,
+        # vLLM logs its line once per process (`info_once`): the same line, from its own
+        # figures and device name, for every case
+        capacity_line=(
+            f"{_kv_cache_device_name(config)} KV cache size: {cc.kv_cache_size_tokens:,} "
+            f"tokens, Maximum concurrency for {config.model_config.max_model_len:,} tokens per "
+            f"request: {cc.kv_cache_max_concurrency:.2f}x"
+        ),
     )
     # not core.shutdown(): its clean-up empties a CUDA cache this machine does not have
     # the next case is another model: its parallel groups (an expert group for MoE) anew

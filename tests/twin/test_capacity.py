@@ -9,21 +9,15 @@ block arithmetic, not the budget; the others give `--kv-cache-memory-bytes`.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kvwatch.advise.whatif import what_if
 from kvwatch.cli import build_parser
-from tests.twin.probe import MARK
+from tests.twin.probe import run_probe
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
 GIB = 2**30
 
 # (id, twin case, what-if flags)
@@ -54,31 +48,7 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
 
 @pytest.fixture(scope="module")
 def probed() -> dict[str, dict[str, Any]]:
-    cases = [dict(case, id=name) for name, case, _ in CASES]
-    env = dict(
-        os.environ,
-        VLLM_ENABLE_V1_MULTIPROCESSING="0",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-    )
-    env.pop("KVWATCH_TWIN", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.twin.probe", json.dumps(cases)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=400, check=False,
-    )  # fmt: skip
-    out = proc.stdout + proc.stderr
-    found: dict[str, dict[str, Any]] = {}
-    line_before = ""
-    for line in out.splitlines():
-        if line.startswith(MARK):
-            item = json.loads(line[len(MARK) :])
-            item["capacity_line"] = line_before
-            found[item.pop("case")] = item
-        elif "KV cache size:" in line:
-            line_before = line[line.index("GPU KV cache size:") :] if "GPU KV" in line else line
-    assert len(found) == len(CASES), out[-4000:]
-    return found
+    return run_probe([dict(case, id=name) for name, case, _ in CASES])
 
 
 @pytest.mark.parametrize(("name", "case", "flags"), CASES, ids=[c[0] for c in CASES])

@@ -34,8 +34,8 @@ def test_it_starts_as_the_card_would_and_says_it_is_a_twin(twin: TwinServer) -> 
     assert m["kvwatch_twin_time_scale"] == TWIN_TIME_SCALE
     assert 'kvwatch_twin_info{gpu="h100",model="llama-3.1-8b",pp="1",tp="1"} 1.0' in text
     log = twin.server.log_path.read_text()
-    assert "Platform plugin kvwatch_twin is activated" in log
-    assert "NVIDIA H100 80GB HBM3 (kvwatch twin)" in log
+    assert "kvwatch twin: simulating NVIDIA H100 80GB HBM3 (kvwatch twin)" in log
+    assert "kvwatch twin: built LlamaForCausalLM on the meta device (no weights)" in log
 
 
 def test_the_seed_scenario(twin: TwinServer, twin_log: Path) -> None:
