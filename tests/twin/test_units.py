@@ -3,6 +3,8 @@ scale as loadgen and the sidecar read it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kvwatch.loadgen.cmd_run import in_wall_time
@@ -129,3 +131,17 @@ def test_the_step_model_holds_to_the_published_step_times() -> None:
         # fitted points within 5%, held-out ones within the issue's 20%
         assert abs(t / p.seconds - 1) < (0.05 if p.fitted else 0.20), (p.name, p.gpu, t)
     assert any(not p.fitted for p in PUBLISHED)
+
+
+def test_the_demo_refuses_a_twin_it_cannot_name(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    for spec, why in (("llama-3.1-8b", "MODEL:GPU"), ("llama-3.1-8b:tpu9", "unknown GPU")):
+        p = subprocess.run(
+            [sys.executable, "-m", "kvwatch", "demo", "--twin", spec, "--run-dir",
+             str(tmp_path / "run")],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert p.returncode == 2 and why in p.stderr, p.stderr
+        assert "Traceback" not in p.stderr
