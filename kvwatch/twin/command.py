@@ -13,7 +13,7 @@ __all__ = ["register", "parse_step"]
 _EPILOG = """examples:
   kvwatch twin --model llama-3.1-8b --gpu h100
   kvwatch twin --model llama-3.1-70b --gpu h100 --tp 4 -- --max-num-seqs 256
-  kvwatch twin --model gpt-oss-120b --gpu h200 --time-scale 4 -- --kv-cache-memory-bytes 8e9
+  kvwatch twin --model gpt-oss-120b --gpu h200 --time-scale 4 -- --kv-cache-memory-bytes 8000000000
   kvwatch twin --model ./config.json --gpu b200 --kv-cache-dtype fp8
 
 What is vLLM's own and what is simulated: docs/twin.md. Every figure the twin serves is
