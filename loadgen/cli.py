@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +66,12 @@ def _build_model(ns: argparse.Namespace) -> int:
 
 
 def _serve_local(ns: argparse.Namespace) -> int:
-    from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig, ServerStartError
+    from kvwatch.loadgen.local_server import (
+        LocalVLLM,
+        ServerConfig,
+        ServerStartError,
+        serve_until_stopped,
+    )
     from kvwatch.loadgen.tiny_model import build_tiny_model
 
     extra = [a for a in ns.vllm_args if a != "--"] if ns.vllm_args else []
@@ -89,21 +93,9 @@ def _serve_local(ns: argparse.Namespace) -> int:
     except ServerStartError as e:
         raise CliError(str(e), EXIT_UNREACHABLE) from None
     try:
-        print(f"base_url={server.base_url}")
-        print(f"log={server.log_path}")
-        print(f"pid={server.pid}", flush=True)
-        while True:
-            time.sleep(0.5)
-            if server.proc is not None and server.proc.poll() is not None:
-                raise CliError(
-                    f"vLLM exited with code {server.proc.returncode}; see {server.log_path}",
-                    EXIT_UNREACHABLE,
-                )
-    except KeyboardInterrupt:
-        pass
-    finally:
-        print("stopping vLLM ...", file=sys.stderr)
-        server.stop()
+        serve_until_stopped(server)
+    except ServerStartError as e:
+        raise CliError(str(e), EXIT_UNREACHABLE) from None
     return 0
 
 

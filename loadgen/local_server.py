@@ -30,6 +30,7 @@ __all__ = [
     "port_is_free",
     "group_alive",
     "set_autogroup_nice",
+    "serve_until_stopped",
 ]
 
 # 40 blocks of 32 tokens with the tiny model's 8 KiB per token: small enough that 32 concurrent
@@ -323,3 +324,28 @@ def group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def serve_until_stopped(server: LocalVLLM, lines: tuple[str, ...] = ()) -> None:
+    """What `serve-local` and `kvwatch twin` do once vLLM is up: print `base_url=`, `log=`,
+    `pid=` and `lines`, hold until Ctrl-C (or a SIGTERM the caller made interrupt), then stop
+    the server. ServerStartError if vLLM exits on its own meanwhile."""
+    try:
+        print(f"base_url={server.base_url}")
+        print(f"log={server.log_path}")
+        print(f"pid={server.pid}")
+        for line in lines:
+            print(line)
+        sys.stdout.flush()
+        while True:
+            time.sleep(0.5)
+            proc = server.proc
+            if proc is not None and proc.poll() is not None:
+                raise ServerStartError(
+                    f"vLLM exited with code {proc.returncode}; see {server.log_path}"
+                )
+    except KeyboardInterrupt:
+        pass
+    finally:
+        print("stopping vLLM ...", file=sys.stderr)
+        server.stop()

@@ -14,8 +14,12 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 __all__ = [
     "TinyModelSpec",
@@ -25,6 +29,7 @@ __all__ = [
     "build_tiny_model",
     "model_dir_for",
     "build_tokenizer",
+    "build_dir_atomically",
 ]
 
 # Bump when the build changes what it writes, so old caches are not reused.
@@ -199,20 +204,28 @@ def build_tiny_model(
                 return target
         except (OSError, ValueError):
             pass
+
+    def fill(tmp: Path) -> None:
+        vocab = build_tokenizer(tmp, spec)
+        _build_weights(spec, tmp, vocab)
+        (tmp / _MARKER).write_text(json.dumps(wanted, sort_keys=True, indent=2) + "\n")
+
+    build_dir_atomically(target, fill)
+    return target
+
+
+def build_dir_atomically(target: Path, fill: Callable[[Path], T]) -> T:
+    """Fill a temporary sibling of `target` and rename it into place: an interrupted build
+    never leaves a half-written directory that a later run would mistake for a good one."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        _build_tokenizer(spec, tmp)
-        from transformers import PreTrainedTokenizerFast
-
-        vocab = len(PreTrainedTokenizerFast.from_pretrained(str(tmp)))
-        _build_weights(spec, tmp, vocab)
+        out = fill(tmp)
         tmp.chmod(0o755)
-        (tmp / _MARKER).write_text(json.dumps(wanted, sort_keys=True, indent=2) + "\n")
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return out

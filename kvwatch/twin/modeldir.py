@@ -12,14 +12,11 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvwatch.loadgen.tiny_model import build_tokenizer, default_cache_dir
+from kvwatch.loadgen.tiny_model import build_dir_atomically, build_tokenizer, default_cache_dir
 from kvwatch.sizing.archconfig import read_config
 from kvwatch.sizing.presets import MODEL_PRESETS
 
@@ -86,17 +83,12 @@ def twin_model_dir(model: str, cache_dir: Path | None = None) -> TwinModelDir:
         return TwinModelDir(target, vocab, tuple(changes))
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
+
+    def fill(tmp: Path) -> int:
         (tmp / "config.json").write_text(json.dumps(served, indent=2, sort_keys=True) + "\n")
         vocab = build_tokenizer(tmp)
         (tmp / _MARKER).write_text(json.dumps({"vocab": vocab, "model": model}) + "\n")
-        tmp.chmod(0o755)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        return vocab
+
+    vocab = build_dir_atomically(target, fill)
     return TwinModelDir(target, vocab, tuple(changes))

@@ -5,15 +5,20 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import shutil
 import signal
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvwatch.common.command import EXIT_UNREACHABLE, CliError
-from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig, ServerStartError
+from kvwatch.loadgen.local_server import (
+    LocalVLLM,
+    ServerConfig,
+    ServerStartError,
+    serve_until_stopped,
+)
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
 from kvwatch.twin.modeldir import EOS_ID, twin_model_dir
@@ -44,6 +49,7 @@ class TwinServer:
     server: LocalVLLM
     settings: TwinSettings
     changes: tuple[str, ...]
+    own_dir: Path | None = None  # the status file's directory, when start_twin made it
 
     @property
     def base_url(self) -> str:
@@ -67,6 +73,8 @@ class TwinServer:
 
     def stop(self) -> None:
         self.server.stop()
+        if self.own_dir is not None:
+            shutil.rmtree(self.own_dir, ignore_errors=True)
 
 
 def start_twin(
@@ -94,9 +102,10 @@ def start_twin(
     if card.memory_bytes is None:
         raise SizingError(f"--gpu {gpu}: the twin simulates GPUs; serve-local runs vLLM on the CPU")
     arch = resolve_model(model)
-    StepConstants.with_overrides(step or {})
+    StepConstants.with_overrides(step or {})  # refused here, not in vLLM's engine process
     served = twin_model_dir(model)
-    status = (status_dir or Path(tempfile.mkdtemp(prefix="kvwatch-twin-"))) / "card.json"
+    own_dir = None if status_dir else Path(tempfile.mkdtemp(prefix="kvwatch-twin-"))
+    status = (status_dir or own_dir or Path()) / "card.json"
     settings = TwinSettings(
         model=model if not Path(model).exists() else str(Path(model).resolve()),
         gpu=card.name,
@@ -123,9 +132,18 @@ def start_twin(
         env={ENV_VAR: settings.to_env()},
         weightless=True,
     )
-    server = LocalVLLM(config, log_path=log_path, start_timeout_s=start_timeout_s)
-    server.start()
-    return TwinServer(server, settings, served.changes)
+    twin = TwinServer(
+        LocalVLLM(config, log_path=log_path, start_timeout_s=start_timeout_s),
+        settings,
+        served.changes,
+        own_dir,
+    )
+    try:
+        twin.server.start()
+    except BaseException:
+        twin.stop()
+        raise
+    return twin
 
 
 def run_twin(ns: argparse.Namespace) -> int:
@@ -154,29 +172,19 @@ def run_twin(ns: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     except ServerStartError as e:
         raise CliError(str(e), EXIT_UNREACHABLE) from None
+    s = twin.settings
+    budget = twin.budget_line()
+    lines = (
+        f"twin={s.model} on {s.gpu} TP{s.tp} PP{s.pp} (simulated; vLLM's own engine)",
+        f"time_scale={s.time_scale:g}",
+        *(f"note=the model is {c}" for c in twin.changes),
+        *((f"kv_budget={budget}",) if budget else ()),
+        f"capacity={twin.capacity_line() or '(not in the log)'}",
+    )
     try:
-        s = twin.settings
-        print(f"base_url={twin.base_url}")
-        print(f"log={log}")
-        print(f"pid={twin.server.pid}")
-        print(f"twin={s.model} on {s.gpu} TP{s.tp} PP{s.pp} (simulated; vLLM's own engine)")
-        print(f"time_scale={s.time_scale:g}")
-        for c in twin.changes:
-            print(f"note=the model is {c}")
-        budget = twin.budget_line()
-        if budget:
-            print(f"kv_budget={budget}")
-        print(f"capacity={twin.capacity_line() or '(not in the log)'}", flush=True)
-        while True:
-            time.sleep(0.5)
-            proc = twin.server.proc
-            if proc is not None and proc.poll() is not None:
-                raise CliError(
-                    f"vLLM exited with code {proc.returncode}; see {log}", EXIT_UNREACHABLE
-                )
-    except KeyboardInterrupt:
-        pass
+        serve_until_stopped(twin.server, lines)
+    except ServerStartError as e:
+        raise CliError(str(e), EXIT_UNREACHABLE) from None
     finally:
-        print("stopping vLLM ...", file=sys.stderr)
-        twin.stop()
+        twin.stop()  # the status directory too (the server is stopped already)
     return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from typing import Any
 
 __all__ = ["ENV_VAR", "TwinSettings", "SettingsError", "from_environment"]
@@ -71,8 +72,12 @@ class TwinSettings:
 
 
 def from_environment() -> TwinSettings | None:
-    """The settings if the twin was asked for in this process's environment, else None."""
+    """The settings if the twin was asked for in this process's environment, else None (vLLM
+    asks the platform for them once per attention layer: parsed once per value)."""
     text = os.environ.get(ENV_VAR)
-    if not text:
-        return None
+    return _parsed(text) if text else None
+
+
+@lru_cache(maxsize=4)
+def _parsed(text: str) -> TwinSettings:
     return TwinSettings.from_json(text)

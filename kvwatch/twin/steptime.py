@@ -27,12 +27,12 @@ from typing import Any
 from kvwatch.sizing.archconfig import Architecture, AttentionLayer, MlaLayer, StateLayer
 from kvwatch.sizing.kvplan import KV_DTYPE_BYTES
 from kvwatch.sizing.presets import GpuSpec
+from kvwatch.twin.cards import PCIE4_BYTES_PER_S, PEER_LINK_BYTES_PER_S
 
 __all__ = [
     "StepConstants",
     "StepModel",
     "ScheduledRequest",
-    "LINK_BYTES_PER_S",
     "MFU_BY_GPU",
     "StepError",
 ]
@@ -40,21 +40,6 @@ __all__ = [
 
 class StepError(ValueError):
     """The step model cannot be built for this model and card; the message says why."""
-
-
-# GPU-to-GPU bandwidth each way, bytes/s (NVLink 4 on H100/H200 SXM: 900 GB/s both ways;
-# NVLink 5 on B200: 1.8 TB/s; NVLink 3 on A100 SXM: 600 GB/s; L40S and L4 have no NVLink and
-# all-reduce over PCIe 4 x16; MI300X: 7 Infinity Fabric links of 64 GB/s each way)
-LINK_BYTES_PER_S = {
-    "h100": 450e9,
-    "h200": 450e9,
-    "b200": 900e9,
-    "a100": 300e9,
-    "a100-40gb": 300e9,
-    "l40s": 32e9,
-    "l4": 32e9,
-    "mi300x": 448e9,
-}
 
 
 # A prefill's share of the dense bf16 peak, fitted to Lambda's time to first token of ten prompts
@@ -218,7 +203,7 @@ class StepModel:
         compute_s = (dense_flops + attn_flops) / (gpu.bf16_flops * self.mfu)
         comm_s = 0.0
         if self.tp > 1:
-            link = LINK_BYTES_PER_S.get(gpu.name, 32e9)
+            link = PEER_LINK_BYTES_PER_S.get(gpu.name, PCIE4_BYTES_PER_S)
             n_layers = max(1, len(self.arch.layers) // self.pp)
             payload = tokens * self.arch.hidden_size * 2
             per = c.allreduce_latency_s + 2 * (self.tp - 1) / self.tp * payload / link
@@ -232,7 +217,7 @@ class StepModel:
             "gpu": gpu.name,
             "hbm_bytes_per_s": gpu.hbm_bytes_per_s,
             "bf16_flops": gpu.bf16_flops,
-            "link_bytes_per_s": LINK_BYTES_PER_S.get(gpu.name) if self.tp > 1 else None,
+            "link_bytes_per_s": PEER_LINK_BYTES_PER_S.get(gpu.name) if self.tp > 1 else None,
             "tp": self.tp,
             "pp": self.pp,
             "weights_bytes_per_rank": self._weights_read(0),

@@ -307,7 +307,7 @@ class TwinWorker(WorkerBase):
                         if st.behind_share > _BEHIND_WARN
                         else "",
                     )
-            except Exception:  # the loop must outlive a bad interval; say so, once a minute
+            except Exception:  # the loop must outlive a bad interval: say so and go on
                 logger.exception("kvwatch twin: the card status could not be written")
 
 

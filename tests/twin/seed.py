@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["SeedResult", "run_seed", "scrape"]
+__all__ = ["SeedResult", "run_seed", "scrape", "cache_config"]
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})? ([-+\d.eE]+|NaN)$")
 _VICTIM = re.compile(
     r"preempted (\S+) \(admitted #(\d+); the newest running request was admitted #(\d+)\)"
 )
@@ -33,13 +33,22 @@ _RESUMED = re.compile(
 
 
 def scrape(text: str) -> dict[str, float]:
-    """name -> value, summed over label sets (one engine here)."""
+    """Sample name -> value, summed over label sets (one engine here), read with
+    prometheus-client's own parser."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m:
-            out[m[1]] = out.get(m[1], 0.0) + float(m[3])
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[s.name] = out.get(s.name, 0.0) + s.value
     return out
+
+
+def cache_config(text: str) -> dict[str, str]:
+    """The labels of vLLM's `cache_config_info` (num_gpu_blocks, block_size, ...)."""
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "vllm:cache_config_info":
+                return dict(s.labels)
+    raise ValueError("the server exports no vllm:cache_config_info")
 
 
 @dataclass(frozen=True)
@@ -107,13 +116,9 @@ async def run_seed(
     samples: list[dict[str, float]] = []
     limits = httpx.Limits(max_connections=requests + 8)
     async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits) as client:
-        first = scrape((await client.get("/metrics")).text)
-        blocks = int(first.get("kvwatch_twin_num_gpu_blocks", 0))
-        info = (await client.get("/metrics")).text
-        m = re.search(r'num_gpu_blocks="(\d+)"', info)
-        b = re.search(r'block_size="(\d+)"', info)
-        blocks = int(m[1]) if m else blocks
-        block_size = int(b[1]) if b else 16
+        text = (await client.get("/metrics")).text
+        first, cc = scrape(text), cache_config(text)
+        blocks, block_size = int(cc["num_gpu_blocks"]), int(cc["block_size"])
         start = time.monotonic()
         tasks = []
         for p in prompts:

@@ -5,7 +5,6 @@ same run into docs/twin.md)."""
 from __future__ import annotations
 
 import asyncio
-import re
 from pathlib import Path
 
 import httpx
@@ -15,7 +14,7 @@ from kvwatch.advise.whatif import what_if
 from kvwatch.cli import build_parser
 from kvwatch.twin.serve import TwinServer
 from tests.twin.conftest import TWIN_BLOCKS, TWIN_TIME_SCALE
-from tests.twin.seed import run_seed, scrape
+from tests.twin.seed import cache_config, run_seed, scrape
 
 pytestmark = pytest.mark.integration
 
@@ -28,8 +27,8 @@ def test_it_starts_as_the_card_would_and_says_it_is_a_twin(twin: TwinServer) -> 
     w = what_if(ns).to_dict()
     assert twin.capacity_line() == w["capacity_line"]
     text = httpx.get(twin.base_url + "/metrics", timeout=10).text
-    info = re.search(r"vllm:cache_config_info\{([^}]*)\}", text)
-    assert info and f'num_gpu_blocks="{TWIN_BLOCKS}"' in info[1] and 'block_size="16"' in info[1]
+    cc = cache_config(text)
+    assert (cc["num_gpu_blocks"], cc["block_size"]) == (str(TWIN_BLOCKS), "16")
     m = scrape(text)
     assert m["kvwatch_twin_time_scale"] == TWIN_TIME_SCALE
     assert 'kvwatch_twin_info{gpu="h100",model="llama-3.1-8b",pp="1",tp="1"} 1.0' in text
@@ -52,3 +51,40 @@ def test_the_seed_scenario(twin: TwinServer, twin_log: Path) -> None:
     assert r.first_recompute_tokens + (r.first_recompute_cached or 0) == r.first_recompute_of
     # the card kept time: the latencies are the card's, not this machine's
     assert r.behind_s < 0.1 * r.wall_s, r
+
+
+def test_the_command_serves_says_what_it_is_and_stops_on_sigterm(tmp_path: Path) -> None:
+    """`kvwatch twin` as a user runs it: the URL and vLLM's capacity line on stdout, a working
+    server, and SIGTERM stops vLLM with it (nothing left behind, exit 0)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from kvwatch.loadgen.local_server import group_alive
+
+    with subprocess.Popen(
+        [sys.executable, "-m", "kvwatch", "twin", "--model", "llama-3.1-8b", "--gpu", "h200",
+         "--log", str(tmp_path / "twin.log"), "--", "--max-model-len", "2048",
+         "--kv-cache-memory-bytes", str(1000 * 16 * 131072)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+    ) as proc:  # fmt: skip
+        try:
+            said: dict[str, str] = {}
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                key, _, value = line.rstrip("\n").partition("=")
+                said[key] = value
+                if key == "capacity":
+                    break
+            assert said["capacity"].startswith("GPU KV cache size: 16,000 tokens"), said
+            assert said["twin"].startswith("llama-3.1-8b on h200 TP1 PP1 (simulated"), said
+            assert httpx.get(said["base_url"] + "/health", timeout=10).status_code == 200
+            vllm_pid = int(said["pid"])
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+            assert not group_alive(vllm_pid)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
