@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 from kvwatch.sizing.kvmath import lookup_gpu, lookup_model
+from kvwatch.sizing.steptime import ScheduledRequest, StepModel
 from kvwatch.twin.published import PUBLISHED
-from kvwatch.twin.steptime import ScheduledRequest, StepModel
 
 OUT = Path(__file__).parent / "results" / "twin" / "steptime.json"
 

@@ -18,6 +18,7 @@ __all__ = [
     "GPU_PRESETS",
     "GPU_ALIASES",
     "LINK_BYTES_PER_S",
+    "PEER_LINK_BYTES_PER_S",
 ]
 
 
@@ -293,6 +294,19 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
 
 # bytes/s each way over a x16 host link
 LINK_BYTES_PER_S = {"pcie4": 32e9, "pcie5": 64e9, "pcie6": 128e9}
+# GPU-to-GPU bandwidth each way, bytes/s (NVLink 4 on H100/H200 SXM: 900 GB/s both ways;
+# NVLink 5 on B200: 1.8 TB/s; NVLink 3 on A100 SXM: 600 GB/s; MI300X: 7 Infinity Fabric links
+# of 64 GB/s each way). L40S and L4 have no NVLink: their all-reduces cross PCIe 4 x16.
+PEER_LINK_BYTES_PER_S = {
+    "h100": 450e9,
+    "h200": 450e9,
+    "b200": 900e9,
+    "a100": 300e9,
+    "a100-40gb": 300e9,
+    "l40s": LINK_BYTES_PER_S["pcie4"],
+    "l4": LINK_BYTES_PER_S["pcie4"],
+    "mi300x": 448e9,
+}
 
 
 @dataclass(frozen=True)

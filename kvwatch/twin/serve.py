@@ -21,9 +21,9 @@ from kvwatch.loadgen.local_server import (
 )
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
+from kvwatch.sizing.steptime import StepConstants, StepError
 from kvwatch.twin.modeldir import EOS_ID, twin_model_dir
 from kvwatch.twin.settings import ENV_VAR, SettingsError, TwinSettings
-from kvwatch.twin.steptime import StepConstants, StepError
 
 __all__ = ["run_twin", "TwinServer", "start_twin", "time_scale_for", "SUSTAINED_TOKENS_PER_S"]
 

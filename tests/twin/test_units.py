@@ -11,10 +11,10 @@ from kvwatch.loadgen.cmd_run import in_wall_time
 from kvwatch.loadgen.records import StallRule
 from kvwatch.sidecar.metrics.twin import read_time_scale
 from kvwatch.sizing.kvmath import lookup_gpu, lookup_model
+from kvwatch.sizing.steptime import ScheduledRequest, StepConstants, StepError, StepModel
 from kvwatch.twin.card import CardClock
 from kvwatch.twin.modeldir import served_config
 from kvwatch.twin.serve import time_scale_for
-from kvwatch.twin.steptime import ScheduledRequest, StepConstants, StepError, StepModel
 
 H100 = lookup_gpu("h100")
 LLAMA8B = lookup_model("llama-3.1-8b")

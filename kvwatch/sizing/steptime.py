@@ -26,8 +26,7 @@ from typing import Any
 
 from kvwatch.sizing.archconfig import Architecture, AttentionLayer, MlaLayer, StateLayer
 from kvwatch.sizing.kvplan import KV_DTYPE_BYTES
-from kvwatch.sizing.presets import GpuSpec
-from kvwatch.twin.cards import PCIE4_BYTES_PER_S, PEER_LINK_BYTES_PER_S
+from kvwatch.sizing.presets import LINK_BYTES_PER_S, PEER_LINK_BYTES_PER_S, GpuSpec
 
 __all__ = [
     "StepConstants",
@@ -203,7 +202,7 @@ class StepModel:
         compute_s = (dense_flops + attn_flops) / (gpu.bf16_flops * self.mfu)
         comm_s = 0.0
         if self.tp > 1:
-            link = PEER_LINK_BYTES_PER_S.get(gpu.name, PCIE4_BYTES_PER_S)
+            link = PEER_LINK_BYTES_PER_S.get(gpu.name, LINK_BYTES_PER_S["pcie4"])
             n_layers = max(1, len(self.arch.layers) // self.pp)
             payload = tokens * self.arch.hidden_size * 2
             per = c.allreduce_latency_s + 2 * (self.tp - 1) / self.tp * payload / link
