@@ -71,7 +71,8 @@ def _register_advise(sub: Any) -> None:
         "a Prometheus server (--prometheus, every instance), "
         "or answers a what-if from vLLM's own arithmetic (--what-if --model M --gpu G: "
         "num_gpu_blocks, kv_cache_size_tokens and max_concurrency as vLLM computes them; with "
-        "--concurrency, --prompt-len and --output-len also the advice and what a preemption "
+        "--concurrency, --prompt-len and --output-len also the load's KV onset (the fewest "
+        "streams that preempt) and its output tokens/s, the advice and what a preemption "
         "costs). Exit 0 when the load fits, 1 when the cache is undersized, 2 for bad figures.",
     )
     src = a.add_mutually_exclusive_group(required=True)
@@ -133,6 +134,12 @@ def _register_advise(sub: Any) -> None:
         metavar="T",
         help="tokens one step may schedule (default: vLLM's for the GPU); sizes sliding windows",
     )
+    m.add_argument(
+        "--max-num-seqs",
+        type=int,
+        metavar="S",
+        help="sequences one step may run (default: vLLM's for the GPU: 1,024 on H100-class)",
+    )
     m.add_argument("--tp", type=int, default=1, help="tensor-parallel size (1)")
     m.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (1)")
     m.add_argument(
@@ -148,8 +155,14 @@ def _register_advise(sub: Any) -> None:
         action="store_true",
         help="as vLLM's --no-enable-prefix-caching (Mamba states then keep one block)",
     )
-    ld = a.add_argument_group("what-if load: add these for the advice and the preemption cost")
-    ld.add_argument("--concurrency", type=float, help="requests running at once")
+    ld = a.add_argument_group(
+        "what-if load: add these for the KV onset, tokens/s, advice and preemption cost"
+    )
+    ld.add_argument(
+        "--concurrency",
+        type=float,
+        help="streams, each sending its next request when the last ends (a closed loop)",
+    )
     ld.add_argument("--prompt-len", type=float, help="prompt tokens per request")
     ld.add_argument("--output-len", type=float, help="output tokens per request")
     ld.add_argument(

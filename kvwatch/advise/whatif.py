@@ -3,8 +3,10 @@
 The plan is vLLM's own arithmetic (`kvplan`, checked against vLLM in tests/sizing): with
 `--kv-cache-memory-bytes` it is exact; from `--gpu-memory-utilization` the budget is the GPU's
 memory share less the weights and an estimated activation peak per GPU (`sizing/budget.py`,
-which the twin shares), which leaves out CUDA graphs (it says so). A load (`--concurrency`,
-`--prompt-len`, `--output-len`) adds the sizing advice and what one preemption costs on that model.
+which the twin shares), which leaves out CUDA graphs (it says so). A load (`--prompt-len`,
+`--output-len`, and `--concurrency` streams) adds the load's KV onset and tokens/s
+(`sizing/loadmodel.py`, with the twin's step model), the sizing advice, and what one preemption
+costs on that model.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from kvwatch.sizing.budget import default_max_num_seqs, utilization_budget
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvmath import Gpu, VictimCosts, lookup_gpu, resolve_model, victim_costs
 from kvwatch.sizing.kvplan import PLATFORMS, KvPlan, Serving, capacity_line, plan
+from kvwatch.sizing.loadmodel import ClosedLoop, LoadPrediction, predict_closed_loop
+from kvwatch.sizing.steptime import StepError, StepModel
 
 __all__ = ["WhatIfAnswer", "what_if", "render_what_if"]
 
@@ -36,6 +40,7 @@ class WhatIfAnswer:
     weights_bytes_per_gpu: float
     observed: Observed | None
     costs: VictimCosts | None
+    load: LoadPrediction | None = None
 
     @property
     def name(self) -> str:
@@ -69,6 +74,7 @@ class WhatIfAnswer:
             "params_total": self.model.params_total,
             "params_active": self.model.params_active,
             "victim": None if self.costs is None else self.costs.to_dict(),
+            "load": None if self.load is None else self.load.to_dict(),
         }
 
 
@@ -111,7 +117,7 @@ def what_if(ns: argparse.Namespace) -> WhatIfAnswer:
         budget, how = b.kv_bytes, b.how
     p = plan(model, serving, PLATFORMS[gpu.platform], budget)
     load = (ns.concurrency, ns.prompt_len, ns.output_len)
-    obs = costs = None
+    obs = costs = load_prediction = None
     if any(x is not None for x in load):
         if any(x is None for x in load):
             raise SizingError("a load needs all of --concurrency, --prompt-len and --output-len")
@@ -133,6 +139,20 @@ def what_if(ns: argparse.Namespace) -> WhatIfAnswer:
             source=f"what-if {model.name} on {gpu.name}",
             layout=p.layout,
         )
+        if ns.max_num_seqs is not None and ns.max_num_seqs < 1:
+            raise SizingError("--max-num-seqs must be at least 1")
+        load_prediction = predict_closed_loop(
+            ClosedLoop(
+                max(1, math.ceil(ns.concurrency)),
+                max(1, math.ceil(ns.prompt_len)),
+                max(1, math.ceil(ns.output_len)),
+            ),
+            p.layout,
+            p.num_gpu_blocks,
+            serving.max_num_batched_tokens or gpu.batched_tokens,
+            ns.max_num_seqs or default_max_num_seqs(gpu),
+            _step_model(model, gpu, ns.tp, ns.pp, ns.kv_dtype),
+        )
         costs = victim_costs(
             model,
             gpu,
@@ -142,7 +162,16 @@ def what_if(ns: argparse.Namespace) -> WhatIfAnswer:
             tp=ns.tp,
             step_s=None if ns.step_ms is None else ns.step_ms / 1000,
         )
-    return WhatIfAnswer(model, gpu, serving, p, how, weights, obs, costs)
+    return WhatIfAnswer(model, gpu, serving, p, how, weights, obs, costs, load_prediction)
+
+
+def _step_model(model: Architecture, gpu: Gpu, tp: int, pp: int, kv_dtype: str) -> StepModel | None:
+    """The twin's step model for this card; None where the card has no bandwidth or FLOP/s
+    figure (the CPU presets): the load's onset is still given, its tokens/s not."""
+    try:
+        return StepModel(model, gpu, tp=tp, pp=pp, kv_dtype=kv_dtype)
+    except StepError:
+        return None
 
 
 def _decode_lines(p: KvPlan) -> list[str]:
@@ -157,6 +186,42 @@ def _decode_lines(p: KvPlan) -> list[str]:
         f"requests fit ({held:,} blocks each; vLLM's startup figure counts {startup:,}: each "
         "window also holds a prefill chunk of in-flight tokens)"
     ]
+
+
+def _load_lines(x: LoadPrediction) -> list[str]:
+    """The closed loop's onset and tokens/s, each with its arithmetic."""
+    c = x.load
+    head = (
+        f"  the load: {c.concurrency:,} streams of {c.prompt_len:,} + {c.output_len:,} tokens "
+        "(a closed loop: each sends its next request when the last ends)"
+    )
+    if x.kv_onset_concurrency is None:
+        verdict = f"    no KV onset: even {x.max_num_seqs:,} streams fit"
+    elif c.concurrency >= x.kv_onset_concurrency:
+        verdict = (
+            f"    preempts: the KV onset is {x.kv_onset_concurrency:,} streams; "
+            f"{x.fits_concurrency:,} run clean"
+        )
+    else:
+        verdict = (
+            f"    fits: preemption would start at {x.kv_onset_concurrency:,} streams (KV onset)"
+        )
+    lines = [head, verdict, *[f"    {t}" for t in x.arithmetic]]
+    t, f = x.at_concurrency, x.at_fits
+    if t is None:
+        lines.append("    (no bandwidth or FLOP/s figure for this device: tokens/s not given)")
+        return lines
+    lines.append(
+        f"    output tokens/s at {c.concurrency:,} streams: {t.output_tokens_per_s:,.0f}"
+        + (" (with room; preemption's recompute costs more)" if t.preempts else "")
+    )
+    if f is not None and f.concurrency != c.concurrency:
+        lines.append(
+            f"    at {f.concurrency:,} streams, the most that run clean: "
+            f"{f.output_tokens_per_s:,.0f} output tokens/s"
+        )
+    lines.append("    (step times from the twin's step model, sizing/steptime.py: docs/twin.md)")
+    return lines
 
 
 def render_what_if(a: WhatIfAnswer) -> list[str]:
@@ -178,6 +243,8 @@ def render_what_if(a: WhatIfAnswer) -> list[str]:
     notes = list(m.notes) + list(p.layout.notes)
     if notes:
         lines += ["  notes:", *[f"    {x}" for x in notes]]
+    if a.load is not None:
+        lines += _load_lines(a.load)
     v = a.costs
     if v is not None:
         lines += [
@@ -203,6 +270,12 @@ def render_what_if(a: WhatIfAnswer) -> list[str]:
                 f"    generating it again: {v.regenerate_s:.1f} s "
                 f"({v.step_s * 1e3:.1f} ms a step, {how})"
             )
+            busy = None if a.load is None else a.load.at_concurrency
+            if busy is not None and v.step_source == "roofline":
+                lines.append(
+                    f"    at this load's decode step ({busy.decode_step_s * 1e3:.1f} ms, the "
+                    f"twin's step model): {v.regenerate_s / v.step_s * busy.decode_step_s:.1f} s"
+                )
         if math.isfinite(v.new_blocks_per_step) and v.recompute_s is None:
             lines.append("    (no FLOP/s figure for this device: recompute time not given)")
     return lines

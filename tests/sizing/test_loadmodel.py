@@ -1,0 +1,132 @@
+"""The closed loop's KV onset and tokens/s (sizing/loadmodel.py): the arithmetic on the layouts
+vLLM's planner gives (tests/twin/test_capacity.py holds those to vLLM), and the what-if's text
+and JSON that carry it. The twin check is tests/twin/test_twin_live.py; the bench against
+`kvwatch loadgen search` is bench/bench_whatif_load.py (docs/sizing.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kvwatch.sizing.errors import SizingError
+from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
+from kvwatch.sizing.kvplan import PLATFORMS, KvPlan, Serving, plan
+from kvwatch.sizing.loadmodel import ClosedLoop, predict_closed_loop
+from kvwatch.sizing.steptime import StepModel
+
+
+def _plan(model: str, gpu: str, kv_bytes: int, tp: int = 1) -> KvPlan:
+    serving = Serving(
+        max_model_len=4096, block_size=None, kv_dtype="auto", tp=tp, pp=1,
+        max_num_batched_tokens=8192, enable_prefix_caching=True,
+    )  # fmt: skip
+    return plan(resolve_model(model), serving, PLATFORMS[lookup_gpu(gpu).platform], kv_bytes)
+
+
+def _predict(model: str, gpu: str, kv_bytes: int, load: ClosedLoop, tp: int = 1,
+             max_num_seqs: int = 1024):  # type: ignore[no-untyped-def]  # fmt: skip
+    p = _plan(model, gpu, kv_bytes, tp)
+    steps = StepModel(resolve_model(model), lookup_gpu(gpu), tp=tp)
+    return predict_closed_loop(load, p.layout, p.num_gpu_blocks, 8192, max_num_seqs, steps)
+
+
+SEED_KV = 8000 * 16 * 131072  # the seed's 8,000 blocks of Llama 3.1 8B
+
+
+def test_the_seed_load_runs_clean_at_85_streams_and_preempts_at_86() -> None:
+    x = _predict("llama-3.1-8b", "h100", SEED_KV, ClosedLoop(100, 1000, 500))
+    # 1,499 tokens at the last step = 94 blocks; 7,999 usable (one null block) // 94 = 85
+    assert (x.blocks_at_end, x.fits_concurrency, x.kv_onset_concurrency) == (94, 85, 86)
+    assert x.at_concurrency is not None and x.at_concurrency.preempts
+    assert x.at_fits is not None and not x.at_fits.preempts
+    assert any("7,999 usable blocks // 94 = 85" in t for t in x.arithmetic)
+
+
+def test_the_null_block_decides_a_pool_that_fits_exactly() -> None:
+    # 94 x 85 = 7,990 blocks: a pool of 7,990 keeps 7,989 usable, so only 84 fit
+    x = _predict("llama-3.1-8b", "h100", 7990 * 16 * 131072, ClosedLoop(85, 1000, 500))
+    assert (x.fits_concurrency, x.kv_onset_concurrency) == (84, 85)
+
+
+def test_a_window_group_holds_its_prompt_while_it_prefills() -> None:
+    # gpt-oss: half the layers keep a 128-token window once decoding, all 2,000 prompt
+    # tokens while the prompt is computed; the 4 prompts of a step hold that much more
+    x = _predict("gpt-oss-120b", "h200", 14 * 2**30, ClosedLoop(64, 2000, 400))
+    assert x.blocks_in_prefill > x.blocks_at_end
+    extra = x.blocks_in_prefill - x.blocks_at_end
+    assert x.fits_concurrency == (x.num_gpu_blocks - 1 - 4 * extra) // x.blocks_at_end
+    plain = (x.num_gpu_blocks - 1) // x.blocks_at_end
+    assert x.fits_concurrency < plain
+
+
+def test_max_num_seqs_caps_the_streams_that_run() -> None:
+    x = _predict("llama-3.1-8b", "h100", SEED_KV, ClosedLoop(200, 100, 50), max_num_seqs=128)
+    assert x.kv_onset_concurrency is None  # 8,000 blocks hold more than 128 short requests
+    assert x.at_concurrency is not None and x.at_concurrency.running == 128
+    assert "no onset" in x.arithmetic[-2]
+
+
+def test_tokens_per_s_is_streams_x_output_over_one_wave() -> None:
+    low = _predict("llama-3.1-8b", "h100", SEED_KV, ClosedLoop(16, 1000, 500)).at_concurrency
+    high = _predict("llama-3.1-8b", "h100", SEED_KV, ClosedLoop(64, 1000, 500)).at_concurrency
+    assert low is not None and high is not None
+    assert high.cycle_steps == 501  # 500 tokens, one step for the next prompt to arrive
+    assert high.prefill_steps == 8  # 64 x 1,000 tokens over 8,192 less the 64 decodes
+    cycle = high.prefill_steps * high.prefill_step_s + 493 * high.decode_step_s
+    assert high.cycle_s == pytest.approx(cycle)
+    assert high.output_tokens_per_s == pytest.approx(64 * 500 / cycle)
+    # decode is memory-bound: four times the streams, far from four times the step time
+    assert high.decode_step_s < 2 * low.decode_step_s
+    assert high.output_tokens_per_s > 2 * low.output_tokens_per_s
+
+
+def test_tp_splits_kv_heads_so_more_streams_fit() -> None:
+    one = _predict("llama-3.1-70b", "h100", 18 * 2**30, ClosedLoop(64, 1500, 500), tp=4)
+    two = _predict("llama-3.1-70b", "h100", 18 * 2**30, ClosedLoop(64, 1500, 500), tp=8)
+    assert two.kv_onset_concurrency is not None and one.kv_onset_concurrency is not None
+    assert two.kv_onset_concurrency > 1.9 * one.kv_onset_concurrency
+
+
+def test_a_load_needs_a_stream_and_a_token() -> None:
+    with pytest.raises(SizingError, match="concurrency"):
+        ClosedLoop(0, 10, 10)
+    with pytest.raises(SizingError, match="at least 1 token"):
+        ClosedLoop(1, 10, 0)
+
+
+def _what_if(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvwatch", "advise", "--what-if", "--model", "llama-3.1-8b",
+         "--max-model-len", "4096", "--kv-cache-memory-bytes", str(SEED_KV),
+         "--prompt-len", "1000", "--output-len", "500", *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_the_what_if_says_the_onset_and_tokens_per_s() -> None:
+    p = _what_if("--gpu", "h100", "--concurrency", "64")
+    assert p.returncode == 0, p.stderr
+    assert "fits: preemption would start at 86 streams (KV onset)" in p.stdout
+    assert "output tokens/s at 64 streams:" in p.stdout
+    assert "at 85 streams, the most that run clean:" in p.stdout
+    p = _what_if("--gpu", "h100", "--concurrency", "100", "--json")
+    assert p.returncode == 1, p.stderr  # undersized
+    (item,) = json.loads(p.stdout)
+    load = item["what_if"]["load"]
+    assert load["kv_onset_concurrency"] == 86 and load["fits_concurrency"] == 85
+    assert load["at_concurrency"]["preempts"] is True
+    assert load["at_concurrency"]["output_tokens_per_s"] > 0
+
+
+def test_the_what_if_on_a_cpu_gives_the_onset_without_tokens_per_s() -> None:
+    p = _what_if("--gpu", "cpu", "--concurrency", "64")
+    assert p.returncode in (0, 1), p.stderr
+    assert "KV onset" in p.stdout and "tokens/s not given" in p.stdout
+
+
+def test_max_num_seqs_must_be_positive() -> None:
+    p = _what_if("--gpu", "h100", "--concurrency", "64", "--max-num-seqs", "0")
+    assert p.returncode == 2 and "--max-num-seqs must be at least 1" in p.stderr
