@@ -51,6 +51,7 @@ import json
 import math
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -69,6 +70,7 @@ from procfs import session_pids
 
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig, set_autogroup_nice, stop_process
 from kvwatch.loadgen.tiny_model import build_tiny_model
+from kvwatch.sidecar.contract.levels import Level
 from kvwatch.sidecar.contract.thresholds import Thresholds, parse_overrides
 from kvwatch.sidecar.judge.forecast import MIN_POINTS, line_fit
 from kvwatch.sidecar.judge.pipeline import EngineJudge
@@ -77,6 +79,7 @@ from kvwatch.sidecar.judge.timeline import Timeline
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.observe import EngineObservation, observe
 from tests.burst import rate_for_in_flight
+from tests.twin.seed import VICTIM_LINE
 
 OUT = Path(__file__).resolve().parent / "results" / "forecast"
 HORIZONS = (30.0, 10.0, 5.0)
@@ -92,11 +95,11 @@ HELD_OUT = (
 )
 
 
-def _load(base: str, run_dir: Path, seed: int, stage: str) -> None:
+def _load(base: str, run_dir: Path, seed: int, stage: str, lengths: tuple[int, int]) -> None:
     subprocess.run(
         [sys.executable, "-m", "kvwatch", "loadgen", "run", "--url", base, "--run-dir",
          str(run_dir), "--no-progress", "--stage", stage,
-         "--input-len", "30", "--output-len", "300", "--seed", str(seed)],
+         "--input-len", str(lengths[0]), "--output-len", str(lengths[1]), "--seed", str(seed)],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
 
@@ -119,32 +122,73 @@ class Recipe:
     idle_s: float = 0.0
     cpu_hog: bool = False
     throttle: float | None = None
+    # MODEL:GPU:KV_BYTES: the GPU twin (vLLM's engine on a simulated card, time scale 1) instead
+    # of the fixture, with prompts and outputs of `lengths` tokens
+    twin: str | None = None
+    lengths: tuple[int, int] = (30, 300)
+    # a ramp is scraped this long after the cache ran out (the twin's: long enough for the
+    # thrashing state to be judged)
+    after_full_s: float = 5.0
+
+
+@contextmanager
+def _server(recipe: Recipe) -> Iterator[tuple[str, int, Path]]:
+    """The fixture vLLM, or the twin: its base URL, the pid that leads its session, its log."""
+    with tempfile.TemporaryDirectory(prefix="kvwatch-bench-forecast-") as tmp:
+        log = Path(tmp) / "vllm.log"
+        if recipe.twin is None:
+            with LocalVLLM(ServerConfig(model=build_tiny_model(), nice=recipe.nice), log) as srv:
+                yield srv.base_url, srv.pid, log
+        else:
+            with _twin(recipe.twin, log) as (base, pid):
+                yield base, pid, log
+
+
+@contextmanager
+def _twin(spec: str, log: Path) -> Iterator[tuple[str, int]]:
+    from kvwatch.twin.serve import start_twin
+
+    model, gpu, kv = spec.split(":")
+    twin = start_twin(
+        model, gpu, log, time_scale=1.0, status_dir=log.parent,
+        vllm_args=("--max-model-len", "4096", "--kv-cache-memory-bytes", kv),
+    )  # fmt: skip
+    try:
+        print(f"twin: {twin.capacity_line()}")
+        yield twin.base_url, twin.server.pid
+    finally:
+        twin.stop()
 
 
 def record(recipe: Recipe, runs: int, first: int = 0) -> None:
     """Each run until the cache has run out (a ramp) or to its end (a steady load)."""
     OUT.mkdir(parents=True, exist_ok=True)
-    log = Path(tempfile.mkdtemp()) / "vllm.log"
-    config = ServerConfig(model=build_tiny_model(), nice=recipe.nice)
     with (
-        LocalVLLM(config, log_path=log) as srv,
+        _server(recipe) as (base, pid, log),
         _cpu_hog(recipe.nice if recipe.cpu_hog else None),
-        _cpu_quota(srv.pid if recipe.throttle else None) as quota,
+        _cpu_quota(pid if recipe.throttle else None) as quota,
     ):
+        seen = 0
         for n in range(first, first + runs):
             stage = recipe.stage
             if stage is None:
-                rate, _ = asyncio.run(
-                    rate_for_in_flight(srv.base_url, recipe.in_flight, seed=100 + n)
-                )
+                rate, _ = asyncio.run(rate_for_in_flight(base, recipe.in_flight, seed=100 + n))
                 stage = f"constant:rate={rate:.3f}@90s"
             quota(recipe.throttle)
             try:
-                rows, full_at = _record_run(srv.base_url, stage, recipe.idle_s, seed=100 + n)
+                rows, full_at = _record_run(
+                    base, stage, recipe.idle_s, 100 + n, recipe.lengths, recipe.after_full_s
+                )
             finally:
                 quota(None)
             rows[0]["stage"] = stage
             rows[0]["throttle"] = recipe.throttle
+            rows[0]["twin"] = recipe.twin
+            rows[0]["lengths"] = recipe.lengths
+            if recipe.twin is not None:  # the twin's log names each victim; since the last run
+                victims = VICTIM_LINE.findall(log.read_text(errors="replace"))
+                rows[0]["victims"] = victims[seen:]
+                seen = len(victims)
             path = OUT / f"{recipe.prefix}-{n}.jsonl"
             path.write_text("".join(json.dumps(r) + "\n" for r in rows))
             print(f"run {n} ({stage}): {len(rows)} scrapes, cache full at {full_at} s -> {path}")
@@ -208,10 +252,13 @@ def _cpu_quota(session: int | None) -> Iterator[Callable[[float | None], None]]:
         group.rmdir()
 
 
-def _record_run(base: str, stage: str, idle_s: float, seed: int) -> tuple[list[dict], float | None]:
+def _record_run(
+    base: str, stage: str, idle_s: float, seed: int, lengths: tuple[int, int], after_s: float
+) -> tuple[list[dict], float | None]:
     """Scrape every 0.5 s, `idle_s` before the load starts (t = 0) and until it ends or, on a
-    ramp, 5 s after the cache ran out: the rows, and when it ran out."""
-    load = threading.Thread(target=_load, args=(base, Path(tempfile.mkdtemp()), seed, stage))
+    ramp, `after_s` after the cache ran out: the rows, and when it ran out."""
+    run_dir = Path(tempfile.mkdtemp())
+    load = threading.Thread(target=_load, args=(base, run_dir, seed, stage, lengths))
     t0 = time.monotonic() + idle_s
     rows: list[dict] = []
     full_at, before = None, None
@@ -228,12 +275,13 @@ def _record_run(base: str, stage: str, idle_s: float, seed: int) -> tuple[list[d
             before = pre if before is None else before  # the server's count so far
             if full_at is None and ((obs.kv_usage or 0) >= 1.0 or pre > before):
                 full_at = t
-            if stage.startswith("ramp") and full_at is not None and t - full_at > 5:
+            if stage.startswith("ramp") and full_at is not None and t - full_at > after_s:
                 break
             if t >= 0 and load.ident is None:
                 load.start()
             time.sleep(max(0.0, 0.5 - (time.monotonic() - t0 - t)))
     load.join()  # the rest of the ramp drains before the next run starts
+    shutil.rmtree(run_dir, ignore_errors=True)
     return rows, full_at
 
 
@@ -253,6 +301,9 @@ _KEPT = (
     "vllm:request_generation_tokens_count",
     "vllm:e2e_request_latency_seconds_sum",
     "vllm:e2e_request_latency_seconds_count",
+    # the twin's card: time it waited on this machine's CPU (its figures hold while this is ~0)
+    "kvwatch_twin_simulated_seconds_total",
+    "kvwatch_twin_behind_seconds_total",
 )
 
 
@@ -523,9 +574,14 @@ def evaluate(th: Thresholds) -> None:
         if ramps:
             _table(f"{title} (`{prefix}-N`)", [e for _, e, _ in ramps])
             _leads(title, ramps)
+    _steady("steady*", th)  # steady-N, steady0-N, any steady prefix
+
+
+def _steady(pattern: str, th: Thresholds) -> None:
+    """The alert's firings on steady runs: a false alert is one on a run that never ran out."""
     print("\nSteady runs (a false alert: one that fired on a run whose cache never ran out)")
     healthy = false = 0
-    for path in _numbered("steady*"):  # steady-N, steady0-N, any steady prefix
+    for path in _numbered(pattern):
         stage = json.loads(path.read_text().partition("\n")[0]).get("stage", "?")
         run = _load_run(path)
         full_at = _full_at(run)
@@ -543,6 +599,51 @@ def evaluate(th: Thresholds) -> None:
     print(f"false alerts on {healthy} healthy steady runs, both intervals together: {false}")
 
 
+def _states(run: Run, th: Thresholds) -> dict[str, float | None]:
+    """When the judge first called the engine saturated and thrashing, replaying every scrape,
+    beside the first preemption (the counter's first rise)."""
+    judge = EngineJudge("bench", ("model", "0"), th, 0)
+    before = run[0][1].preemptions_total or 0.0
+    first: dict[str, float | None] = {"preemption": None, "saturated": None, "thrashing": None}
+    for t, o in run:
+        judge.observe(t, t, o, None)
+        if first["preemption"] is None and (o.preemptions_total or 0) > before:
+            first["preemption"] = t
+        for level in (Level.SATURATED, Level.THRASHING):
+            if judge.level >= level and first[level.label] is None:
+                first[level.label] = t
+    return first
+
+
+def evaluate_twin(name: str, th: Thresholds) -> None:
+    """The twin's recordings `twin-NAME-ramp-N`, `-poisson-N` and `-steady-N` (recorded after
+    the sidecar's thresholds were chosen on the fixture: all held out), judged as `evaluate`
+    judges the fixture's, plus the states' timing and the victims the twin's log named."""
+    for kind, title in (("ramp", "even ramps"), ("poisson", "Poisson ramps")):
+        ramps = _ramps(f"twin-{name}-{kind}", th)
+        if not ramps:
+            continue
+        _table(f"twin {name}, {title}", [e for _, e, _ in ramps])
+        _leads(f"twin {name}, {title}", ramps)
+        print("\n| run | first preemption | saturated | thrashing | thrashing after it |")
+        print("|---|---|---|---|---|")
+        for path in _numbered(f"twin-{name}-{kind}"):
+            st = _states(_load_run(path), th)
+            p, x = st["preemption"], st["thrashing"]
+            cells = ["-" if v is None else f"{v:.1f} s" for v in st.values()]
+            lag = "-" if p is None or x is None else f"{x - p:+.1f} s"
+            print(f"| {path.stem} | " + " | ".join(cells) + f" | {lag} |")
+    _steady(f"twin-{name}-steady", th)
+    victims = newest = 0
+    for path in _numbered(f"twin-{name}-*"):
+        head = json.loads(path.read_text().partition("\n")[0])
+        for _, admitted, newest_then in head.get("victims") or []:
+            victims += 1
+            newest += admitted == newest_then
+    if victims:
+        print(f"\nvictims the twin's log named: {victims}; the newest running request: {newest}")
+
+
 def _recipe(ns: argparse.Namespace) -> Recipe:
     if ns.steady_in_flight is not None:
         stage, kind = None, "steady"
@@ -550,8 +651,13 @@ def _recipe(ns: argparse.Namespace) -> Recipe:
         stage, kind = f"{ns.arrival}:rate={ns.steady:g}@90s", "steady"
     else:
         stage, kind = (POISSON_RAMP, "poisson") if ns.poisson_ramp else (RAMP, "run")
+    if ns.stage is not None:
+        stage = ns.stage
     in_flight = 2.0 if ns.steady_in_flight is None else ns.steady_in_flight
-    return Recipe(stage, ns.prefix or kind, ns.nice, in_flight, ns.idle, ns.cpu_hog, ns.throttle)
+    return Recipe(
+        stage, ns.prefix or kind, ns.nice, in_flight, ns.idle, ns.cpu_hog, ns.throttle,
+        ns.twin, (ns.input_len, ns.output_len), ns.after_full,
+    )  # fmt: skip
 
 
 def main() -> None:
@@ -597,7 +703,23 @@ def main() -> None:
         "root), after a steady load was paced at its full speed: it slows under the load",
     )  # fmt: skip
     r.add_argument("--prefix", help="name the files PREFIX-N.jsonl (default: by the load)")
+    r.add_argument(
+        "--twin", metavar="MODEL:GPU:KV_BYTES",
+        help="record on the GPU twin (time scale 1) instead of the fixture, e.g. "
+        "llama-3.1-8b:h100:16777216000 (8,000 blocks); with --stage and the lengths below",
+    )  # fmt: skip
+    r.add_argument("--stage", help="the loadgen stage to send instead of the default ramp")
+    r.add_argument("--input-len", type=int, default=30, help="prompt tokens (30)")
+    r.add_argument("--output-len", type=int, default=300, help="output tokens (300)")
+    r.add_argument(
+        "--after-full", type=float, default=5.0, metavar="S",
+        help="a ramp is scraped S seconds after the cache ran out (5; the twin's: 30)",
+    )  # fmt: skip
     e = sub.add_parser("evaluate")
+    e.add_argument(
+        "--twin", metavar="NAME",
+        help="judge the twin's recordings twin-NAME-{ramp,poisson,steady}-N instead",
+    )  # fmt: skip
     e.add_argument(
         "--threshold", action="append", default=[], metavar="NAME=VALUE",
         help="judge the alert with this threshold changed, as the sidecar's --threshold "
@@ -612,7 +734,10 @@ def main() -> None:
         th = parse_overrides(ns.threshold)
     except ValueError as err:
         ap.error(str(err))
-    evaluate(th)
+    if ns.twin:
+        evaluate_twin(ns.twin, th)
+    else:
+        evaluate(th)
 
 
 if __name__ == "__main__":

@@ -21,9 +21,9 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["SeedResult", "run_seed", "scrape", "cache_config"]
+__all__ = ["SeedResult", "run_seed", "scrape", "cache_config", "VICTIM_LINE"]
 
-_VICTIM = re.compile(
+VICTIM_LINE = re.compile(
     r"preempted (\S+) \(admitted #(\d+); the newest running request was admitted #(\d+)\)"
 )
 _RESUMED = re.compile(
@@ -157,7 +157,7 @@ async def run_seed(
         and s.get("vllm:kv_cache_usage_perc", 0) * blocks >= requests * prompt_tokens / block_size
     ]
     log = log_path.read_text(errors="replace")
-    victim = _VICTIM.search(log)
+    victim = VICTIM_LINE.search(log)
     resumed = _RESUMED.search(log)
     return SeedResult(
         requests=requests,
