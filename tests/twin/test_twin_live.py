@@ -5,7 +5,11 @@ same run into docs/twin.md)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -88,3 +92,40 @@ def test_the_command_serves_says_what_it_is_and_stops_on_sigterm(tmp_path: Path)
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def _closed_loop(twin: TwinServer, streams: int, tmp: Path) -> dict[str, Any]:
+    """One wave of `streams` streams of 1,400 + 100 tokens, as a user sends it."""
+    run = tmp / f"c{streams}"
+    p = subprocess.run(
+        [sys.executable, "-m", "kvwatch", "loadgen", "run", "--url", twin.base_url,
+         "--concurrency", str(streams), "--requests", str(streams), "--input-len", "1400",
+         "--output-len", "100", "--run-dir", str(run), "--no-progress", "--seed", str(streams)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
+    summary: dict[str, Any] = json.loads((run / "summary.json").read_text())
+    return summary
+
+
+def test_the_what_ifs_onset_holds_on_the_twin(twin: TwinServer, tmp_path: Path) -> None:
+    """The what-if says 85 streams of 1,400 + 100 tokens fit 8,000 blocks and 86 preempt
+    (94 blocks each at the last step; one null block); vLLM's scheduler agrees, and the
+    tokens/s it predicts at 85 are the twin's within 15% (bench/bench_whatif_load.py runs the
+    full search on four models)."""
+    ns = build_parser().parse_args(
+        ["advise", "--what-if", "--model", "llama-3.1-8b", "--gpu", "h100",
+         "--max-model-len", "4096", "--kv-cache-memory-bytes", str(TWIN_BLOCKS * 16 * 131072),
+         "--concurrency", "85", "--prompt-len", "1400", "--output-len", "100"]
+    )  # fmt: skip
+    load = what_if(ns).load
+    assert load is not None and load.at_concurrency is not None
+    assert (load.fits_concurrency, load.kv_onset_concurrency) == (85, 86)
+    clean = _closed_loop(twin, 85, tmp_path)
+    assert clean["server"]["preemptions"] == 0, clean["server"]
+    over = _closed_loop(twin, 86, tmp_path)
+    assert over["server"]["preemptions"] >= 1, over["server"]
+    # one wave: its prefill and 100 steps, against the steady state's 101-step cycle
+    measured = clean["overall"]["output_token_throughput"] * clean["time_scale"]
+    predicted = load.at_concurrency.output_tokens_per_s
+    assert measured == pytest.approx(predicted, rel=0.15), (measured, predicted)
