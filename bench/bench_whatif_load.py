@@ -46,6 +46,7 @@ class Combo:
     prompt_len: int
     output_len: int
     start: int  # the search's first concurrency
+    max_load: int = 256  # the search's highest (it doubles up to here when no SLO fails)
     max_model_len: int = 4096
     time_scale: float = TIME_SCALE
 
@@ -64,9 +65,9 @@ COMBOS = [
     # sliding window + MoE: half the layers keep 128 tokens
     Combo("gptoss120b-h200", "gpt-oss-120b", "h200", 1, 14 * 2**30, 2000, 400, 32),
     # TP4: each rank holds a quarter of the KV heads
-    Combo("llama70b-tp4-h100", "llama-3.1-70b", "h100", 4, 18 * 2**30, 1500, 500, 32),
+    Combo("llama70b-tp4-h100", "llama-3.1-70b", "h100", 4, 18 * 2**30, 1500, 500, 32, 128),
     # sliding window 5:1 (Gemma 3): prompts longer than its 1,024-token window
-    Combo("gemma27b-h200", "gemma-3-27b", "h200", 1, 60 * 2**30, 1500, 300, 32),
+    Combo("gemma27b-h200", "gemma-3-27b", "h200", 1, 60 * 2**30, 1500, 300, 32, 128),
 ]
 
 
@@ -93,7 +94,7 @@ def _run(c: Combo) -> None:
             cmd = [
                 sys.executable, "-m", "kvwatch", "loadgen", "search", "--url", twin.base_url,
                 "--slo", "ttft=600s", "--by", "concurrency", "--start", str(c.start),
-                "--max", "256", "--repeats", "1", "--max-repeats", "1",
+                "--max", str(c.max_load), "--repeats", "1", "--max-repeats", "1",
                 "--input-len", str(c.prompt_len), "--output-len", str(c.output_len),
                 "--run-dir", str(dest), "--json", "--no-progress",
             ]  # fmt: skip
@@ -158,9 +159,26 @@ def _compare() -> list[dict[str, Any]]:
             row[f"{label}_tokens_per_s_predicted"] = p["output_tokens_per_s"]
             row[f"{label}_tokens_per_s_measured"] = m
         row["card_behind_share"] = _behind(dest)
+        row["stalls"] = _stalls(dest)
         row["chosen_on"] = c.name in CHOSEN_ON
         rows.append(row)
     return rows
+
+
+def _stalls(dest: Path) -> dict[str, int]:
+    """The load generator's stalls over every probe, split by whether the probe preempted, and
+    those of the preempting probes that came while the server preempted (loadgen's own
+    attribution, loadgen/stall_causes.py)."""
+    out = {"clean_probes_stalls": 0, "preempting_probes_stalls": 0, "stalls_preempting": 0}
+    for summary_path in sorted((dest / "probes").glob("*/summary.json")):
+        s = json.loads(summary_path.read_text())
+        o = s["overall"]
+        if ((s.get("server") or {}).get("preemptions") or 0) > 0:
+            out["preempting_probes_stalls"] += int(o.get("stalls") or 0)
+            out["stalls_preempting"] += int(o.get("stalls_preempting") or 0)
+        else:
+            out["clean_probes_stalls"] += int(o.get("stalls") or 0)
+    return out
 
 
 def _behind(dest: Path) -> float | None:
@@ -193,6 +211,20 @@ def _table(rows: list[dict[str, Any]]) -> str:
             f"| {name} | {r['prompt_len']:,} + {r['output_len']:,} "
             f"| {r['num_gpu_blocks']:,} | {po} | {mo or '-'} | {d_on} "
             f"| {pt or 0:,.0f} | {mt or 0:,.0f} | {d_tp} | {r['card_behind_share'] or 0:.2%} |"
+        )
+    lines += [
+        "",
+        "| model x GPU | stalls, probes with no preemption | stalls, probes that preempted "
+        "| of those, while it preempted |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        st = r["stalls"]
+        n = st["preempting_probes_stalls"]
+        share = f" ({st['stalls_preempting'] / n:.0%})" if n else ""
+        lines.append(
+            f"| {r['model']} {r['gpu'].upper()} | {st['clean_probes_stalls']:,} | {n:,} "
+            f"| {st['stalls_preempting']:,}{share} |"
         )
     return "\n".join(lines)
 
