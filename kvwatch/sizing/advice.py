@@ -316,6 +316,15 @@ def _utilization(
     return None, True
 
 
+def _price(obs: Observed, n: _Need) -> str:
+    """What the memory lever costs beside the KV memory the server has now, per GPU."""
+    now = obs.kv_cache_memory_bytes
+    if not now:
+        return ""
+    more = n.kv_bytes - now
+    return f": {byte_size(more)} more per GPU than the {byte_size(now)} it has" if more > 0 else ""
+
+
 def _cap_option(n: _Need) -> str:
     return (
         f"{n.cap_flag} {n.max_seqs} (no preemption even if every admitted request reaches "
@@ -409,7 +418,8 @@ def advise(
         f"{obs.capacity_blocks}"
     )
     options = advice.options
-    options.append(f"--kv-cache-memory-bytes {n.kv_bytes} (KV for {n.needed} blocks)")
+    price = _price(obs, n)
+    options.append(f"--kv-cache-memory-bytes {n.kv_bytes} (KV for {n.needed} blocks{price})")
     advice.gpu_memory_utilization, no_room = _utilization(obs, n, gpu, a)
     if advice.gpu_memory_utilization is not None:
         options.append(
@@ -430,6 +440,10 @@ def advise(
         )
     advice.kv_offloading_gib, line = _offload_option(obs, n, gpu, version, a)
     options += [line] if line else []
-    options.append("on GPUs: --tensor-parallel-size 2 (splits weights and KV heads: more KV room)")
+    options.append(
+        "on GPUs: --tensor-parallel-size 2 (the price: twice the GPUs; each holds half the "
+        "weights and, except with MLA, half the KV heads: about twice the blocks in the same "
+        "KV memory per GPU)"
+    )
     advice.recommended = _recommend(no_room, fp8, n.cap_flag, n.max_seqs, obs.preemptions > 0)
     return advice

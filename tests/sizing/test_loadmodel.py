@@ -128,3 +128,11 @@ def test_the_what_if_on_a_cpu_gives_the_onset_without_tokens_per_s() -> None:
 def test_max_num_seqs_must_be_positive() -> None:
     p = _what_if("--gpu", "h100", "--concurrency", "64", "--max-num-seqs", "0")
     assert p.returncode == 2 and "--max-num-seqs must be at least 1" in p.stderr
+
+
+def test_the_advice_names_its_price() -> None:
+    """More memory: how much more per GPU than the budget the server has; TP: twice the GPUs."""
+    p = _what_if("--gpu", "h100", "--concurrency", "100")
+    assert p.returncode == 1, p.stderr
+    assert "GiB more per GPU than the 15.62 GiB it has)" in p.stdout
+    assert "--tensor-parallel-size 2 (the price: twice the GPUs;" in p.stdout
