@@ -16,9 +16,9 @@ wave's prompts are prefilled in the first steps and all of them decode side by s
   token; under async scheduling its next prompt arrives while the following step is already
   planned). Of those steps, the wave's prefills take `ceil(C x P / (max_num_batched_tokens -
   C))` (the decodes share the budget), each with the other streams decoding in it; the rest
-  are decode steps of C requests, read at contexts from P to P + O. Step times are the twin's step model
-  (`sizing/steptime.py`), so on the twin the figure tests the scheduling arithmetic; on a card
-  it is as good as the step model's calibration (docs/twin.md).
+  are decode steps of C requests, read at contexts from P to P + O. Step times are the twin's
+  step model (`sizing/steptime.py`), so on the twin the figure tests the scheduling arithmetic;
+  on a card it is as good as the step model's calibration (docs/twin.md).
 
 Pure arithmetic; preemption's own cost (recompute) is outside it: past the onset the figure is
 what the load would get with room, and the text says so.
