@@ -541,7 +541,7 @@ def _ramps(prefix: str, th: Thresholds) -> list[tuple[int, Errors, dict[int, flo
             leads[every] = -1.0 if first is None else full_at - first
         print(f"{path.name}: full at {full_at:.1f} s; alert lead {leads[1]:.1f} s "
               f"(0.5 s scrapes), {leads[2]:.1f} s (1 s)")  # fmt: skip
-        out.append((int(path.stem.split("-")[1]), _errors(run, full_at), leads))
+        out.append((int(path.stem.rpartition("-")[2]), _errors(run, full_at), leads))
     return out
 
 
