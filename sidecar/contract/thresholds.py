@@ -34,6 +34,12 @@ class Thresholds:
     collapse_running_fraction: float = 0.6
     # Evidence: generation throughput fell to this fraction of its recent peak while preempting.
     throughput_drop_fraction: float = 0.8
+    # Evidence: the preemptions in the short window were at least this share of the requests
+    # that finished in it (each victim's whole context is computed again, vLLM V1). On a big
+    # cache the batch barely shrinks and throughput barely falls while a tenth of the requests
+    # are recomputed; 0 turns this off. Chosen on the twin's ramps at H100 scale
+    # (docs/detection.md).
+    thrashing_preempted_share: float = 0.1
     # How long pressure's or saturation's conditions must hold before the state is entered, in
     # seconds: KV usage is a gauge, and one full sample is not yet a full cache.
     enter_after_s: float = 2.0

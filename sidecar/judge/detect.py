@@ -10,8 +10,10 @@ Values come from sidecar/contract/thresholds.py:
   short by turning requests away, 0.32+);
 - thrashing: saturated, a sustained preemption stream (rate and count in the short window), and
   evidence that work is redone: finished requests preempted 2+ times (per-request histogram),
-  running requests collapsed below a fraction of their recent peak while others wait, or
-  generation throughput fell below a fraction of its recent peak.
+  running requests collapsed below a fraction of their recent peak while others wait,
+  generation throughput fell below a fraction of its recent peak, or the preemptions were a
+  share of the requests that finished (the one that shows at H100 scale, where the batch and
+  the throughput hardly move).
 
 A worse state is entered once its conditions held `enter_after_s` (thrashing:
 `thrashing_enter_after_s`); a state is left once its conditions stayed false for
@@ -48,6 +50,7 @@ class Evidence:
     # 0.32+ families; None where the server has none
     rejected_short: float | None = None  # admission rejections (queue limits)
     offload_failures_short: float | None = None  # stores the CPU offload tier had no room for
+    finished_short: float | None = None  # requests finished in the short window
 
 
 def gather_evidence(tl: Timeline, sig: EngineSignals, now: float, th: Thresholds) -> Evidence:
@@ -69,6 +72,7 @@ def gather_evidence(tl: Timeline, sig: EngineSignals, now: float, th: Thresholds
         offload_failures_short=tl.increase(
             "offload_allocation_failures_total", th.short_window_s, now
         ),
+        finished_short=tl.increase("finished_requests_total", th.short_window_s, now),
     )
 
 
@@ -109,6 +113,13 @@ def judge(ev: Evidence, th: Thresholds, current: Level = Level.OK) -> tuple[Leve
             redone.append(
                 f"generation fell to {ev.generation_rate:.0f} tok/s from "
                 f"{ev.peak_generation_rate_long:.0f}"
+            )
+        finished = ev.finished_short
+        share = th.thrashing_preempted_share
+        if share > 0 and finished is not None and count >= share * finished:
+            redone.append(
+                f"{count:.0f} preempted against {finished:.0f} finished in the short window: "
+                "each victim's context is computed again"
             )
         if redone:
             reasons.append(f"{rate:.1f} preemptions/s ({count:.0f} in the short window)")

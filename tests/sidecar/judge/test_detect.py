@@ -166,3 +166,17 @@ class TestStateEpisodes:
             "http://a", 1.0, ScrapeOutcome(0.01, parse_exposition(_body(0, 0, 0, 0, 0)))
         )
         assert st2.view(1.0).targets[0].engines[0].episodes == 1
+
+
+def test_victims_a_tenth_of_the_finished_are_redone_work_at_scale() -> None:
+    """At H100 scale a preemption stream leaves the batch and the throughput where they were;
+    victims that are 10% of the requests finishing are the sign (docs/detection.md)."""
+    big = dict(kv_usage=1.0, peak_kv_short=1.0, waiting=5, running=100, peak_running_long=103,
+               generation_rate=4200.0, peak_generation_rate_long=4660.0)  # fmt: skip
+    stream = dict(preemptions_short=7, preemption_rate_short=0.7)
+    lvl, why = judge(ev(**big, **stream, finished_short=68), TH)
+    assert lvl is Level.THRASHING and any("7 preempted against 68 finished" in r for r in why)
+    assert judge(ev(**big, **stream, finished_short=71), TH)[0] is Level.SATURATED
+    assert judge(ev(**big, **stream), TH)[0] is Level.SATURATED  # no finished count: no sign
+    off = Thresholds(thrashing_preempted_share=0)
+    assert judge(ev(**big, **stream, finished_short=68), off)[0] is Level.SATURATED
