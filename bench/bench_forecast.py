@@ -348,6 +348,28 @@ def usage_slope(window_s: float) -> Forecaster:
     return forecast
 
 
+def usage_curve(window_s: float) -> Forecaster:
+    """A quadratic through KV usage over the window, run forward to 100%: a rise that
+    accelerates (a ramp on a big cache, where usage is smooth) bends the line up. Tried at
+    H100 scale (docs/detection.md); not the sidecar's."""
+
+    def forecast(tl: Timeline, now: float) -> float | None:
+        pts = [
+            (t - now, o.kv_usage)
+            for t, o in tl.points
+            if t >= now - window_s and o.kv_usage is not None
+        ]
+        if len(pts) < MIN_POINTS:
+            return None
+        c2, c1, c0 = np.polyfit([t for t, _ in pts], [u for _, u in pts], 2)
+        if c1 <= 0 and c2 <= 0:
+            return None
+        roots = [r.real for r in np.roots([c2, c1, c0 - 1.0]) if abs(r.imag) < 1e-9 and r.real >= 0]
+        return min(roots) if roots else None
+
+    return forecast
+
+
 def peak_slope(window_s: float, bin_s: float = 5.0) -> Forecaster:
     """The trend of the usage's peaks: usage swings as requests finish, and the cache runs out
     at a peak. The highest usage in each bin, fitted over the window; the time until the
@@ -448,6 +470,7 @@ FORECASTERS: dict[str, Forecaster] = {
     "peaks of KV usage (5 s bins), 60 s": peak_slope(60.0),
     "usage band: fit + 1.5 x spread, 60 s (the sidecar's)": sidecar,
     "a simulation of the engine, told the request shape": engine_model(),
+    "quadratic through KV usage, 30 s (tried at H100 scale)": usage_curve(30.0),
 }
 
 
