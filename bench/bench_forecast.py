@@ -468,7 +468,7 @@ FORECASTERS: dict[str, Forecaster] = {
     "KV usage slope, 10 s": usage_slope(10.0),
     "KV usage slope, 20 s": usage_slope(20.0),
     "peaks of KV usage (5 s bins), 60 s": peak_slope(60.0),
-    "usage band: fit + 1.5 x spread, 60 s (the sidecar's)": sidecar,
+    "the sidecar's: band of a 60 s line, or of a 30 s curve (since #29)": sidecar,
     "a simulation of the engine, told the request shape": engine_model(),
     "quadratic through KV usage, 30 s (tried at H100 scale)": usage_curve(30.0),
 }
