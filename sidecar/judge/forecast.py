@@ -76,7 +76,7 @@ def forecast_exhaustion(
     slope, mt, mv = line_fit(pts)
     spread = _rms(pts, lambda t: mv + slope * (t - mt))
     recent = [(t, v) for t, v in pts if t >= now - CURVE_WINDOW_S]
-    curve = _curve(recent, now) if len(recent) >= MIN_POINTS else None
+    curve = _curve(recent, now, spread_k) if len(recent) >= MIN_POINTS else None
     if curve is not None:
         return curve
     band = mv + slope * (now - mt) + spread_k * spread
@@ -125,7 +125,7 @@ def _det3(m: Sequence[Sequence[float]]) -> float:
     )
 
 
-def _curve(pts: Sequence[tuple[float, float]], now: float) -> KvForecast | None:
+def _curve(pts: Sequence[tuple[float, float]], now: float, spread_k: float) -> KvForecast | None:
     """Where usage rises smoothly and faster and faster (a big cache under a growing load),
     the curve through it, lifted by its own spread and run forward to 100%; None where a line
     serves (a small cache's swings hide any curve: it leaves them nearly as they are)."""
@@ -142,7 +142,7 @@ def _curve(pts: Sequence[tuple[float, float]], now: float) -> KvForecast | None:
     spread = _rms(pts, lambda t: a + b * (t - now) + c * (t - now) ** 2)
     if spread * spread > CURVE_GAIN * line_spread * line_spread:
         return None
-    band = a + SPREAD_K * spread
+    band = a + spread_k * spread
     if band >= 1.0:
         return KvForecast(0.0, b, band)
     # a + k s + b x + c x^2 = 1: the positive root
