@@ -60,11 +60,10 @@ def _run(c: Config, work: Path, label: str, kv: int, tp: int = 1, *extra: str) -
     """The load on a fresh twin with these settings: its outcome and vLLM's capacity line."""
     run_dir = work / label
     log = work / f"{label}-vllm.log"
-    twin = start_twin(
+    with start_twin(
         c.model, c.gpu, log, tp=tp, time_scale=1.0, status_dir=work,
         vllm_args=("--max-model-len", "4096", "--kv-cache-memory-bytes", str(kv), *extra),
-    )  # fmt: skip
-    try:
+    ) as twin:  # fmt: skip
         p = subprocess.run(
             [sys.executable, "-m", "kvwatch", "loadgen", "run", "--url", twin.base_url,
              "--run-dir", str(run_dir), "--no-progress", *c.workload()],
@@ -73,8 +72,6 @@ def _run(c: Config, work: Path, label: str, kv: int, tp: int = 1, *extra: str) -
         if p.returncode != 0:
             raise SystemExit(f"{c.name} {label}: the load failed: {p.stderr[-2000:]}")
         line = twin.capacity_line()
-    finally:
-        twin.stop()
     out: dict[str, Any] = dict(run_outcome(run_dir), setting=label, capacity_line=line)
     print(f"{c.name} {label}: {out}", file=sys.stderr, flush=True)
     return out

@@ -67,12 +67,13 @@ import httpx
 import numpy as np
 from fixture_sim import FIXTURE, Engine, Shape, Speeds, run_until_out
 from procfs import session_pids
+from twins import twin_from_spec
 
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig, set_autogroup_nice, stop_process
 from kvwatch.loadgen.tiny_model import build_tiny_model
 from kvwatch.sidecar.contract.levels import Level
 from kvwatch.sidecar.contract.thresholds import Thresholds, parse_overrides
-from kvwatch.sidecar.judge.forecast import MIN_POINTS, line_fit
+from kvwatch.sidecar.judge.forecast import MIN_POINTS, line_fit, quadratic_fit
 from kvwatch.sidecar.judge.pipeline import EngineJudge
 from kvwatch.sidecar.judge.signals import derive
 from kvwatch.sidecar.judge.timeline import Timeline
@@ -140,24 +141,9 @@ def _server(recipe: Recipe) -> Iterator[tuple[str, int, Path]]:
             with LocalVLLM(ServerConfig(model=build_tiny_model(), nice=recipe.nice), log) as srv:
                 yield srv.base_url, srv.pid, log
         else:
-            with _twin(recipe.twin, log) as (base, pid):
-                yield base, pid, log
-
-
-@contextmanager
-def _twin(spec: str, log: Path) -> Iterator[tuple[str, int]]:
-    from kvwatch.twin.serve import start_twin
-
-    model, gpu, kv = spec.split(":")
-    twin = start_twin(
-        model, gpu, log, time_scale=1.0, status_dir=log.parent,
-        vllm_args=("--max-model-len", "4096", "--kv-cache-memory-bytes", kv),
-    )  # fmt: skip
-    try:
-        print(f"twin: {twin.capacity_line()}")
-        yield twin.base_url, twin.server.pid
-    finally:
-        twin.stop()
+            with twin_from_spec(recipe.twin, log) as twin:
+                print(f"twin: {twin.capacity_line()}")
+                yield twin.base_url, twin.server.pid, log
 
 
 def record(recipe: Recipe, runs: int, first: int = 0) -> None:
@@ -361,11 +347,18 @@ def usage_curve(window_s: float) -> Forecaster:
         ]
         if len(pts) < MIN_POINTS:
             return None
-        c2, c1, c0 = np.polyfit([t for t, _ in pts], [u for _, u in pts], 2)
-        if c1 <= 0 and c2 <= 0:
+        fit = quadratic_fit(pts)  # the sidecar's, without its gate
+        if fit is None:
             return None
-        roots = [r.real for r in np.roots([c2, c1, c0 - 1.0]) if abs(r.imag) < 1e-9 and r.real >= 0]
-        return min(roots) if roots else None
+        a, b, c = fit
+        if c <= 0 and b <= 0:
+            return None
+        if c == 0:
+            return max(0.0, (1.0 - a) / b)
+        disc = b * b + 4 * c * (1.0 - a)
+        roots = [] if disc < 0 else [(-b + sign * math.sqrt(disc)) / (2 * c) for sign in (1, -1)]
+        ahead = [r for r in roots if r >= 0]
+        return min(ahead) if ahead else None
 
     return forecast
 

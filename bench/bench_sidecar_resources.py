@@ -27,6 +27,7 @@ from pathlib import Path
 
 import httpx
 from procfs import cpu_seconds, status_kb
+from twins import twin_from_spec
 
 from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig, free_port
 from kvwatch.loadgen.tiny_model import build_tiny_model
@@ -48,17 +49,8 @@ def _server(twin: str | None, log: Path) -> Iterator[str]:
         with LocalVLLM(ServerConfig(model=build_tiny_model()), log_path=log) as srv:
             yield srv.base_url
         return
-    from kvwatch.twin.serve import start_twin
-
-    model, gpu, kv = twin.split(":")
-    served = start_twin(
-        model, gpu, log, time_scale=1.0, status_dir=log.parent,
-        vllm_args=("--max-model-len", "4096", "--kv-cache-memory-bytes", kv),
-    )  # fmt: skip
-    try:
+    with twin_from_spec(twin, log) as served:
         yield served.base_url
-    finally:
-        served.stop()
 
 
 def _closed_loop(base: str, streams: int, seconds: float, tmp: Path) -> subprocess.Popen[bytes]:
@@ -78,47 +70,49 @@ def main() -> None:
     ns = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="kvwatch-bench-"))
     log = tmp / "vllm.log"
-    with _server(ns.twin, log) as base:
-        port = free_port()
-        cmd = [sys.executable, "-m", "kvwatch", "sidecar", "--target", base,
-               "--log", str(log), "--interval", "1", "--listen", f"127.0.0.1:{port}"]  # fmt: skip
-        side = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
-        try:
-            time.sleep(3)  # start-up (imports) is not steady state
-            cpu0, t0 = cpu_seconds(side.pid), time.monotonic()
-            rss_max = 0.0
-            waves = 0
+    try:
+        with _server(ns.twin, log) as base:
+            port = free_port()
+            cmd = [sys.executable, "-m", "kvwatch", "sidecar", "--target", base, "--log",
+                   str(log), "--interval", "1", "--listen", f"127.0.0.1:{port}"]  # fmt: skip
+            side = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+            try:
+                time.sleep(3)  # start-up (imports) is not steady state
+                cpu0, t0 = cpu_seconds(side.pid), time.monotonic()
+                rss_max = 0.0
+                waves = 0
 
-            own = f"http://127.0.0.1:{port}/metrics"
-            scrapes0 = _sample(own, "kvwatch_scrapes_total")
-            slowest = 0.0
-            loop = None if ns.twin is None else _closed_loop(base, ns.streams, ns.seconds, tmp)
+                own = f"http://127.0.0.1:{port}/metrics"
+                scrapes0 = _sample(own, "kvwatch_scrapes_total")
+                slowest = 0.0
+                loop = None if ns.twin is None else _closed_loop(base, ns.streams, ns.seconds, tmp)
 
-            async def run() -> int:
-                load = None if loop else asyncio.create_task(_load(base, t0 + ns.seconds))
-                nonlocal rss_max, slowest
-                while (load is not None and not load.done()) or (
-                    loop is not None and time.monotonic() < t0 + ns.seconds
-                ):
-                    rss_max = max(rss_max, status_kb(side.pid, "VmRSS") / 1024)
-                    slowest = max(slowest, _sample(own, "kvwatch_scrape_duration_seconds"))
-                    await asyncio.sleep(1)
-                return 0 if load is None else await load
+                async def run() -> int:
+                    load = None if loop else asyncio.create_task(_load(base, t0 + ns.seconds))
+                    nonlocal rss_max, slowest
+                    while (load is not None and not load.done()) or (
+                        loop is not None and time.monotonic() < t0 + ns.seconds
+                    ):
+                        rss_max = max(rss_max, status_kb(side.pid, "VmRSS") / 1024)
+                        slowest = max(slowest, _sample(own, "kvwatch_scrape_duration_seconds"))
+                        await asyncio.sleep(1)
+                    return 0 if load is None else await load
 
-            waves = asyncio.run(run())
-            watched = time.monotonic() - t0
-            cpu = (cpu_seconds(side.pid) - cpu0) / watched
-            body = httpx.get(own).text
-            scrapes = body.count("kvwatch_")
-            made = _sample(own, "kvwatch_scrapes_total") - scrapes0
-            running = _sample(f"{base}/metrics", "vllm:num_requests_running")
-        finally:
-            side.terminate()
-            side.wait(10)
-            if loop is not None:
-                loop.terminate()
-                loop.wait(30)
-    shutil.rmtree(tmp, ignore_errors=True)
+                waves = asyncio.run(run())
+                watched = time.monotonic() - t0
+                cpu = (cpu_seconds(side.pid) - cpu0) / watched
+                body = httpx.get(own).text
+                scrapes = body.count("kvwatch_")
+                made = _sample(own, "kvwatch_scrapes_total") - scrapes0
+                running = _sample(f"{base}/metrics", "vllm:num_requests_running")
+            finally:
+                side.terminate()
+                side.wait(10)
+                if loop is not None:
+                    loop.terminate()
+                    loop.wait(30)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     if ns.twin:
         print(f"load: the twin {ns.twin} held at {ns.streams} streams of 1,000 + 300 tokens for "
               f"{ns.seconds:.0f} s ({running:.0f} running at the end)")  # fmt: skip

@@ -84,13 +84,12 @@ def _run(c: Combo) -> None:
         shutil.rmtree(dest)
     with tempfile.TemporaryDirectory(prefix="kvwatch-whatif-load-") as tmp:
         log = Path(tmp) / "vllm.log"
-        twin = start_twin(
+        with start_twin(
             c.model, c.gpu, log, tp=c.tp, time_scale=c.time_scale,
             vllm_args=("--max-model-len", str(c.max_model_len),
                        "--kv-cache-memory-bytes", str(c.kv_cache_memory_bytes)),
             status_dir=Path(tmp),
-        )  # fmt: skip
-        try:
+        ) as twin:  # fmt: skip
             cmd = [
                 sys.executable, "-m", "kvwatch", "loadgen", "search", "--url", twin.base_url,
                 "--slo", "ttft=600s", "--by", "concurrency", "--start", str(c.start),
@@ -100,14 +99,12 @@ def _run(c: Combo) -> None:
             ]  # fmt: skip
             print(f"{c.name}: {twin.capacity_line()}", file=sys.stderr)
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=os.environ.copy())
-            (dest / "capacity_line.txt").write_text(twin.capacity_line() + "\n")
+            (dest / "capacity_line.txt").write_text(f"{twin.capacity_line()}\n")
             # the card's own counters: busy, and behind (waiting on this machine's CPU)
             metrics = httpx.get(f"{twin.base_url}/metrics", timeout=30).text
             (dest / "twin_metrics.txt").write_text(
                 "".join(x + "\n" for x in metrics.splitlines() if x.startswith("kvwatch_twin_"))
             )
-        finally:
-            twin.stop()
 
 
 def _what_if(c: Combo, concurrency: int) -> dict[str, Any]:

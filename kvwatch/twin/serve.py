@@ -76,6 +76,12 @@ class TwinServer:
         if self.own_dir is not None:
             shutil.rmtree(self.own_dir, ignore_errors=True)
 
+    def __enter__(self) -> TwinServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
 
 def start_twin(
     model: str,

@@ -17,7 +17,7 @@ def twin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from kvwatch.twin.serve import start_twin
 
     tmp = tmp_path_factory.mktemp("twin")
-    server = start_twin(
+    with start_twin(
         "llama-3.1-8b",
         "h100",
         tmp / "vllm.log",
@@ -30,11 +30,8 @@ def twin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         ),  # fmt: skip
         status_dir=tmp,
         status_interval_s=0.25,
-    )
-    try:
+    ) as server:  # stopped on the way out, as the benches stop theirs
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")
