@@ -12,6 +12,7 @@ their next request when the previous one ends.
 | gamma | rate, burstiness | gamma(shape=burstiness, mean 1/rate); 1 = Poisson, < 1 burstier |
 | ramp | start, end (rates), poisson (0/1) | the rate grows linearly; sends spaced by its integral |
 | burst | size, every (seconds) | `size` at once, every `every` seconds (traffic spikes) |
+| replay | a trace's send times | as recorded (`--trace`: loadgen/trace.py) |
 | concurrency | n | closed loop, n in flight |
 """
 
@@ -23,8 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 __all__ = [
-    "Constant", "Poisson", "Gamma", "Ramp", "Burst", "Concurrency", "Pattern", "OpenPattern",
-    "describe",
+    "Constant", "Poisson", "Gamma", "Ramp", "Burst", "Replay", "Concurrency", "Pattern",
+    "OpenPattern", "describe",
 ]  # fmt: skip
 
 
@@ -136,6 +137,30 @@ class Burst:
             k += 1
 
 
+@dataclass(frozen=True, repr=False)
+class Replay:
+    """A recorded trace's send times (seconds from the replay's start, in order)."""
+
+    times: tuple[float, ...]
+
+    def __repr__(self) -> str:  # the spec names it; the times are the trace's
+        return f"Replay(requests={len(self.times)}, last={self.times[-1]:.3f}s)"
+
+    def __post_init__(self) -> None:
+        if not self.times:
+            raise ValueError("a replay needs at least one send time")
+        if any(not (0 <= t < math.inf) for t in self.times) or any(
+            b < a for a, b in zip(self.times, self.times[1:], strict=False)
+        ):
+            raise ValueError("a replay's send times must be finite, from 0, in order")
+
+    def offsets(self, rng: random.Random, duration_s: float) -> Iterator[float]:
+        for t in self.times:
+            if t >= duration_s:
+                return
+            yield t
+
+
 @dataclass(frozen=True)
 class Concurrency:
     n: int
@@ -145,7 +170,7 @@ class Concurrency:
             raise ValueError(f"concurrency must be at least 1, got {self.n}")
 
 
-OpenPattern = Constant | Poisson | Gamma | Ramp | Burst
+OpenPattern = Constant | Poisson | Gamma | Ramp | Burst | Replay
 Pattern = OpenPattern | Concurrency
 
 
@@ -164,3 +189,5 @@ def describe(pattern: Pattern) -> str:
             return f"{a:g}\u2192{b:g} req/s ramp" + (", Poisson" if poisson else "")
         case Burst(size=size, every=every):
             return f"{size} at once every {every:g} s"
+        case Replay(times=times):
+            return f"trace replay, {len(times)} request{'s' if len(times) != 1 else ''}"

@@ -107,7 +107,9 @@ examples:
   kvwatch loadgen run --url http://127.0.0.1:8000 --rate 4 --duration 60
   kvwatch loadgen run --url URL --concurrency 32 --requests 200 --input-len uniform:100,300
   kvwatch loadgen run --url URL --sweep rate=1,2,4,8 --duration 30 --slo ttft=500ms,tpot=50ms
-  kvwatch loadgen run --url URL --stage poisson:rate=1@20s --stage poisson:rate=8@40s"""
+  kvwatch loadgen run --url URL --stage poisson:rate=1@20s --stage poisson:rate=8@40s
+  kvwatch loadgen run --url URL --trace conversation_trace.jsonl --trace-window 0:600 \
+      --trace-speed 2 --trace-length-scale 0.25      (Mooncake's trace, 10 min at 2x)"""
 
 
 def _register_run(lsub: Any) -> None:
@@ -146,6 +148,7 @@ def _register_run(lsub: Any) -> None:
     )
     _request_args(g)
     _workload_args(r.add_argument_group("workload"))
+    _trace_args(r.add_argument_group("trace replay (the trace is the load and the workload)"))
     o = r.add_argument_group("output")
     o.add_argument("--run-dir", type=Path, help="default runs/loadgen-TIME")
     o.add_argument("--slo", default="", help="e.g. ttft=500ms,tpot=50ms for goodput")
@@ -159,6 +162,27 @@ def _register_run(lsub: Any) -> None:
     o.add_argument("--json", action="store_true", help="print the summary as JSON")
     o.add_argument("--no-progress", action="store_true", help="no live progress line")
     r.set_defaults(func=handler("kvwatch.loadgen.cmd_run:run_command"))
+
+
+def _trace_args(g: Any) -> None:
+    g.add_argument(
+        "--trace", type=Path, metavar="FILE",
+        help="replay a timestamped trace: Mooncake JSONL (hash_ids become shared prompt "
+        "prefixes), Azure LLM inference CSV, or kvwatch JSONL (t, input_tokens, output_tokens); "
+        "--requests and --duration cap it",
+    )  # fmt: skip
+    g.add_argument("--trace-format", choices=["mooncake", "azure", "kvwatch"],
+                   help="the trace's format (default: told from the file)")  # fmt: skip
+    g.add_argument("--trace-speed", type=float, default=1.0, metavar="X",
+                   help="replay X times as fast (0.5: half as fast) (1)")  # fmt: skip
+    g.add_argument("--trace-window", metavar="START:END",
+                   help="only the requests between these trace seconds")  # fmt: skip
+    g.add_argument("--trace-length-scale", type=float, default=1.0, metavar="F",
+                   help="multiply every length (and the shared blocks) by F, to fit a "
+                   "model's context (1); a request still too long for the server's "
+                   "max_model_len is clipped to it, and counted")  # fmt: skip
+    g.add_argument("--trace-block-tokens", type=int, metavar="N",
+                   help="tokens per hash_ids block (Mooncake's: 512)")  # fmt: skip
 
 
 def _target_args(r: Any) -> None:

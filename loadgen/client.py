@@ -34,6 +34,24 @@ async def served_model(client: httpx.AsyncClient, base_url: str) -> str:
     return str(data[0]["id"])
 
 
+async def max_model_len(client: httpx.AsyncClient, base_url: str, model: str) -> int | None:
+    """The context length vLLM's `/v1/models` says `model` has (None: not said)."""
+    try:
+        r = await client.get(base_url.rstrip("/") + "/v1/models")
+        if r.status_code != 200:
+            return None
+        data = r.json().get("data") or []
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    if not isinstance(data, list):
+        return None
+    for entry in data:
+        if isinstance(entry, dict) and entry.get("id") == model:
+            n = entry.get("max_model_len")
+            return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+    return None
+
+
 def completion_request(pool: Http1Pool, body: dict[str, Any], endpoint: str) -> bytes:
     """The bytes of a streaming request with usage reporting on, built ahead of its due time."""
     payload = dict(body, stream=True, stream_options={"include_usage": True})

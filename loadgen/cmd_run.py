@@ -14,13 +14,14 @@ from typing import Any
 import httpx
 
 from kvwatch.common.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
-from kvwatch.loadgen.arrivals import Concurrency, Constant, Gamma, Pattern, Poisson, Ramp
-from kvwatch.loadgen.client import served_model
+from kvwatch.loadgen.arrivals import Concurrency, Constant, Gamma, Pattern, Poisson, Ramp, Replay
+from kvwatch.loadgen.client import max_model_len, served_model
 from kvwatch.loadgen.measure import measure, print_progress, run_spec
 from kvwatch.loadgen.records import StallRule
 from kvwatch.loadgen.runner import Progress, RunOptions, run_loop, run_stages
 from kvwatch.loadgen.schedule import Stage, StageSpecError, parse_stage, sweep_stages
 from kvwatch.loadgen.server_metrics import sidecar_incidents
+from kvwatch.loadgen.trace import TraceError, TraceReplay, render_replay, replay_report
 from kvwatch.loadgen.workload import DatasetError, WorkloadSpec, tokenize_corpus
 
 __all__ = [
@@ -54,7 +55,51 @@ def _single_pattern(ns: argparse.Namespace) -> Pattern | None:
     return None
 
 
+def trace_replay(
+    ns: argparse.Namespace, max_model_len: int | None = None, time_scale: float | None = None
+) -> TraceReplay | None:
+    """The replay `--trace` asks for (None without it); its arguments checked."""
+    if getattr(ns, "trace", None) is None:
+        return None
+    window = None
+    if ns.trace_window:
+        try:
+            lo, hi = (float(x) for x in ns.trace_window.split(":"))
+        except ValueError:
+            raise CliError(
+                f"--trace-window wants START:END seconds, got {ns.trace_window!r}"
+            ) from None
+        window = (lo, hi)
+    return TraceReplay(
+        ns.trace, ns.trace_format, ns.trace_block_tokens, ns.trace_speed, window, ns.requests,
+        ns.duration, ns.trace_length_scale, max_model_len, time_scale or 1.0,
+    )  # fmt: skip
+
+
+def _trace_stage(ns: argparse.Namespace) -> list[Stage]:
+    clash = [flag for flag, v in (("--stage", ns.stage), ("--sweep", ns.sweep),
+             ("--rate", ns.rate), ("--concurrency", ns.concurrency), ("--ramp", ns.ramp),
+             ("--dataset", ns.dataset), ("--shared-prefix", ns.shared_prefix),
+             ("--warmup", ns.warmup), ("--chat", ns.chat)) if v]  # fmt: skip
+    if clash:
+        raise CliError(f"--trace is the load and the workload: drop {', '.join(clash)}")
+    replay = trace_replay(ns)
+    assert replay is not None
+    return trace_stages(replay)
+
+
+def trace_stages(replay: TraceReplay) -> list[Stage]:
+    """The one stage a replay is: the trace's send times, as many requests."""
+    try:
+        plan = replay.plan()[1]
+    except TraceError as e:
+        raise CliError(str(e)) from None
+    return [Stage("trace", Replay(plan.offsets_s), None, len(plan.offsets_s))]
+
+
 def build_stages(ns: argparse.Namespace) -> list[Stage]:
+    if getattr(ns, "trace", None) is not None:
+        return _trace_stage(ns)
     try:
         pattern = _single_pattern(ns)
         if sum(bool(x) for x in (ns.stage, ns.sweep, pattern)) != 1:
@@ -85,7 +130,16 @@ def build_stages(ns: argparse.Namespace) -> list[Stage]:
         raise CliError(str(e)) from None
 
 
-async def _workload(ns: argparse.Namespace, client: httpx.AsyncClient, model: str) -> WorkloadSpec:
+async def _workload(
+    ns: argparse.Namespace, client: httpx.AsyncClient, model: str, time_scale: float | None
+) -> WorkloadSpec:
+    if getattr(ns, "trace", None) is not None:
+        tok = await tokenize_corpus(client, ns.url, model, ns.seed)
+        limit = await max_model_len(client, ns.url, model)
+        spec = WorkloadSpec(seed=ns.seed, trace=trace_replay(ns, limit, time_scale),
+                            tokens=tuple(tok[0]) if tok else None)  # fmt: skip
+        next(spec.items())  # no /tokenize: refused here, before the run
+        return spec
     spec = WorkloadSpec(
         input_len=ns.input_len,
         output_len=ns.output_len,
@@ -112,11 +166,12 @@ async def prepare_run(
             model = ns.model or await served_model(client, ns.url)
         except (httpx.HTTPError, ValueError, KeyError) as e:
             raise CliError(f"cannot reach {ns.url}: {e}", EXIT_UNREACHABLE) from None
+        time_scale = await _time_scale(client, ns.url)
         try:
-            workload = await _workload(ns, client, model)
-        except DatasetError as e:
+            workload = await _workload(ns, client, model, time_scale)
+        except (DatasetError, TraceError) as e:
             raise CliError(str(e)) from None
-        return model, workload, await _time_scale(client, ns.url)
+        return model, workload, time_scale
 
 
 async def _time_scale(client: httpx.AsyncClient, url: str) -> float | None:
@@ -227,6 +282,8 @@ def _run_into(
 
     model, workload, time_scale = run_loop(prepare_run(ns, headers))
     announce_time_scale(time_scale)
+    if workload.trace is not None:  # its lengths fit to the server, its times to a twin's scale
+        stages = trace_stages(workload.trace)
     opts = RunOptions(
         ns.url,
         model,
@@ -248,6 +305,9 @@ def _run_into(
         summary["server"] = delta
     if ns.sidecar:
         summary["sidecar"] = run_loop(sidecar_end())
+    if workload.trace is not None:
+        summary["trace"] = replay_report(workload.trace, summary.get("server"),
+                                         (m.server_before or {}).get("cache"))  # fmt: skip
     spec = run_spec(
         ns.url, model, ns.chat, ns.seed, slo, ns.workers, stages, workload,
         not ns.no_ignore_eos, stall, m, time_scale,
@@ -260,6 +320,8 @@ def _run_into(
     else:
         print(render_table(summary))
         print(f"run directory: {run_dir}")
+    if "trace" in summary:
+        print(render_replay(summary["trace"]), file=sys.stderr)
     caveat = timing_caveat(summary)
     if caveat:
         print(f"kvwatch: warning: {caveat}", file=sys.stderr)

@@ -22,6 +22,9 @@ from typing import Any
 
 import httpx
 
+from kvwatch.loadgen.trace import TraceReplay
+from kvwatch.loadgen.trace_prompts import trace_prompts
+
 __all__ = [
     "LengthDist",
     "WorkItem",
@@ -261,8 +264,19 @@ class WorkloadSpec:
     shared_prefix: int = 0
     prefix_groups: int = 1
     tokens: tuple[int, ...] | None = None  # the seeded corpus, tokenized by the server
+    trace: TraceReplay | None = None  # replay a trace's requests instead (--trace)
 
     def items(self) -> Iterator[WorkItem]:
+        if self.trace is not None:
+            if not self.tokens:
+                raise DatasetError(
+                    "a trace replay sends token-exact prompts: the server must answer /tokenize"
+                )
+            plan = self.trace.plan()[1]
+            prompts = trace_prompts(plan, self.tokens, self.seed)
+            for r, ids in zip(plan.requests, prompts, strict=True):
+                yield WorkItem("", r.output_tokens, r.input_tokens, ids)
+            return
         out_len = parse_length(self.output_len) if self.output_len else None
         if self.dataset is not None:
             records = load_dataset(self.dataset, out_len)
@@ -281,6 +295,12 @@ class WorkloadSpec:
         )
 
     def describe(self) -> dict[str, Any]:
+        if self.trace is not None:
+            tr = self.trace
+            return {"trace": str(tr.path), "format": tr.format, "speed": tr.speed,
+                    "window_s": tr.window_s, "length_scale": tr.length_scale,
+                    "block_tokens": tr.block_tokens, "max_model_len": tr.max_model_len,
+                    "token_exact": True}  # fmt: skip
         if self.dataset is not None:
             return {"dataset": str(self.dataset), "output_len": self.output_len}
         return {

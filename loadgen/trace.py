@@ -1,0 +1,406 @@
+"""Timestamped traces as people publish them, read as outside input, and what to replay of them.
+
+Formats (told from the file, or named with --trace-format):
+
+| format | file | fields |
+|---|---|---|
+| mooncake | JSONL | `timestamp` (ms), `input_length`, `output_length`, `hash_ids` |
+| azure | CSV | `TIMESTAMP` (date and time), `ContextTokens`, `GeneratedTokens` |
+| kvwatch | JSONL | `t` (s), `input_tokens`, `output_tokens`; optional `hash_ids`, `priority` |
+
+`hash_ids` number the trace's blocks of `block_tokens` prompt tokens (Mooncake's are 512): two
+requests whose prompts start with the same ids start with the same tokens, so the replay builds
+prompts that share exactly those prefixes and the server's prefix cache sees the trace's sharing.
+A row that cannot be used is skipped and counted by reason; a file with none left, or one whose
+format cannot be told, is an error that names the file and line.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "FORMATS", "TraceError", "TraceRequest", "Trace", "ReplayPlan", "TraceReplay", "read_trace",
+    "plan_replay", "implied_hit_rate", "replay_report", "render_replay",
+]  # fmt: skip
+
+FORMATS = ("mooncake", "azure", "kvwatch")
+MOONCAKE_BLOCK_TOKENS = 512
+MIN_BLOCK_TOKENS = 8  # a scaled block still carries its id (trace_prompts.py) and some text
+_MAX_HASH_ID = 2**40
+_EXAMPLES = 3  # skipped rows quoted per reason
+
+
+class TraceError(ValueError):
+    """A trace that cannot be replayed; the message names the file (and line) and why."""
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    at_s: float  # trace time, seconds from the trace's own zero
+    input_tokens: int
+    output_tokens: int
+    hash_ids: tuple[int, ...] = ()
+    priority: int | None = None
+    row: int = 0  # line (JSONL) or row (CSV, header = 1) it came from
+
+
+@dataclass(frozen=True)
+class Trace:
+    path: Path
+    format: str
+    requests: tuple[TraceRequest, ...]
+    block_tokens: int
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> rows
+    examples: dict[str, list[int]] = field(default_factory=dict)  # reason -> first rows
+
+
+def _skip(skipped: Counter[str], examples: dict[str, list[int]], reason: str, row: int) -> None:
+    skipped[reason] += 1
+    rows = examples.setdefault(reason, [])
+    if len(rows) < _EXAMPLES:
+        rows.append(row)
+
+
+def _count(value: Any, *, minimum: int) -> int | None:
+    """A whole number of tokens at least `minimum` (JSON ints, or CSV text), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return value if isinstance(value, int) and value >= minimum else None
+
+
+def _seconds(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    v = float(value)
+    return v if math.isfinite(v) and v >= 0 else None
+
+
+def _hash_ids(value: Any) -> tuple[int, ...] | None:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(
+        isinstance(h, int) and not isinstance(h, bool) and 0 <= h < _MAX_HASH_ID for h in value
+    ):
+        return None
+    return tuple(value)
+
+
+def _json_row(fmt: str, rec: Any) -> TraceRequest | str:
+    """One JSONL record as a request, or why it is skipped."""
+    if not isinstance(rec, dict):
+        return "not a JSON object"
+    if fmt == "mooncake":
+        ms = _seconds(rec.get("timestamp"))
+        at = None if ms is None else ms / 1000.0
+        n_in, n_out = rec.get("input_length"), rec.get("output_length")
+    else:
+        at = _seconds(rec.get("t"))
+        n_in, n_out = rec.get("input_tokens"), rec.get("output_tokens")
+    if at is None:
+        return "bad timestamp"
+    inp, out = _count(n_in, minimum=1), _count(n_out, minimum=1)
+    if inp is None:
+        return "bad input length"
+    if out is None:
+        return "bad output length (a request must ask for at least 1 token)"
+    ids = _hash_ids(rec.get("hash_ids"))
+    if ids is None:
+        return "bad hash_ids (a list of ids from 0)"
+    prio = rec.get("priority")
+    if prio is not None and (isinstance(prio, bool) or not isinstance(prio, int)):
+        return "bad priority (a whole number)"
+    return TraceRequest(at, inp, out, ids, prio)
+
+
+def _sniff(path: Path, head: str) -> str:
+    first = head.lstrip().splitlines()[0] if head.strip() else ""
+    if first.startswith("{"):
+        try:
+            rec = json.loads(first)
+        except ValueError:
+            rec = {}
+        if isinstance(rec, dict) and "input_tokens" in rec:
+            return "kvwatch"
+        if isinstance(rec, dict) and ("input_length" in rec or "hash_ids" in rec):
+            return "mooncake"
+    elif "ContextTokens" in first and "TIMESTAMP" in first:
+        return "azure"
+    raise TraceError(
+        f"{path}: cannot tell the trace format from its first line; name it with "
+        f"--trace-format ({', '.join(FORMATS)})"
+    )
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise TraceError(f"{path}: not UTF-8 text") from None
+
+
+def _azure_rows(path: Path, text: str, skipped: Counter[str], ex: dict[str, list[int]]
+                ) -> Iterator[TraceRequest]:  # fmt: skip
+    reader = csv.reader(text.splitlines())
+    header = next(reader, None) or []
+    cols = {name.strip(): i for i, name in enumerate(header)}
+    missing = [c for c in ("TIMESTAMP", "ContextTokens", "GeneratedTokens") if c not in cols]
+    if missing:
+        raise TraceError(f"{path}:1: an Azure trace needs the columns {', '.join(missing)}")
+    zero: datetime | None = None
+    for row_no, row in enumerate(reader, 2):
+        if not any(c.strip() for c in row):
+            continue
+        if len(row) < len(header):
+            _skip(skipped, ex, "missing columns", row_no)
+            continue
+        try:
+            when = datetime.fromisoformat(row[cols["TIMESTAMP"]].strip())
+        except ValueError:
+            _skip(skipped, ex, "bad timestamp", row_no)
+            continue
+        zero = zero or when
+        at = (when - zero).total_seconds()
+        inp = _count(row[cols["ContextTokens"]], minimum=1)
+        out = _count(row[cols["GeneratedTokens"]], minimum=1)
+        if inp is None:
+            _skip(skipped, ex, "bad input length", row_no)
+        elif out is None:
+            _skip(skipped, ex, "bad output length (a request must ask for at least 1 token)",
+                  row_no)  # fmt: skip
+        else:
+            yield TraceRequest(at, inp, out, row=row_no)
+
+
+def read_trace(path: Path, fmt: str | None = None, block_tokens: int | None = None) -> Trace:
+    """Every usable request of the file, sorted by time (stable); the rest counted by reason."""
+    text = _read_text(path)
+    if fmt is not None and fmt not in FORMATS:
+        raise TraceError(f"trace format {fmt!r}: one of {', '.join(FORMATS)}")
+    fmt = fmt or _sniff(path, text[:4096])
+    skipped: Counter[str] = Counter()
+    examples: dict[str, list[int]] = {}
+    requests: list[TraceRequest] = []
+    if fmt == "azure":
+        requests.extend(_azure_rows(path, text, skipped, examples))
+    else:
+        for line_no, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                got = _json_row(fmt, json.loads(line))
+            except ValueError:
+                got = "not valid JSON"
+            if isinstance(got, str):
+                _skip(skipped, examples, got, line_no)
+            else:
+                requests.append(replace(got, row=line_no))
+    if not requests:
+        said = "; ".join(f"{n} {why} (e.g. line {examples[why][0]})" for why, n in skipped.items())
+        raise TraceError(f"{path}: no usable {fmt} rows" + (f": {said}" if said else ""))
+    bt = block_tokens or MOONCAKE_BLOCK_TOKENS
+    if bt < MIN_BLOCK_TOKENS:
+        raise TraceError(f"block tokens {bt}: at least {MIN_BLOCK_TOKENS}")
+    requests.sort(key=lambda r: r.at_s)
+    return Trace(path, fmt, tuple(requests), bt, dict(skipped), examples)
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """What is replayed: the requests in the window (up to the cap), times from the window's
+    first request, divided by `speed`; lengths (and the block size) times `length_scale`, and
+    a request still longer than `max_model_len` clipped to it (prompt first kept whole)."""
+
+    requests: tuple[TraceRequest, ...]
+    offsets_s: tuple[float, ...]  # send times, seconds from the replay's start
+    block_tokens: int
+    speed: float
+    length_scale: float
+    window_s: tuple[float, float] | None
+    clipped: int  # requests shortened to fit max_model_len
+    left_out: int  # usable requests outside the window or over the cap
+
+
+def _scaled(n: int, k: float) -> int:
+    return max(1, round(n * k))
+
+
+def plan_replay(
+    trace: Trace,
+    speed: float = 1.0,
+    window_s: tuple[float, float] | None = None,
+    max_requests: int | None = None,
+    max_duration_s: float | None = None,
+    length_scale: float = 1.0,
+    max_model_len: int | None = None,
+) -> ReplayPlan:
+    if not (speed > 0 and math.isfinite(speed)):
+        raise TraceError(f"trace speed {speed!r}: a positive number (2 = twice as fast)")
+    if not (length_scale > 0 and math.isfinite(length_scale)):
+        raise TraceError(f"length scale {length_scale!r}: a positive number")
+    picked = list(trace.requests)
+    if window_s is not None:
+        lo, hi = window_s
+        if not 0 <= lo < hi:
+            raise TraceError(f"trace window {lo:g}:{hi:g}: START < END, both seconds from 0")
+        picked = [r for r in picked if lo <= r.at_s < hi]
+        if not picked:
+            raise TraceError(f"{trace.path}: no request between {lo:g} s and {hi:g} s")
+    zero = picked[0].at_s
+    offsets = [(r.at_s - zero) / speed for r in picked]
+    if max_duration_s is not None:
+        keep = sum(1 for o in offsets if o < max_duration_s)
+        picked, offsets = picked[:keep], offsets[:keep]
+    if max_requests is not None:
+        picked, offsets = picked[:max_requests], offsets[:max_requests]
+    block = _scaled(trace.block_tokens, length_scale)
+    if block < MIN_BLOCK_TOKENS:
+        raise TraceError(
+            f"length scale {length_scale:g} makes the trace's {trace.block_tokens}-token blocks "
+            f"{block} tokens: at least {MIN_BLOCK_TOKENS}"
+        )
+    out: list[TraceRequest] = []
+    clipped = 0
+    for r in picked:
+        inp, gen = _scaled(r.input_tokens, length_scale), _scaled(r.output_tokens, length_scale)
+        if max_model_len is not None and inp + gen > max_model_len:
+            clipped += 1
+            gen = min(gen, max(1, max_model_len - inp))
+            inp = max(1, max_model_len - gen)
+        out.append(replace(r, input_tokens=inp, output_tokens=gen))
+    return ReplayPlan(
+        tuple(out), tuple(offsets), block, speed, length_scale, window_s, clipped,
+        len(trace.requests) - len(out),
+    )  # fmt: skip
+
+
+def implied_hit_rate(plan: ReplayPlan, server_block: int = 16) -> float:
+    """The share of prompt tokens a prefix cache that holds everything would serve, as vLLM
+    counts hits: whole server blocks of a prompt that an earlier prompt started the same way,
+    never the prompt's last token (vLLM computes it to sample from)."""
+    seen: dict[tuple[int, ...], int] = {}  # a block chain -> most tokens of its last block sent
+    hits = total = 0
+    for r in plan.requests:
+        shared = 0
+        chain: tuple[int, ...] = ()
+        matching = True
+        for k, h in enumerate(r.hash_ids):
+            start = k * plan.block_tokens
+            if start >= r.input_tokens:
+                break
+            here = min(plan.block_tokens, r.input_tokens - start)
+            chain = (*chain, h)
+            before = seen.get(chain, 0)
+            if matching:
+                shared += min(here, before)
+                matching = before >= here
+            seen[chain] = max(before, here)
+        usable = min(shared, r.input_tokens - 1)
+        hits += usable // server_block * server_block
+        total += r.input_tokens
+    return hits / total if total else 0.0
+
+
+@dataclass(frozen=True)
+class TraceReplay:
+    """A replay as the command line asks for it: enough to rebuild the same plan in a worker
+    process (the file is read again there)."""
+
+    path: Path
+    format: str | None = None
+    block_tokens: int | None = None
+    speed: float = 1.0
+    window_s: tuple[float, float] | None = None
+    max_requests: int | None = None
+    max_duration_s: float | None = None
+    length_scale: float = 1.0
+    max_model_len: int | None = None
+    time_scale: float = 1.0  # a kvwatch twin's: the trace's times stretch with its card's
+
+    def plan(self) -> tuple[Trace, ReplayPlan]:
+        trace = read_trace(self.path, self.format, self.block_tokens)
+        return trace, plan_replay(
+            trace, self.speed / self.time_scale, self.window_s, self.max_requests,
+            self.max_duration_s, self.length_scale, self.max_model_len,
+        )  # fmt: skip
+
+
+def replay_report(
+    replay: TraceReplay, server: dict[str, Any] | None, cache: dict[str, Any] | None
+) -> dict[str, Any]:
+    """What was replayed of the trace, and the prefix-cache hit rate its `hash_ids` imply for
+    a cache that holds everything beside the one vLLM's counters measured (`server`: the
+    run's counter increases; `cache`: the server's cache config, for its block size)."""
+    trace, plan = replay.plan()
+    block = (cache or {}).get("block_size")
+    server_block = block if isinstance(block, int) and block > 0 else 16
+    cached = (server or {}).get("prompt_tokens_cached")
+    computed = (server or {}).get("prompt_tokens_computed")
+    measured = None
+    if cached is not None and computed is not None and cached + computed > 0:
+        measured = cached / (cached + computed)
+    return {
+        "path": str(trace.path),
+        "format": trace.format,
+        "usable_rows": len(trace.requests),
+        "skipped_rows": trace.skipped,
+        "replayed": len(plan.requests),
+        "left_out": plan.left_out,
+        "clipped": plan.clipped,
+        "speed": replay.speed,
+        "time_scale": replay.time_scale,
+        "window_s": list(plan.window_s) if plan.window_s else None,
+        "length_scale": plan.length_scale,
+        "block_tokens": plan.block_tokens,
+        "span_s": plan.offsets_s[-1],
+        "input_tokens": sum(r.input_tokens for r in plan.requests),
+        "output_tokens": sum(r.output_tokens for r in plan.requests),
+        "shares_prefixes": any(r.hash_ids for r in plan.requests),
+        "server_block_size": server_block,
+        "implied_prefix_hit_rate": implied_hit_rate(plan, server_block),
+        "measured_prefix_hit_rate": measured,
+    }
+
+
+def render_replay(rep: dict[str, Any]) -> str:
+    """The replay in a few lines for the terminal."""
+    lines = [
+        f"trace: {rep['replayed']} of {rep['usable_rows']} usable {rep['format']} requests "
+        f"over {rep['span_s']:.1f} s (speed {rep['speed']:g}, lengths x{rep['length_scale']:g})"
+    ]
+    if rep["time_scale"] != 1.0:
+        lines.append(
+            f"trace: the target is a twin at time scale {rep['time_scale']:g}: the trace's "
+            f"times were stretched as much, so its card sees the trace's own pace"
+        )
+    if rep["skipped_rows"]:
+        said = ", ".join(f"{n} {why}" for why, n in rep["skipped_rows"].items())
+        lines.append(f"trace: rows skipped: {said}")
+    if rep["clipped"]:
+        lines.append(f"trace: {rep['clipped']} requests clipped to the server's max_model_len")
+    if rep["shares_prefixes"]:
+        implied = f"{rep['implied_prefix_hit_rate']:.1%}"
+        measured = rep["measured_prefix_hit_rate"]
+        got = "not exported" if measured is None else f"{measured:.1%}"
+        lines.append(
+            f"trace: prefix-cache hit rate {got} (vLLM's prompt tokens by source); the trace's "
+            f"hash_ids imply {implied} for a cache that holds everything"
+        )
+    return "\n".join(lines)

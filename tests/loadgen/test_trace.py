@@ -1,0 +1,256 @@
+"""Trace replay's pure parts: reading published traces as outside input, the replay plan, the
+hit rate the trace implies, and prompts that share exactly the trace's prefixes."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvwatch.loadgen.arrivals import Replay, describe
+from kvwatch.loadgen.trace import (
+    TraceError,
+    TraceRequest,
+    implied_hit_rate,
+    plan_replay,
+    read_trace,
+)
+from kvwatch.loadgen.trace_prompts import trace_prompts
+
+TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
+MOONCAKE = TRACES / "mooncake-conversation-first120.jsonl"
+AZURE = TRACES / "azure-llm-conv-2023-first120.csv"
+_RNG = random.Random(3)
+TOKENS = [_RNG.randrange(2, 5000) for _ in range(4000)]
+
+
+def _jsonl(path: Path, rows: list[object]) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+class TestReading:
+    def test_mooncakes_published_slice(self) -> None:
+        tr = read_trace(MOONCAKE)
+        assert tr.format == "mooncake" and len(tr.requests) == 120 and tr.skipped == {}
+        first = tr.requests[0]
+        assert (first.at_s, first.input_tokens, first.output_tokens) == (0.0, 6758, 500)
+        assert first.hash_ids == tuple(range(14)) and tr.block_tokens == 512
+        assert tr.requests[-1].at_s == pytest.approx(41.999)
+
+    def test_azures_published_slice(self) -> None:
+        tr = read_trace(AZURE)
+        assert tr.format == "azure" and len(tr.requests) == 120
+        assert (tr.requests[0].input_tokens, tr.requests[0].output_tokens) == (374, 44)
+        # 18:15:46.6805900 -> 18:15:50.9951690
+        assert tr.requests[1].at_s == pytest.approx(4.314579, abs=1e-6)
+        assert all(r.hash_ids == () for r in tr.requests)
+
+    def test_kvwatch_format_with_priorities(self, tmp_path: Path) -> None:
+        f = _jsonl(tmp_path / "t.jsonl", [
+            {"t": 1.5, "input_tokens": 40, "output_tokens": 5, "priority": 1},
+            {"t": 0.25, "input_tokens": 30, "output_tokens": 2, "hash_ids": [7]},
+        ])  # fmt: skip
+        tr = read_trace(f)
+        assert tr.format == "kvwatch"
+        assert [r.at_s for r in tr.requests] == [0.25, 1.5]  # sorted by time
+        assert tr.requests[0].hash_ids == (7,) and tr.requests[1].priority == 1
+        assert [r.row for r in tr.requests] == [2, 1]
+
+    def test_bad_rows_are_counted_by_reason_with_their_lines(self, tmp_path: Path) -> None:
+        good = {"timestamp": 5, "input_length": 10, "output_length": 3, "hash_ids": [0]}
+        f = _jsonl(tmp_path / "m.jsonl", [
+            good,
+            "{not json",
+            {**good, "timestamp": -1},
+            {**good, "input_length": 0},
+            {**good, "output_length": 0},
+            {**good, "hash_ids": [1, "x"]},
+            {**good, "input_length": 2.5},
+            '{"timestamp": NaN, "input_length": 10, "output_length": 3}',
+            [1, 2],
+            {**good, "hash_ids": [True]},
+        ])  # fmt: skip
+        tr = read_trace(f, "mooncake")
+        assert len(tr.requests) == 1
+        assert tr.skipped == {
+            "not valid JSON": 1, "bad timestamp": 2, "bad input length": 2,
+            "bad output length (a request must ask for at least 1 token)": 1,
+            "bad hash_ids (a list of ids from 0)": 2, "not a JSON object": 1,
+        }  # fmt: skip
+        assert tr.examples["bad input length"] == [4, 7]
+
+    def test_a_file_with_nothing_usable_says_why_in_one_line(self, tmp_path: Path) -> None:
+        f = _jsonl(tmp_path / "m.jsonl", [{"timestamp": 1, "input_length": -3, "output_length": 1}])
+        with pytest.raises(
+            TraceError, match=r"no usable mooncake rows: 1 bad input length \(e.g. line 1\)"
+        ):
+            read_trace(f)
+
+    def test_a_format_it_cannot_tell_names_the_flag(self, tmp_path: Path) -> None:
+        f = _jsonl(tmp_path / "x.jsonl", [{"prompt": "hi"}])
+        with pytest.raises(TraceError, match="--trace-format"):
+            read_trace(f)
+        with pytest.raises(TraceError, match="one of mooncake, azure, kvwatch"):
+            read_trace(f, "sharegpt")
+
+    def test_unreadable_and_binary_files(self, tmp_path: Path) -> None:
+        with pytest.raises(TraceError, match="cannot read"):
+            read_trace(tmp_path / "missing.jsonl")
+        (tmp_path / "b.csv").write_bytes(b"\xff\xfe\x00garbage")
+        with pytest.raises(TraceError, match="not UTF-8"):
+            read_trace(tmp_path / "b.csv")
+
+    def test_azure_rows_and_columns(self, tmp_path: Path) -> None:
+        f = tmp_path / "a.csv"
+        f.write_text("TIMESTAMP,ContextTokens\n2023-11-16 18:15:46,3\n")
+        with pytest.raises(TraceError, match="a.csv:1: .*needs the columns GeneratedTokens"):
+            read_trace(f, "azure")
+        f.write_text(
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.5,10,2\n"
+            "yesterday,10,2\n2023-11-16 18:15:47.5,ten,2\n2023-11-16 18:15:48.5,10,0\n"
+            "2023-11-16 18:15:49.5,10\n\n2023-11-16 18:15:50.0,7,1\n"
+        )
+        tr = read_trace(f)
+        assert [r.at_s for r in tr.requests] == [0.0, 3.5] and [r.row for r in tr.requests] == [
+            2,
+            8,
+        ]
+        assert sum(tr.skipped.values()) == 4 and tr.examples["bad timestamp"] == [3]
+
+
+class TestPlan:
+    def test_window_speed_and_caps(self) -> None:
+        tr = read_trace(MOONCAKE)
+        plan = plan_replay(tr, speed=2.0, window_s=(3.0, 30.0))
+        assert plan.offsets_s[0] == 0.0 and plan.requests[0].at_s == pytest.approx(3.0)
+        assert plan.offsets_s[-1] == pytest.approx((plan.requests[-1].at_s - 3.0) / 2)
+        assert plan.left_out == 120 - len(plan.requests)
+        capped = plan_replay(tr, max_requests=7, max_duration_s=100)
+        assert len(capped.requests) == 7
+        timed = plan_replay(tr, max_duration_s=3.0)
+        assert timed.offsets_s[-1] < 3.0 and len(timed.requests) == 10
+
+    def test_lengths_scale_with_their_blocks_and_clip_to_the_context(self) -> None:
+        tr = read_trace(MOONCAKE)
+        plan = plan_replay(tr, length_scale=0.05, max_model_len=4096)
+        assert plan.block_tokens == 26
+        assert plan.requests[0].input_tokens == round(6758 * 0.05)
+        assert plan.clipped == sum(
+            1 for r in tr.requests if round(r.input_tokens * 0.05) + round(r.output_tokens * 0.05)
+            > 4096
+        ) > 0  # fmt: skip
+        assert all(r.input_tokens + r.output_tokens <= 4096 for r in plan.requests)
+
+    @pytest.mark.parametrize(
+        ("kw", "msg"),
+        [
+            ({"speed": 0.0}, "speed"),
+            ({"speed": float("inf")}, "speed"),
+            ({"length_scale": -1.0}, "length scale"),
+            ({"length_scale": 0.01}, "at least 8"),
+            ({"window_s": (5.0, 5.0)}, "START < END"),
+            ({"window_s": (500.0, 600.0)}, "no request between 500 s and 600 s"),
+        ],
+    )
+    def test_bad_options_are_refused(self, kw: dict[str, object], msg: str) -> None:
+        with pytest.raises(TraceError, match=msg):
+            plan_replay(read_trace(MOONCAKE), **kw)  # type: ignore[arg-type]
+
+
+def _plan(*reqs: TraceRequest, block: int = 512):  # type: ignore[no-untyped-def]
+    from kvwatch.loadgen.trace import Trace
+
+    return plan_replay(Trace(Path("t"), "kvwatch", tuple(reqs), block))
+
+
+class TestImpliedHitRate:
+    def test_whole_shared_blocks(self) -> None:
+        plan = _plan(TraceRequest(0, 1024, 1, (0, 1)), TraceRequest(1, 1024, 1, (0, 2)))
+        assert implied_hit_rate(plan) == 512 / 2048
+
+    def test_a_partial_block_shares_what_was_sent_in_whole_server_blocks(self) -> None:
+        plan = _plan(TraceRequest(0, 300, 1, (5,)), TraceRequest(1, 600, 1, (5, 6)))
+        assert implied_hit_rate(plan, server_block=16) == 288 / 900  # 300 -> 18 blocks of 16
+
+    def test_never_the_prompts_last_token(self) -> None:
+        plan = _plan(TraceRequest(0, 512, 1, (7,)), TraceRequest(1, 512, 1, (7,)))
+        assert implied_hit_rate(plan) == 496 / 1024  # 511 tokens -> 31 blocks of 16
+
+    def test_sharing_stops_at_the_first_block_that_differs(self) -> None:
+        plan = _plan(TraceRequest(0, 1536, 1, (0, 1, 2)), TraceRequest(1, 1536, 1, (0, 9, 2)))
+        assert implied_hit_rate(plan) == 512 / 3072
+
+    def test_on_mooncakes_slice(self) -> None:
+        assert implied_hit_rate(plan_replay(read_trace(MOONCAKE))) == pytest.approx(
+            0.0343, abs=1e-4
+        )
+
+
+class TestPrompts:
+    def test_exact_lengths_and_exactly_the_trace_sharing(self) -> None:
+        plan = _plan(
+            TraceRequest(0, 1100, 1, (3, 4, 5)),
+            TraceRequest(1, 700, 1, (3, 4)),
+            TraceRequest(2, 600, 1, (8, 4)),
+            TraceRequest(3, 40, 1),
+            TraceRequest(4, 40, 1),
+        )
+        a, b, c, d, e = trace_prompts(plan, TOKENS, seed=1)
+        assert [len(p) for p in (a, b, c, d, e)] == [1100, 700, 600, 40, 40]
+        assert a[:700] == b  # same ids: the same tokens, the partial block a prefix of the whole
+        assert a[:6] != c[:6]  # a different first id starts differently
+        # block 4 after a different first block: the same tokens, which vLLM's chained block
+        # hashes still tell apart (the trace's ids are chains too)
+        assert c[512:] == a[512:600]
+        assert d != e  # a request's own tokens are its own
+        assert set(a) <= set(TOKENS)
+        assert list(trace_prompts(plan, TOKENS, seed=1))[0] == a
+
+    def test_the_seed_changes_the_text_not_the_sharing(self) -> None:
+        plan = _plan(TraceRequest(0, 600, 1, (3, 4)), TraceRequest(1, 600, 1, (3, 4)))
+        x1, y1 = trace_prompts(plan, TOKENS, seed=1)
+        x2, _ = trace_prompts(plan, TOKENS, seed=2)
+        assert x1 == y1 and x1 != x2
+
+    def test_a_corpus_too_poor_to_write_ids_is_refused(self) -> None:
+        plan = _plan(TraceRequest(0, 60, 1, (3,)))
+        with pytest.raises(ValueError, match="10 distinct tokens"):
+            next(trace_prompts(plan, list(range(10)) * 50))
+
+
+class TestReplayPattern:
+    def test_send_times_as_given_and_cut_at_the_duration(self) -> None:
+        r = Replay((0.0, 0.0, 1.5, 4.0))
+        assert list(r.offsets(random.Random(0), 2.0)) == [0.0, 0.0, 1.5]
+        assert describe(r) == "trace replay, 4 requests" and "requests=4" in repr(r)
+
+    @pytest.mark.parametrize("times", [(), (1.0, 0.5), (-1.0,), (float("nan"),)])
+    def test_bad_times(self, times: tuple[float, ...]) -> None:
+        with pytest.raises(ValueError, match="send time"):
+            Replay(times)
+
+
+def _loadgen(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvwatch", "loadgen", "run", "--url", "http://127.0.0.1:9",
+         *args], capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+class TestCommandLine:
+    def test_the_trace_is_the_load_so_other_loads_are_refused(self) -> None:
+        p = _loadgen("--trace", str(MOONCAKE), "--rate", "3", "--shared-prefix", "10")
+        assert p.returncode == 2
+        assert "--trace is the load and the workload: drop --rate, --shared-prefix" in p.stderr
+        assert "Traceback" not in p.stderr
+
+    def test_bad_trace_options_fail_in_one_line_before_any_request(self, tmp_path: Path) -> None:
+        p = _loadgen("--trace", str(MOONCAKE), "--trace-window", "10-20")
+        assert p.returncode == 2 and "--trace-window wants START:END" in p.stderr
+        p = _loadgen("--trace", str(tmp_path / "none.jsonl"))
+        assert p.returncode == 2 and "cannot read" in p.stderr and "Traceback" not in p.stderr
