@@ -1,7 +1,8 @@
 """A published trace replayed on the GPU twin: timing, token counts, and the prefix cache's hits.
 
-Starts the twin (`--twin MODEL:GPU:KV_BYTES`, time scale 1) and replays `--trace` with
-`kvwatch loadgen run --trace` (window, speed and length scale as given), then says:
+Starts the twin (`--twin MODEL:GPU:KV_BYTES`, time scale 1, pinned to core 0 with its threads
+and children) and replays `--trace` with `kvwatch loadgen run --trace` on core 1 (window, speed
+and length scale as given), then says:
 - arrival accuracy: each request's send time against the trace's (scaled) time, p50 / p99 / max;
 - token counts: requests whose prompt and output token counts, as the server reported them in
   its usage, equal the trace's (scaled) lengths;
@@ -28,10 +29,22 @@ from typing import Any
 import pandas as pd
 from twins import twin_from_spec
 
+TWIN_CORE, CLIENT_CORE = "0", "1"
+
+
+def _pin_tree(pid: int, core: str) -> None:
+    """Pin a process, its threads and its descendants to one core (the twin's API server,
+    engine and their threads), so that the load generator has the other to itself."""
+    kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    for child in kids.split():
+        _pin_tree(int(child), core)
+    subprocess.run(["taskset", "-a", "-p", "-c", core, str(pid)], capture_output=True)
+
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--twin", required=True, metavar="MODEL:GPU:KV_BYTES")
     ap.add_argument("--trace", type=Path, required=True)
     ap.add_argument("--window", default="0:300", metavar="START:END")
@@ -46,8 +59,11 @@ def main() -> None:
         with twin_from_spec(ns.twin, tmp / "vllm.log", "--max-model-len",
                             str(ns.max_model_len)) as twin:  # fmt: skip
             print(f"twin: {ns.twin}; {twin.capacity_line()}", flush=True)
+            if twin.server.pid is not None:
+                _pin_tree(twin.server.pid, TWIN_CORE)
             run_dir = tmp / "run"
-            cmd = [sys.executable, "-m", "kvwatch", "loadgen", "run", "--url", twin.base_url,
+            cmd = ["taskset", "-c", CLIENT_CORE, sys.executable, "-m", "kvwatch", "loadgen", "run",
+                   "--url", twin.base_url,
                    "--trace", str(ns.trace), "--trace-window", ns.window, "--trace-speed",
                    str(ns.speed), "--trace-length-scale", str(ns.length_scale), "--json",
                    "--no-progress", "--run-dir", str(run_dir), "--workers",

@@ -108,6 +108,8 @@ examples:
   kvwatch loadgen run --url URL --concurrency 32 --requests 200 --input-len uniform:100,300
   kvwatch loadgen run --url URL --sweep rate=1,2,4,8 --duration 30 --slo ttft=500ms,tpot=50ms
   kvwatch loadgen run --url URL --stage poisson:rate=1@20s --stage poisson:rate=8@40s
+  kvwatch loadgen run --url URL --sessions --rate 0.5 --duration 120 --turns uniform:2,8 \
+      --think-time lognormal:5,0.5 --input-len 1000 --turn-input-len 100 --output-len 200
   kvwatch loadgen run --url URL --trace conversation_trace.jsonl --trace-window 0:600 \
       --trace-speed 2 --trace-length-scale 0.25      (Mooncake's trace, 10 min at 2x)"""
 
@@ -148,6 +150,7 @@ def _register_run(lsub: Any) -> None:
     )
     _request_args(g)
     _workload_args(r.add_argument_group("workload"))
+    _session_args(r.add_argument_group("sessions (multi-turn conversations and agents)"))
     _trace_args(r.add_argument_group("trace replay (the trace is the load and the workload)"))
     o = r.add_argument_group("output")
     o.add_argument("--run-dir", type=Path, help="default runs/loadgen-TIME")
@@ -162,6 +165,25 @@ def _register_run(lsub: Any) -> None:
     o.add_argument("--json", action="store_true", help="print the summary as JSON")
     o.add_argument("--no-progress", action="store_true", help="no live progress line")
     r.set_defaults(func=handler("kvwatch.loadgen.cmd_run:run_command"))
+
+
+def _session_args(g: Any) -> None:
+    g.add_argument(
+        "--sessions", action="store_true",
+        help="each arrival (or stream of --concurrency) is a conversation: every turn resends "
+        "the whole conversation so far in exact tokens (earlier prompts and the server's own "
+        "answers) plus a new message; --input-len opens it, --shared-prefix is a system "
+        "prompt all sessions share, --requests caps the sessions",
+    )  # fmt: skip
+    g.add_argument("--turns", default="4", metavar="DIST", help="turns per session (4)")
+    g.add_argument("--think-time", default="0", metavar="DIST",
+                   help="seconds between an answer and the next turn, e.g. lognormal:5,0.5 "
+                   "(0)")  # fmt: skip
+    g.add_argument("--turn-input-len", default="64", metavar="DIST",
+                   help="tokens of each later turn's new message (64)")  # fmt: skip
+    g.add_argument("--fanout", type=int, default=1, metavar="N",
+                   help="agentic: each turn after the first is N parallel calls over the "
+                   "context, joined before the next (1)")  # fmt: skip
 
 
 def _trace_args(g: Any) -> None:

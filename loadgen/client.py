@@ -18,7 +18,9 @@ import msgspec
 from kvwatch.loadgen.http1 import Http1Pool
 from kvwatch.loadgen.records import RequestRecord
 
-__all__ = ["completion_request", "start_completion", "stream_completion", "served_model"]
+__all__ = [
+    "completion_request", "start_completion", "stream_completion", "served_model", "max_model_len",
+]  # fmt: skip
 
 _DATA = b"data:"
 _ERROR_BODY = 300  # bytes of an error response kept in the record
@@ -144,6 +146,7 @@ class _Delta(msgspec.Struct):
 class _Choice(msgspec.Struct):
     text: str | None | msgspec.UnsetType = msgspec.UNSET  # /v1/completions
     delta: _Delta | None = None  # /v1/chat/completions
+    token_ids: list[int] | None = None  # vLLM's, with `return_token_ids`
 
 
 class _Usage(msgspec.Struct):
@@ -170,6 +173,8 @@ def _take_chunk(chunk: _Chunk, record: RequestRecord, now: float) -> None:
         record.error = f"server error in stream: {what}"
         return
     for choice in chunk.choices or ():
+        if record.output_token_ids is not None and choice.token_ids:
+            record.output_token_ids.extend(choice.token_ids)
         if _carries_output(choice):
             if record.first_token_at is None:
                 record.first_token_at = now

@@ -21,6 +21,7 @@ from kvwatch.loadgen.records import StallRule
 from kvwatch.loadgen.runner import Progress, RunOptions, run_loop, run_stages
 from kvwatch.loadgen.schedule import Stage, StageSpecError, parse_stage, sweep_stages
 from kvwatch.loadgen.server_metrics import sidecar_incidents
+from kvwatch.loadgen.sessions import SessionShape
 from kvwatch.loadgen.trace import TraceError, TraceReplay, render_replay, replay_report
 from kvwatch.loadgen.workload import DatasetError, WorkloadSpec, tokenize_corpus
 
@@ -55,7 +56,7 @@ def _single_pattern(ns: argparse.Namespace) -> Pattern | None:
     return None
 
 
-def trace_replay(
+def _trace_replay(
     ns: argparse.Namespace, max_model_len: int | None = None, time_scale: float | None = None
 ) -> TraceReplay | None:
     """The replay `--trace` asks for (None without it); its arguments checked."""
@@ -83,12 +84,12 @@ def _trace_stage(ns: argparse.Namespace) -> list[Stage]:
              ("--warmup", ns.warmup), ("--chat", ns.chat)) if v]  # fmt: skip
     if clash:
         raise CliError(f"--trace is the load and the workload: drop {', '.join(clash)}")
-    replay = trace_replay(ns)
+    replay = _trace_replay(ns)
     assert replay is not None
-    return trace_stages(replay)
+    return _trace_stages(replay)
 
 
-def trace_stages(replay: TraceReplay) -> list[Stage]:
+def _trace_stages(replay: TraceReplay) -> list[Stage]:
     """The one stage a replay is: the trace's send times, as many requests."""
     try:
         plan = replay.plan()[1]
@@ -99,7 +100,10 @@ def trace_stages(replay: TraceReplay) -> list[Stage]:
 
 def build_stages(ns: argparse.Namespace) -> list[Stage]:
     if getattr(ns, "trace", None) is not None:
+        if getattr(ns, "sessions", False):
+            raise CliError("--trace is the load and the workload: drop --sessions")
         return _trace_stage(ns)
+    _session_shape(ns)  # bad session flags fail before the run directory is made
     try:
         pattern = _single_pattern(ns)
         if sum(bool(x) for x in (ns.stage, ns.sweep, pattern)) != 1:
@@ -136,7 +140,7 @@ async def _workload(
     if getattr(ns, "trace", None) is not None:
         tok = await tokenize_corpus(client, ns.url, model, ns.seed)
         limit = await max_model_len(client, ns.url, model)
-        spec = WorkloadSpec(seed=ns.seed, trace=trace_replay(ns, limit, time_scale),
+        spec = WorkloadSpec(seed=ns.seed, trace=_trace_replay(ns, limit, time_scale),
                             tokens=tuple(tok[0]) if tok else None)  # fmt: skip
         next(spec.items())  # no /tokenize: refused here, before the run
         return spec
@@ -147,13 +151,35 @@ async def _workload(
         dataset=ns.dataset,
         shared_prefix=ns.shared_prefix,
         prefix_groups=ns.prefix_groups,
+        sessions=_session_shape(ns),
     )
     if ns.dataset is None:
         tok = await tokenize_corpus(client, ns.url, model, ns.seed)
         if tok is not None:
             spec = replace(spec, tokens=tuple(tok[0]))
     next(spec.items())  # bad lengths or a bad dataset fail here, before the run
+    spec.conversations()  # and sessions on a server without /tokenize
     return spec
+
+
+def _session_shape(ns: argparse.Namespace) -> SessionShape | None:
+    """The sessions `--sessions` asks for (None without it), every flag checked."""
+    if not getattr(ns, "sessions", False):
+        return None
+    clash = [flag for flag, v in (("--dataset", ns.dataset), ("--chat", ns.chat),
+             ("--prefix-groups", ns.prefix_groups != 1)) if v]  # fmt: skip
+    if clash:
+        raise CliError(f"--sessions sends token-exact conversations: drop {', '.join(clash)}")
+    shape = SessionShape(
+        turns=ns.turns, think_time=ns.think_time, first_input_len=ns.input_len,
+        turn_input_len=ns.turn_input_len, output_len=ns.output_len or "128",
+        fanout=ns.fanout, system_prompt=ns.shared_prefix,
+    )  # fmt: skip
+    try:
+        shape.check()
+    except DatasetError as e:
+        raise CliError(str(e)) from None
+    return shape
 
 
 async def prepare_run(
@@ -227,7 +253,10 @@ def send_stages(
             if not ns.no_progress:
                 ticker = asyncio.create_task(print_progress(progress, time.perf_counter()))
             try:
-                return await run_stages(stages, opts, workload.items(), progress)
+                return await run_stages(
+                    stages, opts, workload.items(), progress,
+                    conversations=workload.conversations(),
+                )  # fmt: skip
             finally:
                 if ticker:
                     ticker.cancel()
@@ -269,7 +298,12 @@ def _run_into(
 ) -> int:
     """The load, then its records written into `run_dir` (made and probed already)."""
     from kvwatch.loadgen.rundir import write_run
-    from kvwatch.loadgen.summary import render_table, summarize_records, timing_caveat
+    from kvwatch.loadgen.summary import (
+        render_table,
+        render_turns,
+        summarize_records,
+        timing_caveat,
+    )
 
     api_key = os.environ.get(ns.api_key_env) or None
     progress = Progress()
@@ -283,7 +317,7 @@ def _run_into(
     model, workload, time_scale = run_loop(prepare_run(ns, headers))
     announce_time_scale(time_scale)
     if workload.trace is not None:  # its lengths fit to the server, its times to a twin's scale
-        stages = trace_stages(workload.trace)
+        stages = _trace_stages(workload.trace)
     opts = RunOptions(
         ns.url,
         model,
@@ -319,6 +353,8 @@ def _run_into(
         print(json.dumps(summary, indent=2))
     else:
         print(render_table(summary))
+        if (turns := render_turns(summary)) is not None:
+            print(turns)
         print(f"run directory: {run_dir}")
     if "trace" in summary:
         print(render_replay(summary["trace"]), file=sys.stderr)

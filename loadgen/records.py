@@ -47,6 +47,11 @@ class RequestRecord:
     output_tokens: int | None = None
     status: int | None = None
     error: str | None = None
+    session: str | None = None  # the conversation it is a turn of (sessions)
+    turn: int | None = None  # 0 for a session's first
+    priority: int | None = None  # the request's priority class, when it carries one
+    # the answer's token ids, where they are asked for (a session resends them); not written
+    output_token_ids: list[int] | None = None
 
     @property
     def ok(self) -> bool:
@@ -91,6 +96,9 @@ class RequestRecord:
         return {
             "request_id": self.request_id,
             "stage": self.stage,
+            "session": self.session,
+            "turn": self.turn,
+            "priority": self.priority,
             "warmup": self.warmup,
             "ok": self.ok,
             "status": self.status,

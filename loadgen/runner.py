@@ -11,6 +11,7 @@ import asyncio
 import collections
 import itertools
 import logging
+import math
 import os
 import random
 import time
@@ -25,6 +26,7 @@ from kvwatch.loadgen.client import completion_request, start_completion
 from kvwatch.loadgen.http1 import Http1Pool
 from kvwatch.loadgen.records import RequestRecord
 from kvwatch.loadgen.schedule import Stage
+from kvwatch.loadgen.sessions import Conversation, Conversations
 from kvwatch.loadgen.workload import WorkItem
 
 __all__ = ["RunOptions", "RunResult", "Progress", "Share", "run_stages", "run_loop"]
@@ -126,14 +128,22 @@ class _Sender:
     def prepare(self, stage: Stage, due: float, n: int) -> tuple[RequestRecord, bytes]:
         """The record and the request bytes, made before the due time so that sending is one
         write. `n` numbers the request within its stage, the same way in every worker process."""
-        item = next(self.items)
+        return self.prepare_item(stage, due, f"{stage.name}/{n}", next(self.items))
+
+    def prepare_item(
+        self, stage: Stage, due: float, request_id: str, item: WorkItem, **where: Any
+    ) -> tuple[RequestRecord, bytes]:
+        """`prepare` for a given item; `where` sets the record's session and turn."""
         rec = RequestRecord(
-            request_id=f"{stage.name}/{n}",
+            request_id=request_id,
             scheduled_at=due,
             stage=stage.name,
             warmup=stage.warmup,
             expected_input_tokens=item.input_tokens,
             expected_output_tokens=item.max_tokens,
+            priority=item.priority,
+            output_token_ids=[] if item.answer_ids else None,
+            **where,
         )
         self.result.records.append(rec)
         body = item.body(self.opts.model, self.opts.chat, self.opts.ignore_eos)
@@ -262,6 +272,67 @@ async def _open_stage(sender: _Sender, stage: Stage, rng: random.Random, share: 
     await asyncio.gather(*pending)
 
 
+async def _session(sender: _Sender, stage: Stage, talk: Conversation, due: float) -> None:
+    """One conversation, turn by turn; a failed turn ends it (the context it would resend is
+    not there)."""
+    sid = f"{stage.name}/s{talk.number}"
+    for turn in range(talk.turns):
+        if turn:
+            due = time.perf_counter() + talk.think_s()
+        calls = talk.calls(turn)
+        sent = []
+        for k, (ids, max_tokens) in enumerate(calls):
+            item = WorkItem("", max_tokens, len(ids), ids, answer_ids=True)
+            rid = f"{sid}/t{turn}" + (f".{k}" if len(calls) > 1 else "")
+            sent.append(sender.prepare_item(stage, due, rid, item, session=sid, turn=turn))
+        await _until(due)
+        await asyncio.gather(*(sender.start(rec, request) for rec, request in sent))
+        if not all(rec.ok for rec, _ in sent):
+            return
+        talk.join(calls, [_answer(rec, talk) for rec, _ in sent])
+
+
+def _answer(rec: RequestRecord, talk: Conversation) -> list[int]:
+    """The answer's token ids as the server sent them; from a server that does not send them
+    (not vLLM), corpus tokens of the answer's length stand in (its prefix then misses)."""
+    got = rec.output_token_ids or []
+    if rec.output_tokens is not None and len(got) != rec.output_tokens:
+        return talk.blocks.text(talk.rng, rec.output_tokens)
+    return got
+
+
+async def _session_stage(
+    sender: _Sender, stage: Stage, rng: random.Random, share: Share, maker: Conversations
+) -> None:
+    """Sessions arrive as the stage's pattern says (open: one per arrival; closed: N live,
+    each replaced when it ends); `count` caps the sessions, not the requests."""
+    tasks: list[asyncio.Task[None]] = []
+    if isinstance(stage.pattern, Concurrency):
+        end = time.perf_counter() + (stage.duration_s if stage.duration_s is not None else math.inf)
+        numbers = itertools.count()
+
+        async def stream() -> None:
+            while time.perf_counter() < end:
+                n = next(numbers)
+                if stage.count is not None and n >= stage.count:
+                    return
+                await _session(sender, stage, maker.open(n), time.perf_counter())
+
+        streams = share.part(stage.pattern.n)
+        await sender.pool.warm(streams)
+        await asyncio.gather(*(stream() for _ in range(streams)))
+        return
+    duration = stage.duration_s if stage.duration_s is not None else math.inf
+    start = time.perf_counter() + _FIRST_LEAD_S
+    for i, offset in enumerate(stage.pattern.offsets(rng, duration)):
+        if stage.count is not None and i >= stage.count:
+            break
+        if share.mine(i):
+            talk = maker.open(i)
+            tasks.append(asyncio.create_task(_session(sender, stage, talk, start + offset)))
+    await asyncio.gather(*tasks)
+
+
 async def _closed_stage(sender: _Sender, stage: Stage, share: Share) -> None:
     assert isinstance(stage.pattern, Concurrency)
     end = time.perf_counter() + stage.duration_s if stage.duration_s is not None else float("inf")
@@ -289,6 +360,7 @@ async def run_stages(
     progress: Progress | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
     share: Share | None = None,
+    conversations: Conversations | None = None,
 ) -> RunResult:
     progress = progress or Progress()
     share = share or Share()
@@ -327,7 +399,9 @@ async def run_stages(
                 await asyncio.to_thread(share.barrier.wait)
             progress.stage = stage.name
             event("stage_start", stage)
-            if isinstance(stage.pattern, Concurrency):
+            if conversations is not None:
+                await _session_stage(sender, stage, rng, share, conversations)
+            elif isinstance(stage.pattern, Concurrency):
                 await _closed_stage(sender, stage, share)
             else:
                 await _open_stage(sender, stage, rng, share)

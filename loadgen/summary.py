@@ -13,7 +13,8 @@ from typing import Any
 import pandas as pd
 
 __all__ = [
-    "parse_slo", "summarize_records", "render_table", "SLO_METRICS", "SloError", "timing_caveat",
+    "parse_slo", "summarize_records", "render_table", "render_turns", "SLO_METRICS", "SloError",
+    "timing_caveat",
 ]  # fmt: skip
 
 SLO_METRICS = ("ttft", "tpot", "e2e", "ttft_from_scheduled", "e2e_from_scheduled")
@@ -109,7 +110,40 @@ def summarize_records(records: list[dict[str, Any]], slo: dict[str, float] | Non
         return {"overall": {"requests": 0}, "stages": {}, "slo": slo}
     measured = df[~df["warmup"]] if "warmup" in df else df
     stages = {str(name): _one(g, slo) for name, g in measured.groupby("stage", sort=False)}
-    return {"overall": _one(measured, slo), "stages": stages, "slo": slo}
+    out = {"overall": _one(measured, slo), "stages": stages, "slo": slo}
+    if "session" in measured and measured["session"].notna().any():
+        out["sessions"] = _sessions(measured[measured["session"].notna()])
+    return out
+
+
+def _sessions(df: pd.DataFrame) -> dict[str, Any]:
+    """Per turn: how many, their prompts and TTFT. A cache that holds the conversations keeps
+    a late turn's TTFT flat; one that evicted them recomputes the context, and TTFT grows."""
+    ok = df[df["ok"]]
+    turns = {}
+    for turn, g in ok.groupby("turn", sort=True):
+        turns[str(int(turn))] = {  # type: ignore[arg-type]
+            "requests": int(len(g)),
+            "prompt_tokens_mean": float(g["prompt_tokens"].mean()),
+            "ttft": _q(g["ttft"]),
+        }
+    cut = df.loc[~df["ok"], "session"].nunique()
+    return {"sessions": int(df["session"].nunique()), "cut": int(cut), "turns": turns}
+
+
+def render_turns(summary: dict[str, Any]) -> str | None:
+    """The per-turn table of a session run (None for other runs)."""
+    s = summary.get("sessions")
+    if not s:
+        return None
+    rows = [("turn", "requests", "prompt tokens", "TTFT p50/p99 ms")]
+    for turn, v in s["turns"].items():
+        rows.append((turn, str(v["requests"]), f"{v['prompt_tokens_mean']:.0f}",
+                     f"{_ms(v['ttft']['p50'])}/{_ms(v['ttft']['p99'])}"))  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    table = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+    cut = f", {s['cut']} cut short by a failed turn" if s["cut"] else ""
+    return f"{s['sessions']} sessions{cut}\n{table}"
 
 
 # Dispatch lag at which a run's own latencies deserve a caveat: TTFTs of tens of milliseconds

@@ -38,7 +38,9 @@ def _worker(
         if delay > 0:
             await asyncio.sleep(delay)
         share = Share(index, count, barrier)
-        result = await run_stages(stages, opts, workload.items(), share=share)
+        result = await run_stages(
+            stages, opts, workload.items(), share=share, conversations=workload.conversations()
+        )
         # re-base this process's clock on the common start
         t0 = result.t0 - (result.start_unix - start_unix)
         out.put(

@@ -13,7 +13,6 @@ Length distributions (`--input-len`, `--output-len`):
 from __future__ import annotations
 
 import json
-import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +21,8 @@ from typing import Any
 
 import httpx
 
+from kvwatch.loadgen.lengths import DatasetError, LengthDist, parse_length
+from kvwatch.loadgen.sessions import Conversations, SessionShape
 from kvwatch.loadgen.trace import TraceReplay
 from kvwatch.loadgen.trace_prompts import trace_prompts
 
@@ -40,47 +41,6 @@ _WORDS_PER_TOKEN = 1 / 1.3
 _CORPUS_WORDS = 6000
 
 
-class DatasetError(ValueError):
-    """A dataset or length spec that cannot be used; says which file/line and why."""
-
-
-@dataclass(frozen=True)
-class LengthDist:
-    kind: str
-    a: float
-    b: float = 0.0
-
-    def sample(self, rng: random.Random) -> int:
-        if self.kind == "fixed":
-            v = self.a
-        elif self.kind == "uniform":
-            v = rng.uniform(self.a, self.b)
-        elif self.kind == "normal":
-            v = rng.gauss(self.a, self.b)
-        else:  # lognormal with median a and sigma b
-            v = rng.lognormvariate(math.log(self.a), self.b)
-        return max(1, round(v))
-
-
-def parse_length(spec: str) -> LengthDist:
-    kind, sep, rest = spec.partition(":")
-    if not sep:
-        kind, rest = "fixed", spec
-    try:
-        nums = [float(x) for x in rest.split(",")]
-    except ValueError:
-        raise DatasetError(f"length {spec!r}: numbers expected") from None
-    want = {"fixed": 1, "uniform": 2, "normal": 2, "lognormal": 2}
-    if kind not in want or len(nums) != want[kind]:
-        raise DatasetError(
-            f"length {spec!r}: use N, fixed:N, uniform:LO,HI, normal:MEAN,SD or "
-            "lognormal:MEDIAN,SIGMA"
-        )
-    if nums[0] <= 0 or (kind == "uniform" and nums[1] < nums[0]) or (len(nums) > 1 and nums[1] < 0):
-        raise DatasetError(f"length {spec!r}: lengths must be positive (and LO <= HI)")
-    return LengthDist(kind, *nums)
-
-
 @dataclass(frozen=True)
 class WorkItem:
     """One request's content. `token_ids` is set when lengths were measured with /tokenize."""
@@ -89,11 +49,17 @@ class WorkItem:
     max_tokens: int
     input_tokens: int | None = None  # the length we aimed for, when known
     token_ids: tuple[int, ...] | None = None
+    priority: int | None = None  # vLLM's `priority` (lower runs first under its priority policy)
+    answer_ids: bool = False  # ask for the answer's token ids (a session resends them)
 
     def body(self, model: str, chat: bool, ignore_eos: bool) -> dict[str, Any]:
         base: dict[str, Any] = {"model": model, "max_tokens": self.max_tokens}
         if ignore_eos:
             base["ignore_eos"] = True
+        if self.priority is not None:
+            base["priority"] = self.priority
+        if self.answer_ids:
+            base["return_token_ids"] = True
         if chat:
             base["messages"] = [{"role": "user", "content": self.text}]
         else:
@@ -265,6 +231,20 @@ class WorkloadSpec:
     prefix_groups: int = 1
     tokens: tuple[int, ...] | None = None  # the seeded corpus, tokenized by the server
     trace: TraceReplay | None = None  # replay a trace's requests instead (--trace)
+    sessions: SessionShape | None = None  # conversations instead of single requests
+
+    def conversations(self) -> Conversations | None:
+        """The run's sessions, where it runs sessions (their prompts need the corpus)."""
+        if self.sessions is None:
+            return None
+        if not self.tokens:
+            raise DatasetError(
+                "sessions resend the conversation in exact tokens: the server must answer /tokenize"
+            )
+        try:
+            return Conversations(self.sessions, self.tokens, self.seed)
+        except ValueError as e:
+            raise DatasetError(str(e)) from None
 
     def items(self) -> Iterator[WorkItem]:
         if self.trace is not None:
@@ -295,6 +275,8 @@ class WorkloadSpec:
         )
 
     def describe(self) -> dict[str, Any]:
+        if self.sessions is not None:
+            return self.sessions.describe()
         if self.trace is not None:
             tr = self.trace
             return {"trace": str(tr.path), "format": tr.format, "speed": tr.speed,

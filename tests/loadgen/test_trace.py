@@ -219,7 +219,7 @@ class TestPrompts:
 
     def test_a_corpus_too_poor_to_write_ids_is_refused(self) -> None:
         plan = _plan(TraceRequest(0, 60, 1, (3,)))
-        with pytest.raises(ValueError, match="10 distinct tokens"):
+        with pytest.raises(TraceError, match="10 distinct tokens"):
             next(trace_prompts(plan, list(range(10)) * 50))
 
 

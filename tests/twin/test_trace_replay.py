@@ -18,8 +18,11 @@ from tests.twin.conftest import TWIN_TIME_SCALE
 
 pytestmark = pytest.mark.integration
 
-MOONCAKE = Path(__file__).resolve().parents[1] / "data" / "traces" / (
-    "mooncake-conversation-first120.jsonl"
+MOONCAKE = (
+    Path(__file__).resolve().parents[1]
+    / "data"
+    / "traces"
+    / ("mooncake-conversation-first120.jsonl")
 )
 
 

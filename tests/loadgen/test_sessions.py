@@ -1,0 +1,128 @@
+"""Sessions' pure parts: what each turn sends, how answers join the context, the per-turn
+summary, and the flags' errors (tests/twin/test_sessions_live.py sends them to the twin)."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+
+import pytest
+
+from kvwatch.loadgen.client import _CHUNK, _take_chunk
+from kvwatch.loadgen.lengths import DatasetError
+from kvwatch.loadgen.records import RequestRecord
+from kvwatch.loadgen.sessions import Conversations, SessionShape, parse_think_time
+from kvwatch.loadgen.summary import render_turns, summarize_records
+from kvwatch.loadgen.token_blocks import TokenBlocks
+
+_RNG = random.Random(5)
+TOKENS = tuple(_RNG.randrange(2, 9000) for _ in range(6000))
+
+
+def _talks(**kw: object) -> Conversations:
+    return Conversations(SessionShape(**kw), TOKENS, seed=1)  # type: ignore[arg-type]
+
+
+class TestTurns:
+    def test_each_turn_resends_the_conversation_with_the_servers_answer(self) -> None:
+        talk = _talks(turns="3", first_input_len="100", turn_input_len="20",
+                      output_len="7").open(0)  # fmt: skip
+        assert talk.turns == 3
+        [(p0, n0)] = talk.calls(0)
+        assert (len(p0), n0) == (100, 7)
+        answer = [11, 12, 13, 14, 15, 16, 17]
+        talk.join([(p0, n0)], [answer])
+        [(p1, _)] = talk.calls(1)
+        assert len(p1) == 127 and p1[:100] == p0 and list(p1[100:107]) == answer
+
+    def test_an_agents_turn_fans_out_and_joins_in_order(self) -> None:
+        talk = _talks(turns="3", first_input_len="50", turn_input_len="10", output_len="4",
+                      fanout=3).open(2)  # fmt: skip
+        first = talk.calls(0)
+        assert len(first) == 1  # the user's opening is one call
+        talk.join(first, [[1, 1, 1, 1]])
+        calls = talk.calls(1)
+        assert len(calls) == 3 and {len(p) for p, _ in calls} == {64}
+        assert len({p[54:] for p, _ in calls}) == 3  # each its own tool message
+        talk.join(calls, [[2] * 4, [3] * 4, [4] * 4])
+        [(p2, _)] = talk.calls(2)[:1]
+        assert len(p2) == 54 + 3 * 14 + 10
+        assert p2[54:68] == calls[0][0][54:] + (2, 2, 2, 2)
+        assert p2[82:96] == calls[2][0][54:] + (4, 4, 4, 4)
+
+    def test_sessions_share_the_system_prompt_and_nothing_else(self) -> None:
+        talks = _talks(first_input_len="80", system_prompt=32)
+        a, b = (talks.open(n).calls(0)[0][0] for n in (0, 1))
+        assert a[:32] == b[:32] and a[32:38] != b[32:38]
+        again = _talks(first_input_len="80", system_prompt=32).open(1).calls(0)[0][0]
+        assert again == b  # the seed and the number fix it, in any worker process
+
+    def test_think_times(self) -> None:
+        assert parse_think_time("0") is None
+        talk = _talks(think_time="uniform:1,3").open(0)
+        assert all(1 <= talk.think_s() <= 3 for _ in range(50))
+        assert _talks().open(0).think_s() == 0.0
+        with pytest.raises(DatasetError, match="think time"):
+            parse_think_time("soon")
+
+    @pytest.mark.parametrize(
+        ("kw", "msg"),
+        [({"turns": "many"}, "numbers expected"), ({"fanout": 0}, "--fanout 0"),
+         ({"output_len": "uniform:5,2"}, "LO <= HI")],
+    )  # fmt: skip
+    def test_bad_shapes_fail_before_the_run(self, kw: dict[str, object], msg: str) -> None:
+        with pytest.raises(DatasetError, match=msg):
+            SessionShape(**kw).check()  # type: ignore[arg-type]
+
+    def test_numbered_blocks_refuse_numbers_past_their_limit(self) -> None:
+        with pytest.raises(ValueError, match="outside"):
+            TokenBlocks(TOKENS).block(2**42, 10)
+
+
+def test_the_answers_token_ids_are_collected_from_the_stream() -> None:
+    rec = RequestRecord("r", 0.0, output_token_ids=[])
+    for body in (b'{"choices":[{"text":"ab","token_ids":[5,6]}]}',
+                 b'{"choices":[{"text":"c","token_ids":[7]}]}',
+                 b'{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":3}}'):  # fmt: skip
+        _take_chunk(_CHUNK.decode(body), rec, 1.0)
+    assert rec.output_token_ids == [5, 6, 7] and rec.output_tokens == 3
+    plain = RequestRecord("r", 0.0)
+    _take_chunk(_CHUNK.decode(b'{"choices":[{"text":"ab","token_ids":[5,6]}]}'), plain, 1.0)
+    assert plain.output_token_ids is None
+
+
+def test_the_summary_has_a_row_per_turn() -> None:
+    def rec(sid: str, turn: int, ttft: float, ok: bool = True) -> dict[str, object]:
+        r = RequestRecord(f"main/{sid}/t{turn}", 0.0, stage="main", session=sid, turn=turn,
+                          sent_at=0.0, first_token_at=ttft, finished_at=ttft + 1,
+                          token_times=[ttft, ttft + 1], prompt_tokens=100 * (turn + 1),
+                          output_tokens=2, error=None if ok else "HTTP 500")  # fmt: skip
+        return r.to_dict()
+
+    records = [rec("s0", 0, 0.1), rec("s0", 1, 0.1), rec("s1", 0, 0.2), rec("s1", 1, 0.4, False)]
+    s = summarize_records(records)["sessions"]
+    assert s["sessions"] == 2 and s["cut"] == 1
+    assert s["turns"]["0"]["requests"] == 2 and s["turns"]["1"]["requests"] == 1
+    assert s["turns"]["1"]["prompt_tokens_mean"] == 200
+    text = render_turns({"sessions": s})
+    assert text is not None and "2 sessions, 1 cut short by a failed turn" in text
+    assert render_turns(summarize_records([])) is None
+
+
+def _loadgen(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvwatch", "loadgen", "run", "--url", "http://127.0.0.1:9",
+         "--rate", "1", "--duration", "5", *args], capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "msg"),
+    [(["--sessions", "--chat"], "--sessions sends token-exact conversations: drop --chat"),
+     (["--sessions", "--turns", "x"], "numbers expected"),
+     (["--sessions", "--trace", "t.jsonl"], "drop --sessions")],
+)  # fmt: skip
+def test_session_flags_fail_in_one_line(args: list[str], msg: str) -> None:
+    p = _loadgen(*args)
+    assert p.returncode == 2 and msg in p.stderr and "Traceback" not in p.stderr, p.stderr
