@@ -93,9 +93,9 @@ def _figures(summary: dict[str, Any], df: pd.DataFrame) -> dict[str, Any]:
     tr = summary["trace"]
     return {
         "requests": len(df), "completed": len(ok),
-        "arrival_error_ms": {"p50": round(lag.quantile(0.5) * 1e3, 3),
-                             "p99": round(lag.quantile(0.99) * 1e3, 3),
-                             "max": round(lag.max() * 1e3, 3)},
+        "arrival_error_ms": {"p50": round(float(lag.quantile(0.5)) * 1e3, 3),
+                             "p99": round(float(lag.quantile(0.99)) * 1e3, 3),
+                             "max": round(float(lag.max()) * 1e3, 3)},
         "prompt_tokens_exact": f"{exact_in}/{len(ok)}",
         "output_tokens_exact": f"{exact_out}/{len(ok)}",
         "implied_prefix_hit_rate": round(tr["implied_prefix_hit_rate"], 4),
