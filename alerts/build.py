@@ -171,6 +171,9 @@ def rule_groups(
             # countdown needs the forecast's history at the sidecar's grain, not Prometheus's
             a("KvwatchKvExhaustionImminent", f"{cat.KV_EXHAUSTION_IMMINENT.select()} == 1", th,
               _TARGET_INSTANCE, s),
+            # the sidecar's own condition too: the reference hit share comes from its history
+            a("KvwatchPrefixCacheThrashing", f"{cat.PREFIX_CACHE_THRASHING.select()} == 1", th,
+              _TARGET_INSTANCE, s),
             a("KvwatchTargetDown", f"{cat.TARGET_UP.select()} == 0", th, _TARGET_INSTANCE, s),
             a("KvwatchEngineDead", f"{cat.ENGINE_ALIVE.select()} == 0", th, _TARGET_INSTANCE, s),
             a("KvwatchVllmMetricsMissing", f"{cat.VLLM_METRICS_PRESENT.select()} == 0", th,

@@ -386,6 +386,40 @@ def _sources_row() -> list[Any]:
     return [sources, refused, offload, offload_full]
 
 
+def _prefix_cache_row(th: Thresholds) -> list[Any]:
+    """The second kind of thrashing: a prefix cache losing the prefixes its traffic reuses."""
+    share = _series(
+        "Prefix cache hit share and its reference",
+        "Share of prompt tokens the cache served over the sidecar's short window, and the share "
+        f"its windows reached over the last {th.prefix_reference_window_s:g} s (their 90th "
+        "percentile): what it hits with room. A share down to "
+        f"{1 - th.prefix_hit_drop:.0%} of the reference for {th.prefix_for_s:g} s is "
+        "KvwatchPrefixCacheThrashing: prefixes evicted before they are reused.",
+        "percentunit",
+        (q.sidecar_gauge(cat.PROMPT_CACHE_HIT_RATIO), "now {{target}} e{{engine}}"),
+        (q.sidecar_gauge(cat.PROMPT_CACHE_HIT_REFERENCE), "reference {{target}} e{{engine}}"),
+        width=8,
+    )
+    recomputed = _series(
+        "Prompt tokens computed again",
+        "Prompt tokens per second the cache served at its reference share and computes again "
+        "now: prompt tokens/s x (reference - current share). GPU time spent on prefill that "
+        "was already done.",
+        "short",
+        (q.sidecar_gauge(cat.PROMPT_TOKENS_RECOMPUTED_PER_SECOND), "{{target}} e{{engine}}"),
+        width=8,
+    ).axis_label("tokens/s")
+    losing = _series(
+        "Prefix cache thrashing",
+        "1 while the sidecar judges the prefix cache losing reusable prefixes "
+        "(KvwatchPrefixCacheThrashing's condition, before its `for`), else 0.",
+        "short",
+        (q.sidecar_gauge(cat.PREFIX_CACHE_THRASHING), "{{target}} e{{engine}}"),
+        width=8,
+    )
+    return [share, recomputed, losing]
+
+
 def _latency(title: str, family: Any, what: str) -> timeseries.Panel:
     return _series(
         title,
@@ -433,6 +467,7 @@ def kv_pressure(th: Thresholds = DEFAULT_THRESHOLDS) -> dashboard.Dashboard:
         ("KV cache", _kv_cache_row(th)),
         ("Preemption and thrashing", _preemption_row(th)),
         ("Prompt sources, refusals and offload", _sources_row()),
+        ("Prefix cache", _prefix_cache_row(th)),
         ("Load and latency", _load_row()),
     )
 

@@ -41,7 +41,9 @@ __all__ = [
     "KV_CACHE_FREE_TOKENS", "REQUESTS_RUNNING", "REQUESTS_WAITING", "REQUESTS_WAITING_CAPACITY",
     "BLOCK_DEMAND_PER_STEP", "SECONDS_TO_KV_EXHAUSTION", "GENERATION_TOKENS_PER_SECOND",
     "PROMPT_TOKENS_PER_SECOND", "PREEMPTIONS_PER_SECOND_SHORT", "PREEMPTIONS_PER_SECOND_LONG",
-    "REPEAT_PREEMPTED_REQUESTS", "PROMPT_CACHE_HIT_RATIO", "KV_OFFLOAD_LOAD_BYTES_PER_SECOND",
+    "REPEAT_PREEMPTED_REQUESTS", "PROMPT_CACHE_HIT_RATIO", "PROMPT_CACHE_HIT_REFERENCE",
+    "PROMPT_TOKENS_RECOMPUTED_PER_SECOND", "PREFIX_CACHE_THRASHING",
+    "KV_OFFLOAD_LOAD_BYTES_PER_SECOND",
     "KV_OFFLOAD_STORE_BYTES_PER_SECOND", "KV_OFFLOAD_ALLOCATION_FAILURES",
     "KV_OFFLOAD_CPU_PINNED_RATIO", "ADMISSION_REJECTIONS", "ALERTS_FIRING", "WEBHOOK_PENDING",
     "WEBHOOK_DELIVERED",
@@ -189,6 +191,21 @@ PROMPT_CACHE_HIT_RATIO = _g(
     "kvwatch_prompt_cache_hit_ratio", E,
     "share of prompt tokens whose KV came from a cache, short window (0.32+)",
 )  # fmt: skip
+PROMPT_CACHE_HIT_REFERENCE = _g(
+    "kvwatch_prompt_cache_hit_ratio_reference", E,
+    "the prompt cache hit share the short windows reached over the last "
+    "prefix_reference_window_s (their 90th percentile): what the cache hits with room",
+)  # fmt: skip
+PROMPT_TOKENS_RECOMPUTED_PER_SECOND = _g(
+    "kvwatch_prompt_tokens_recomputed_per_second", E,
+    "prompt tokens per second computed again that the prefix cache served at its reference "
+    "hit share: prompt tokens/s x (reference - current share)",
+)  # fmt: skip
+PREFIX_CACHE_THRASHING = _g(
+    "kvwatch_prefix_cache_thrashing", E,
+    "1 while the prefix cache has lost reusable prefixes (hit share down to "
+    "1 - prefix_hit_drop of its reference, KvwatchPrefixCacheThrashing's condition), else 0",
+)  # fmt: skip
 KV_OFFLOAD_LOAD_BYTES_PER_SECOND = _g(
     "kvwatch_kv_offload_load_bytes_per_second", E,
     "bytes per second loaded from the CPU offload tier into the KV cache, short window",
@@ -258,6 +275,8 @@ ENGINE_GAUGES: tuple[tuple[Metric, str], ...] = (
     (PREEMPTIONS_PER_SECOND_LONG, "preemptions_per_s_long"),
     (REPEAT_PREEMPTED_REQUESTS, "repeat_preempted_long"),
     (PROMPT_CACHE_HIT_RATIO, "prompt_cache_hit_share"),
+    (PROMPT_CACHE_HIT_REFERENCE, "prompt_cache_hit_reference"),
+    (PROMPT_TOKENS_RECOMPUTED_PER_SECOND, "prompt_tokens_recomputed_per_s"),
     (KV_OFFLOAD_LOAD_BYTES_PER_SECOND, "offload_load_bytes_per_s"),
     (KV_OFFLOAD_STORE_BYTES_PER_SECOND, "offload_store_bytes_per_s"),
     (KV_OFFLOAD_ALLOCATION_FAILURES, "offload_allocation_failures_long"),
@@ -269,7 +288,7 @@ METRICS: tuple[Metric, ...] = (
     TARGET_UP, VLLM_METRICS_PRESENT, ENGINE_ALIVE, SCRAPES, SCRAPE_ERRORS, EXPOSITION_PARSE_ERRORS,
     REJECTED_SAMPLES, SCRAPE_DURATION, TIME_SCALE, PREEMPTIONS_OBSERVED, COUNTER_RESETS,
     LOG_PREEMPTION_WARNINGS, LOG_INCIDENTS, STATE, STATE_LEVEL, KV_EXHAUSTION_IMMINENT,
-    THRASHING_EPISODES, EPISODE_PREEMPTIONS, EPISODE_RECOMPUTED_TOKENS,
+    PREFIX_CACHE_THRASHING, THRASHING_EPISODES, EPISODE_PREEMPTIONS, EPISODE_RECOMPUTED_TOKENS,
     *(m for m, _ in ENGINE_GAUGES),
     ALERTS_FIRING, WEBHOOK_PENDING, WEBHOOK_DELIVERED, WEBHOOK_DROPPED, LOAD_STAGE,
     INTERNAL_ERRORS, HTTP_CONNECTIONS_SHED, HTTP_HANDLER_ERRORS, LOG_LINES,
@@ -480,6 +499,19 @@ ALERTS: tuple[Alert, ...] = (
         "when saturation or thrashing takes over.",
         # one failed scrape of the sidecar must not resolve the warning and send it again
         BOTH, for_threshold="exhaustion_for_s", keep_firing_for="30s",
+    ),
+    Alert(
+        "KvwatchPrefixCacheThrashing", "warning",
+        "vLLM prefix cache losing reusable prefixes on {target} ({model_name}, engine {engine})",
+        "The kvwatch sidecar sees the prefix cache's hit share down by at least "
+        "{pct[prefix_hit_drop]} from what it reached in the last "
+        "{th.prefix_reference_window_s:g} s (at least {pct[prefix_min_reference]} of prompt "
+        "tokens then), for {th.prefix_for_s:g} s: cached prefixes are evicted before they "
+        "are reused, and every turn of a conversation computes its whole context again. "
+        "Nothing is preempted, so the thrashing alerts stay quiet. Give the cache room for the "
+        "working set, or route sessions to the replica that holds them (kvwatch advise).",
+        # one failed scrape of the sidecar must not resolve it and send it again
+        BOTH, for_threshold="prefix_for_s", keep_firing_for="1m",
     ),
     Alert(
         "KvwatchTargetDown", "warning",

@@ -89,6 +89,19 @@ class Thresholds:
     # The slack is one scrape at the default interval: the cache running out is seen at a
     # scrape. 2 s let one of five held-out healthy throttled runs warn (docs/detection.md).
     exhaustion_refuted_slack_s: float = 1.0
+    # Prefix-cache thrashing (sidecar/judge/prefix_cache.py): how far back the hit share the
+    # cache reached is looked for, in seconds. Longer remembers a good cache through a longer
+    # squeeze; shorter forgets a traffic change sooner.
+    prefix_reference_window_s: float = 600.0
+    # ...the share of that reference hit share lost before the cache counts as thrashing
+    # (0.5: half the hits gone); 0 turns prefix-cache thrashing off.
+    prefix_hit_drop: float = 0.5
+    # ...only where the reference shows reuse worth keeping (a fifth of prompt tokens).
+    prefix_min_reference: float = 0.2
+    # ...and with this much prompt traffic (tokens per second) in the window judged.
+    prefix_min_prompt_tokens_per_s: float = 50.0
+    # ...held this long, in seconds, before it is said (one quiet window is not a trend).
+    prefix_for_s: float = 60.0
     # How often a still-firing alert is sent again, in seconds.
     repeat_interval_s: float = 3600.0
     # Where alert annotations point for the runbook (one section per alert).

@@ -14,6 +14,7 @@ from kvwatch.sidecar.contract.levels import Level
 from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.judge.detect import Detector, gather_evidence, judge
 from kvwatch.sidecar.judge.episodes import Episode, EpisodeTracker
+from kvwatch.sidecar.judge.prefix_cache import PrefixCacheView, prefix_cache_thrashing
 from kvwatch.sidecar.judge.signals import EngineSignals, derive
 from kvwatch.sidecar.judge.timeline import COUNTERS, Timeline
 from kvwatch.sidecar.metrics.observe import CacheConfig, EngineKey, EngineObservation
@@ -75,6 +76,11 @@ class EngineJudge:
         self.exhaustion_imminent_since: float | None = None
         self._imminent_lapsed_at: float | None = None  # the forecast left the horizon then
         self._forecasts: deque[tuple[float, float | None]] = deque()  # (monotonic, seconds)
+        # since when (unix) the prefix cache has lost its reusable prefixes, and why:
+        # KvwatchPrefixCacheThrashing's condition (sidecar/judge/prefix_cache.py)
+        self.prefix_thrashing_since: float | None = None
+        self.prefix_reasons: tuple[str, ...] = ()
+        self._prefix_lapsed_at: float | None = None
 
     def _growth_for(self, cache: CacheConfig | None) -> float | None:
         """Blocks a running request adds per step under the model's groups, once per cache
@@ -174,6 +180,27 @@ class EngineJudge:
         if unix - self._imminent_lapsed_at >= th.exit_after_s:
             self.exhaustion_imminent_since = self._imminent_lapsed_at = None
 
+    def _judge_prefix_cache(self, unix: float, sig: EngineSignals) -> None:
+        """Held from its first sight; cleared once false for exit_after_s, so a share that
+        swings about the line does not raise it twice."""
+        view = PrefixCacheView(
+            sig.prompt_cache_hit_share, sig.prompt_cache_hit_reference, sig.prompt_tokens_per_s,
+            sig.prompt_tokens_recomputed_per_s,
+        )  # fmt: skip
+        reasons = prefix_cache_thrashing(view, self.th)
+        if reasons is not None:
+            self.prefix_reasons, self._prefix_lapsed_at = tuple(reasons), None
+            if self.prefix_thrashing_since is None:
+                self.prefix_thrashing_since = unix
+            return
+        if self.prefix_thrashing_since is None:
+            return
+        if self._prefix_lapsed_at is None:
+            self._prefix_lapsed_at = unix
+        if unix - self._prefix_lapsed_at >= self.th.exit_after_s:
+            self.prefix_thrashing_since = self._prefix_lapsed_at = None
+            self.prefix_reasons = ()
+
     @property
     def level(self) -> Level:
         return self.detector.level
@@ -204,6 +231,7 @@ class EngineJudge:
             )
         self._judge_imminent(now, unix, sig)
         self._remember_forecast(now, sig.seconds_to_exhaustion)
+        self._judge_prefix_cache(unix, sig)
         opened = self.episodes.current is None
         ep = self.episodes.tick(
             unix,

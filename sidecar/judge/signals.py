@@ -9,7 +9,8 @@
 - Repeat preemptions: finished requests that were preempted 2+ times, in the long window (from the
   per-request preemption histogram, vLLM 0.30+).
 - Prompt cache share: prompt tokens whose KV came from a cache (prefix cache or a connector) over
-  all prompt tokens, short window (prompt_tokens_by_source, 0.32+).
+  all prompt tokens, short window (prompt_tokens_by_source, 0.32+); the share the cache reached
+  over the lookback, and the prompt tokens/s it now computes again (sidecar/judge/prefix_cache.py).
 - Offload traffic: bytes per second between the GPU and the CPU tier each way, short window; its
   allocation failures and admission rejections counted over the long window.
 """
@@ -21,6 +22,7 @@ from typing import Any
 
 from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.judge.forecast import WINDOW_S, forecast_exhaustion
+from kvwatch.sidecar.judge.prefix_cache import prefix_cache_view
 from kvwatch.sidecar.judge.timeline import Timeline
 from kvwatch.sidecar.metrics.observe import CacheConfig, bucket_quantile
 
@@ -64,6 +66,10 @@ class EngineSignals:
     admission_rejections_long: float | None = None
     kv_offloading_gib: float | None = None
     kv_usage_trend_per_s: float | None = None  # the forecast's fitted slope (usage per second)
+    # the hit share the prefix cache reached over the lookback, and the prompt tokens/s it
+    # computes again that it served then (sidecar/judge/prefix_cache.py)
+    prompt_cache_hit_reference: float | None = None
+    prompt_tokens_recomputed_per_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -100,6 +106,9 @@ def derive(
         demand = obs.running / block_size
     usage_pts = [(t, o.kv_usage) for t, o in tl.window(WINDOW_S, now) if o.kv_usage is not None]
     forecast = forecast_exhaustion(usage_pts, now)
+    prompt_rate = tl.rate("prompt_tokens_total", th.short_window_s, now)
+    hit_share = _cache_share(tl, th.short_window_s, now)
+    prefix = prefix_cache_view(tl, now, th, hit_share, prompt_rate)
     return EngineSignals(
         kv_usage=usage,
         running=obs.running,
@@ -112,7 +121,7 @@ def derive(
         free_tokens=free_tokens,
         block_demand_per_step=demand,
         generation_tokens_per_s=gen_rate,
-        prompt_tokens_per_s=tl.rate("prompt_tokens_total", th.short_window_s, now),
+        prompt_tokens_per_s=prompt_rate,
         seconds_to_exhaustion=None if forecast is None else forecast.seconds,
         kv_usage_trend_per_s=None if forecast is None else forecast.trend_per_s,
         preemptions_per_s_short=tl.rate("preemptions_total", th.short_window_s, now),
@@ -128,7 +137,9 @@ def derive(
         gpu_memory_utilization=cache.gpu_memory_utilization,
         cache_dtype=cache.cache_dtype,
         ssm_state_dtype=cache.ssm_state_dtype,
-        prompt_cache_hit_share=_cache_share(tl, th.short_window_s, now),
+        prompt_cache_hit_share=hit_share,
+        prompt_cache_hit_reference=prefix.reference_share,
+        prompt_tokens_recomputed_per_s=prefix.recomputed_tokens_per_s,
         offload_load_bytes_per_s=tl.rate("offload_load_bytes_total", th.short_window_s, now),
         offload_store_bytes_per_s=tl.rate("offload_store_bytes_total", th.short_window_s, now),
         offload_allocation_failures_long=tl.increase(

@@ -99,6 +99,7 @@ _TARGET_DOWN = cat.alert("KvwatchTargetDown")
 _METRICS_MISSING = cat.alert("KvwatchVllmMetricsMissing")
 _ENGINE_DEAD = cat.alert("KvwatchEngineDead")
 _EXHAUSTION = cat.alert("KvwatchKvExhaustionImminent")
+_PREFIX_CACHE = cat.alert("KvwatchPrefixCacheThrashing")
 # An engine's state and the forecast need a window of scrapes to judge; a target's up or down
 # is known at once.
 _JUDGED_FROM_HISTORY = frozenset(
@@ -170,6 +171,8 @@ def active_alerts(view: StateView, th: Thresholds, now_unix: float) -> AlertSet:
                     holding.update(_engine_fingerprints(e, labels))
                 continue
             timed(_EXHAUSTION, e.exhaustion_imminent_since_unix, labels, _forecast_text(e))
+            prefix = f"Now: {'; '.join(e.prefix_cache_reasons)}." if e.prefix_cache_reasons else ""
+            timed(_PREFIX_CACHE, e.prefix_cache_thrashing_since_unix, labels, prefix)
             level_alert = cat.alert_for_level(e.level)
             if level_alert is not None:
                 detail = f"Now: {'; '.join(e.reasons)}.{_episode_text(e)}{_advice_text(e)}"

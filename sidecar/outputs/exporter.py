@@ -84,6 +84,8 @@ class StateCollector(Collector):
                 add(cat.STATE_LEVEL, labels, int(e.level))
                 imminent = e.exhaustion_imminent_since_unix is not None
                 add(cat.KV_EXHAUSTION_IMMINENT, labels, 1.0 if imminent else 0.0)
+                losing = e.prefix_cache_thrashing_since_unix is not None
+                add(cat.PREFIX_CACHE_THRASHING, labels, 1.0 if losing else 0.0)
                 if e.episode is not None:
                     add(cat.EPISODE_PREEMPTIONS, labels, e.episode.preemptions)
                     add(cat.EPISODE_RECOMPUTED_TOKENS, labels, e.episode.tokens_recomputed)

@@ -134,6 +134,8 @@ class TargetState:
                 signals=ej.signals,
                 model_error=ej.model_error,
                 exhaustion_imminent_since_unix=ej.exhaustion_imminent_since,
+                prefix_cache_thrashing_since_unix=ej.prefix_thrashing_since,
+                prefix_cache_reasons=ej.prefix_reasons,
             )
             for key, ej in self.engines.items()
             if ej.signals is not None

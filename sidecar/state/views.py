@@ -45,6 +45,9 @@ class EngineView:
     model_error: str | None = None  # --model does not match the server's own KV figures
     # the forecast has said the cache runs out within exhaustion_warn_s since then
     exhaustion_imminent_since_unix: float | None = None
+    # the prefix cache has lost reusable prefixes since then (sidecar/judge/prefix_cache.py)
+    prefix_cache_thrashing_since_unix: float | None = None
+    prefix_cache_reasons: tuple[str, ...] = ()
 
     @property
     def state(self) -> str:
@@ -146,6 +149,8 @@ def engine_json(e: EngineView) -> dict[str, Any]:
         "signals": e.signals.to_dict(),
         "model_error": e.model_error,
         "exhaustion_imminent_since_unix": e.exhaustion_imminent_since_unix,
+        "prefix_cache_thrashing_since_unix": e.prefix_cache_thrashing_since_unix,
+        "prefix_cache_reasons": list(e.prefix_cache_reasons),
     }
 
 
@@ -274,6 +279,10 @@ def _engine_from_json(e: object) -> EngineView:
             signals=_typed(EngineSignals, e["signals"]),
             model_error=None if e.get("model_error") is None else str(e["model_error"]),
             exhaustion_imminent_since_unix=_number_or_none(e.get("exhaustion_imminent_since_unix")),
+            prefix_cache_thrashing_since_unix=_number_or_none(
+                e.get("prefix_cache_thrashing_since_unix")
+            ),
+            prefix_cache_reasons=tuple(str(r) for r in e.get("prefix_cache_reasons") or ()),
         )
     except (KeyError, TypeError) as err:
         raise ValueError(f"an engine without a readable {err}") from None
