@@ -23,6 +23,11 @@ from kvwatch.loadgen.schedule import Stage, StageSpecError, parse_stage, sweep_s
 from kvwatch.loadgen.server_metrics import sidecar_incidents
 from kvwatch.loadgen.sessions import SessionShape
 from kvwatch.loadgen.trace import TraceError, TraceReplay, render_replay, replay_report
+from kvwatch.loadgen.working_set import (
+    render_working_set,
+    session_working_set,
+    working_set_advice,
+)
 from kvwatch.loadgen.workload import DatasetError, WorkloadSpec, tokenize_corpus
 
 __all__ = [
@@ -339,6 +344,12 @@ def _run_into(
         summary["server"] = delta
     if ns.sidecar:
         summary["sidecar"] = run_loop(sidecar_end())
+    if workload.sessions is not None and "sessions" in summary:
+        cache = (m.server_before or {}).get("cache") or {}
+        ws = session_working_set(m.records, cache.get("block_size") or 16,
+                                 workload.sessions.system_prompt)  # fmt: skip
+        if ws is not None:
+            summary["sessions"]["working_set"] = working_set_advice(ws, cache)
     if workload.trace is not None:
         summary["trace"] = replay_report(workload.trace, summary.get("server"),
                                          (m.server_before or {}).get("cache"))  # fmt: skip
@@ -355,6 +366,8 @@ def _run_into(
         print(render_table(summary))
         if (turns := render_turns(summary)) is not None:
             print(turns)
+            if "working_set" in summary["sessions"]:
+                print(render_working_set(summary["sessions"]["working_set"]))
         print(f"run directory: {run_dir}")
     if "trace" in summary:
         print(render_replay(summary["trace"]), file=sys.stderr)

@@ -126,3 +126,59 @@ def _loadgen(*args: str) -> subprocess.CompletedProcess[str]:
 def test_session_flags_fail_in_one_line(args: list[str], msg: str) -> None:
     p = _loadgen(*args)
     assert p.returncode == 2 and msg in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+class TestWorkingSet:
+    @staticmethod
+    def _turn(sid: str, sent: float, done: float, prompt: int, out: int) -> dict[str, object]:
+        return {"session": sid, "ok": True, "sent_at": sent, "finished_at": done,
+                "prompt_tokens": prompt, "output_tokens": out}  # fmt: skip
+
+    def test_the_peak_of_the_live_contexts(self) -> None:
+        from kvwatch.loadgen.working_set import session_working_set
+
+        recs = [
+            self._turn("a", 0.0, 1.0, 100, 17), self._turn("a", 3.0, 4.0, 150, 17),
+            self._turn("b", 2.0, 2.5, 100, 17),  # b's only turn: held until it ends at 2.5
+            self._turn("c", 3.5, 5.0, 64, 1),
+            {"session": "d", "ok": False, "sent_at": 3.6, "finished_at": 3.7},
+        ]  # fmt: skip
+        ws = session_working_set(recs, block_size=16)
+        assert ws is not None
+        # at 2.0: a holds its first turn until its next (100 + 16: the answer but its last
+        # token, 8 blocks), b the same; at 3.5 a holds 166 (11 blocks) and c 64 (4): fewer
+        assert (ws.peak_blocks, ws.peak_tokens, ws.sessions_at_peak, ws.at_s) == (16, 232, 2, 2.0)
+        assert ws.advised_blocks == 19  # 16 x 1.1 -> 18, and the null block
+
+    def test_a_fanned_out_turn_holds_the_context_once(self) -> None:
+        from kvwatch.loadgen.working_set import session_working_set
+
+        recs = [self._turn("a", 0.0, 1.0, 100, 1)] + [
+            self._turn("a", 2.0, 3.0, 110, 5)
+            for _ in range(3)  # context 100 + 10 each
+        ]
+        ws = session_working_set(recs, block_size=1)
+        assert ws is not None and ws.peak_tokens == 3 * 114 - 2 * 100
+
+    def test_a_shared_system_prompt_is_held_once(self) -> None:
+        from kvwatch.loadgen.working_set import session_working_set
+
+        recs = [self._turn(s, 0.0, 1.0, 96, 1) for s in "abc"]
+        ws = session_working_set(recs, block_size=16, shared_tokens=32)
+        assert ws is not None and ws.peak_blocks == 3 * 6 - 2 * 2
+
+    def test_the_advice_says_the_bytes_that_hold_it(self) -> None:
+        from kvwatch.loadgen.working_set import (
+            render_working_set,
+            session_working_set,
+            working_set_advice,
+        )
+
+        ws = session_working_set([self._turn("a", 0.0, 1.0, 1600, 1)], block_size=16)
+        assert ws is not None and ws.advised_blocks == 112  # 100 x 1.1 + 1 + rounding
+        small = working_set_advice(ws, {"num_blocks": 50, "kv_cache_memory_bytes": 50 * 2048})
+        assert small["fits"] is False and small["advised_kv_cache_memory_bytes"] == 112 * 2048
+        assert "give it --kv-cache-memory-bytes 229376" in render_working_set(small)
+        big = working_set_advice(ws, {"num_blocks": 500})
+        assert big["fits"] and render_working_set(big).endswith("it holds them")
+        assert "does not say" in render_working_set(working_set_advice(ws, None))

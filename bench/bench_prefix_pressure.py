@@ -1,0 +1,151 @@
+"""Prefix-cache pressure on the GPU twin: conversations that fit the cache, twice as many that do
+not, and the memory the load generator advises for them.
+
+One twin (`--twin MODEL:GPU:KV_BYTES`, time scale 1) with a kvwatch sidecar beside it (1 s
+scrapes), then `kvwatch loadgen run --sessions` twice on it, each `--seconds` long:
+  1. `--sessions-a` live conversations (closed loop: each replaced when it ends);
+  2. twice that many.
+Then a fresh twin with the KV memory run 2's working set advises, the sidecar again, and run 2's
+load once more. Every second the sidecar's view of the prefix cache is recorded (its hit share,
+reference, prompt tokens recomputed per second, whether it judges prefix-cache thrashing), and
+each run's prompt tokens by source are vLLM's own counters. Writes one JSONL of samples and a
+JSON of figures. Results: docs/detection.md.
+
+    PYTHONPATH=. .venv/bin/python bench/bench_prefix_pressure.py \
+        --twin llama-3.1-8b:h100:16777216000 --sessions-a 24 --seconds 150 \
+        --out bench/results/twin/prefix-pressure
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from twins import twin_from_spec
+
+from tests.sidecar.running import running_sidecar
+
+SESSION_ARGS = ["--turns", "8", "--think-time", "uniform:5,15", "--input-len", "1500",
+                "--turn-input-len", "150", "--output-len", "150"]  # fmt: skip
+
+
+def _sample(side: str, until: threading.Event, rows: list[dict[str, Any]], phase: list[str]
+            ) -> None:  # fmt: skip
+    while not until.wait(1.0):
+        try:
+            state = httpx.get(f"{side}/api/state", timeout=5).json()
+        except (httpx.HTTPError, ValueError):
+            continue
+        for t in state.get("targets", []):
+            for e in t.get("engines", []):
+                s = e["signals"]
+                rows.append({
+                    "t": time.time(), "phase": phase[0],
+                    "hit_share": s.get("prompt_cache_hit_share"),
+                    "reference": s.get("prompt_cache_hit_reference"),
+                    "recomputed_per_s": s.get("prompt_tokens_recomputed_per_s"),
+                    "prompt_per_s": s.get("prompt_tokens_per_s"),
+                    "kv_usage": s.get("kv_usage"),
+                    "thrashing_since": e.get("prefix_cache_thrashing_since_unix"),
+                    "state": e.get("state"),
+                })  # fmt: skip
+
+
+def _sessions(base: str, n: int, seconds: float, run_dir: Path) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "kvwatch", "loadgen", "run", "--url", base, "--sessions",
+           "--concurrency", str(n), "--duration", f"{seconds:g}", *SESSION_ARGS, "--json",
+           "--no-progress", "--run-dir", str(run_dir), "--seed", "3"]  # fmt: skip
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode not in (0, 1):
+        raise SystemExit(f"kvwatch loadgen run failed ({p.returncode}): {p.stderr[-3000:]}")
+    s: dict[str, Any] = json.loads(p.stdout)
+    srv = s.get("server") or {}
+    cached, computed = srv.get("prompt_tokens_cached") or 0, srv.get("prompt_tokens_computed") or 0
+    return {
+        "sessions": n, "hit_share_vllm": cached / max(cached + computed, 1),
+        "prompt_tokens_cached": cached, "prompt_tokens_computed": computed,
+        "seconds": s["overall"]["duration_s"], "preemptions": srv.get("preemptions"),
+        "ttft_p50_by_turn": {k: v["ttft"]["p50"] for k, v in s["sessions"]["turns"].items()},
+        "working_set": s["sessions"].get("working_set"),
+    }  # fmt: skip
+
+
+def _phase(base: str, side: str, n: int, seconds: float, tmp: Path, name: str,
+           rows: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+    phase = [name]
+    stop = threading.Event()
+    sampler = threading.Thread(target=_sample, args=(side, stop, rows, phase), daemon=True)
+    sampler.start()
+    try:
+        out = _sessions(base, n, seconds, tmp / name)
+    finally:
+        stop.set()
+        sampler.join(5)
+    mine = [r for r in rows if r["phase"] == name]
+    judged = [r for r in mine if r["thrashing_since"] is not None]
+    out["sidecar"] = {
+        "judged_prefix_thrashing": bool(judged),
+        "first_judged_after_s": (judged[0]["t"] - mine[0]["t"]) if judged else None,
+        "recomputed_per_s_mean": _mean([r["recomputed_per_s"] for r in mine[len(mine) // 2:]]),
+        "hit_share_mean": _mean([r["hit_share"] for r in mine[len(mine) // 2:]]),
+        "reference_last": mine[-1]["reference"] if mine else None,
+    }  # fmt: skip
+    print(name, json.dumps(out), flush=True)
+    return out
+
+
+def _mean(xs: list[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--twin", required=True, metavar="MODEL:GPU:KV_BYTES")
+    ap.add_argument("--sessions-a", type=int, default=24)
+    ap.add_argument("--seconds", type=float, default=150.0)
+    ap.add_argument("--out", type=Path, required=True, help="PREFIX: PREFIX.jsonl, PREFIX.json")
+    ns = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="kvwatch-bench-"))
+    rows: list[dict[str, Any]] = []
+    figures: dict[str, Any] = {"twin": ns.twin, "session_args": SESSION_ARGS}
+    try:
+        with (
+            twin_from_spec(ns.twin, tmp / "a" / "vllm.log") as twin,
+            running_sidecar(["--target", twin.base_url, "--interval", "1"]) as side,
+        ):
+            figures["fits"] = _phase(twin.base_url, side, ns.sessions_a, ns.seconds, tmp,
+                                     "fits", rows)  # fmt: skip
+            figures["twice"] = _phase(twin.base_url, side, 2 * ns.sessions_a, ns.seconds, tmp,
+                                      "twice", rows)  # fmt: skip
+        advised = (figures["twice"]["working_set"] or {}).get("advised_kv_cache_memory_bytes")
+        if advised:
+            model, gpu, _ = ns.twin.split(":")
+            spec = f"{model}:{gpu}:{advised}"
+            figures["advised_twin"] = spec
+            with (
+                twin_from_spec(spec, tmp / "c" / "vllm.log") as twin,
+                running_sidecar(["--target", twin.base_url, "--interval", "1"]) as side,
+            ):
+                figures["advised"] = _phase(twin.base_url, side, 2 * ns.sessions_a,
+                                            ns.seconds, tmp, "advised", rows)  # fmt: skip
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    ns.out.parent.mkdir(parents=True, exist_ok=True)
+    ns.out.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ns.out.with_suffix(".json").write_text(json.dumps(figures, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
