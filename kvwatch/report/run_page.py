@@ -17,6 +17,8 @@ from typing import Any
 
 from kvwatch.common.command import EXIT_USAGE, CliError, os_error
 from kvwatch.loadgen.rundir import read_run
+from kvwatch.loadgen.trace import render_replay
+from kvwatch.loadgen.working_set import render_working_set
 from kvwatch.report.parts import CSS, advice_html, model_html
 from kvwatch.report.svgplot import Line, Mark, Span, bar_chart, format_value, line_chart
 from kvwatch.sidecar.contract.levels import Level
@@ -154,6 +156,8 @@ def render_report(run_dir: Path) -> str:
         *_workload_section(spec, labels),
         *_over_time_section(tl, spans, marks, window),
         *_requests_section(records, marks, spans, window),
+        *_sessions_section(summary.get("sessions")),
+        *_trace_section(summary.get("trace")),
         *_preemptions_section(spec),
         *_incidents_section(summary.get("sidecar")),
         *_alerts_section(d["alerts"]),
@@ -229,7 +233,16 @@ def _workload_rows(spec: dict[str, Any]) -> list[tuple[str, str]]:
     w = workload if isinstance(workload, dict) else {}
     shown = [
         ("prompts from", w.get("dataset")),
-        ("prompt tokens", w.get("input_len")),
+        ("trace replayed", w.get("trace")),
+        ("trace format", w.get("format")),
+        ("trace speed", w.get("speed")),
+        ("trace lengths x", w.get("length_scale")),
+        ("sessions", "conversations" if w.get("sessions") else None),
+        ("turns per session", w.get("turns")),
+        ("think time (s)", w.get("think_time_s")),
+        ("calls per turn", w.get("fanout") if (w.get("fanout") or 1) != 1 else None),
+        ("prompt tokens" if not w.get("sessions") else "opening tokens", w.get("input_len")),
+        ("new message tokens", w.get("turn_input_len")),
         ("output tokens", w.get("output_len")),
     ]
     if w.get("token_exact") is not None:
@@ -310,6 +323,50 @@ def _over_time_section(
             "judgement (saturated, thrashing).</p>"
         )
     return body
+
+
+def _sessions_section(s: Any) -> list[str]:
+    """Per turn: prompts grow with the conversation; TTFT stays flat while the cache keeps the
+    context, and grows with it when the cache evicts it."""
+    if not isinstance(s, dict) or not isinstance(s.get("turns"), dict):
+        return []
+    rows = "".join(
+        f"<tr><td class='n'>{escape(str(turn))}</td><td class='n'>{v.get('requests', '')}</td>"
+        f"<td class='n'>{_num(v.get('prompt_tokens_mean'))}</td>"
+        f"<td>{_pcts(v.get('ttft'))}</td></tr>"
+        for turn, v in s["turns"].items()
+        if isinstance(v, dict)
+    )
+    cut = s.get("cut") or 0
+    out = [
+        "<h2>Sessions</h2>",
+        f"<p>{s.get('sessions', 0)} conversations"
+        + (f", {cut} cut short by a failed turn" if cut else "") + ".</p>",
+        f"<table><tr><th>turn</th><th>requests</th><th>prompt tokens (mean)</th><th>TTFT</th>"
+        f"</tr>{rows}</table>",
+    ]  # fmt: skip
+    ws = s.get("working_set")
+    if isinstance(ws, dict):
+        try:
+            out.append(f"<p>{escape(render_working_set(ws))}.</p>")
+        except (KeyError, TypeError, ValueError):
+            out.append("<p class='note'>The working set in summary.json is unreadable.</p>")
+    return out
+
+
+def _num(v: Any) -> str:
+    return f"{v:,.0f}" if isinstance(v, int | float) and not isinstance(v, bool) else ""
+
+
+def _trace_section(tr: Any) -> list[str]:
+    if not isinstance(tr, dict):
+        return []
+    head = "<h2>Trace replay</h2>"
+    try:
+        lines = render_replay(tr).splitlines()
+    except (KeyError, TypeError, ValueError):
+        return [head, "<p class='note'>The replay in summary.json is unreadable.</p>"]
+    return [head, *(f"<p>{escape(x.removeprefix('trace: '))}</p>" for x in lines)]
 
 
 def _preemptions_section(spec: dict[str, Any]) -> list[str]:

@@ -165,3 +165,63 @@ def test_short_stages_label_their_charts_legibly_in_chromium(tmp_path: Path) -> 
     assert check.console_errors == [] and check.page_errors == []
     assert check.label_count == 4 * len(loads)  # four charts over time carry the marks
     assert check.label_overlaps == [] and check.labels_outside == []
+
+
+def _session_run(tmp: Path) -> Path:
+    run = _run_dir(tmp)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["sessions"] = {
+        "sessions": 40, "cut": 1,
+        "turns": {"0": {"requests": 40, "prompt_tokens_mean": 2000.0, "ttft": {"p50": 0.7}},
+                  "1": {"requests": 39, "prompt_tokens_mean": 2400.0, "ttft": {"p50": 3.1}}},
+        "working_set": {"peak_blocks": 10520, "peak_tokens": 167960, "sessions_at_peak": 40,
+                        "at_s": 50.0, "block_size": 16, "advised_blocks": 11574,
+                        "cache_blocks": 8000, "fits": False,
+                        "advised_kv_cache_memory_bytes": 24272437248},
+    }  # fmt: skip
+    summary["trace"] = {
+        "path": "t.jsonl", "format": "mooncake", "usable_rows": 12031, "skipped_rows": {"x": 2},
+        "replayed": 918, "left_out": 11113, "clipped": 3, "speed": 1.0, "time_scale": 1.0,
+        "window_s": [0, 300], "length_scale": 0.05, "block_tokens": 26, "span_s": 297.0,
+        "input_tokens": 1, "output_tokens": 1, "shares_prefixes": True, "server_block_size": 16,
+        "implied_prefix_hit_rate": 0.195, "measured_prefix_hit_rate": 0.19,
+    }  # fmt: skip
+    spec = json.loads((run / "spec.json").read_text())
+    spec["workload"] = {"sessions": True, "turns": "6", "think_time_s": "2", "input_len": "2000",
+                        "turn_input_len": "200", "output_len": "200", "fanout": 3,
+                        "token_exact": True}  # fmt: skip
+    (run / "spec.json").write_text(json.dumps(spec))
+    (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+def test_sessions_and_a_replay_have_their_sections(tmp_path: Path) -> None:
+    html = render_report(_session_run(tmp_path / "run"))
+    for text in ("<h2>Sessions</h2>", "40 conversations, 1 cut short by a failed turn",
+                 "2,400", "p50 3.1 s", "give it --kv-cache-memory-bytes 24272437248",
+                 "<h2>Trace replay</h2>", "918 of 12031 usable mooncake requests",
+                 "rows skipped: 2 x", "3 requests clipped", "hit rate 19.0%",
+                 "opening tokens", "calls per turn", "turns per session"):  # fmt: skip
+        assert text in html, text
+
+
+def test_a_hand_edited_sessions_summary_does_not_break_the_page(tmp_path: Path) -> None:
+    run = _session_run(tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    summary["sessions"]["turns"]["1"]["prompt_tokens_mean"] = "many"
+    summary["sessions"]["working_set"] = {"peak_blocks": "x"}
+    summary["trace"] = {"format": 3}
+    (run / "summary.json").write_text(json.dumps(summary))
+    html = render_report(run)
+    assert "The working set in summary.json is unreadable" in html
+    assert "The replay in summary.json is unreadable" in html
+
+
+@pytest.mark.integration
+def test_the_sessions_page_renders_cleanly_in_chromium(tmp_path: Path) -> None:
+    from tests.browser import open_page
+
+    run = _session_run(tmp_path / "run")
+    (run / "report.html").write_text(render_report(run))
+    check = open_page(run / "report.html", tmp_path / "report.png")
+    assert check.console_errors == [] and check.page_errors == []
