@@ -261,6 +261,12 @@ def _workload_args(w: Any) -> None:
         help="common prefix length for every prompt",
     )
     w.add_argument("--prefix-groups", type=int, default=1, help="distinct shared prefixes")
+    w.add_argument(
+        "--priorities", metavar="P:SHARE,...",
+        help="priority classes, e.g. 0:0.2,1:0.8: each request (or session) carries vLLM's "
+        "`priority` (lower runs first under --scheduling-policy priority); results and stalls "
+        "are reported per class",
+    )  # fmt: skip
     w.add_argument("--no-ignore-eos", action="store_true", help="let the model stop early")
     w.add_argument("--seed", type=int, default=0)
 

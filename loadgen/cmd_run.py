@@ -17,6 +17,7 @@ from kvwatch.common.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
 from kvwatch.loadgen.arrivals import Concurrency, Constant, Gamma, Pattern, Poisson, Ramp, Replay
 from kvwatch.loadgen.client import max_model_len, served_model
 from kvwatch.loadgen.measure import measure, print_progress, run_spec
+from kvwatch.loadgen.priorities import parse_priorities
 from kvwatch.loadgen.records import StallRule
 from kvwatch.loadgen.runner import Progress, RunOptions, run_loop, run_stages
 from kvwatch.loadgen.schedule import Stage, StageSpecError, parse_stage, sweep_stages
@@ -109,6 +110,11 @@ def build_stages(ns: argparse.Namespace) -> list[Stage]:
             raise CliError("--trace is the load and the workload: drop --sessions")
         return _trace_stage(ns)
     _session_shape(ns)  # bad session flags fail before the run directory is made
+    if getattr(ns, "priorities", None):
+        try:
+            parse_priorities(ns.priorities)
+        except DatasetError as e:
+            raise CliError(str(e)) from None
     try:
         pattern = _single_pattern(ns)
         if sum(bool(x) for x in (ns.stage, ns.sweep, pattern)) != 1:
@@ -142,11 +148,13 @@ def build_stages(ns: argparse.Namespace) -> list[Stage]:
 async def _workload(
     ns: argparse.Namespace, client: httpx.AsyncClient, model: str, time_scale: float | None
 ) -> WorkloadSpec:
+    classes = parse_priorities(ns.priorities) if getattr(ns, "priorities", None) else None
     if getattr(ns, "trace", None) is not None:
         tok = await tokenize_corpus(client, ns.url, model, ns.seed)
         limit = await max_model_len(client, ns.url, model)
         spec = WorkloadSpec(seed=ns.seed, trace=_trace_replay(ns, limit, time_scale),
-                            tokens=tuple(tok[0]) if tok else None)  # fmt: skip
+                            tokens=tuple(tok[0]) if tok else None,
+                            priorities=classes)  # fmt: skip
         next(spec.items())  # no /tokenize: refused here, before the run
         return spec
     spec = WorkloadSpec(
@@ -157,6 +165,7 @@ async def _workload(
         shared_prefix=ns.shared_prefix,
         prefix_groups=ns.prefix_groups,
         sessions=_session_shape(ns),
+        priorities=classes,
     )
     if ns.dataset is None:
         tok = await tokenize_corpus(client, ns.url, model, ns.seed)
@@ -304,6 +313,7 @@ def _run_into(
     """The load, then its records written into `run_dir` (made and probed already)."""
     from kvwatch.loadgen.rundir import write_run
     from kvwatch.loadgen.summary import (
+        render_classes,
         render_table,
         render_turns,
         summarize_records,
@@ -364,6 +374,8 @@ def _run_into(
         print(json.dumps(summary, indent=2))
     else:
         print(render_table(summary))
+        if (classes := render_classes(summary)) is not None:
+            print(classes)
         if (turns := render_turns(summary)) is not None:
             print(turns)
             if "working_set" in summary["sessions"]:

@@ -282,7 +282,7 @@ async def _session(sender: _Sender, stage: Stage, talk: Conversation, due: float
         calls = talk.calls(turn)
         sent = []
         for k, (ids, max_tokens) in enumerate(calls):
-            item = WorkItem("", max_tokens, len(ids), ids, answer_ids=True)
+            item = WorkItem("", max_tokens, len(ids), ids, talk.priority, answer_ids=True)
             rid = f"{sid}/t{turn}" + (f".{k}" if len(calls) > 1 else "")
             sent.append(sender.prepare_item(stage, due, rid, item, session=sid, turn=turn))
         await _until(due)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvwatch.loadgen.lengths import DatasetError, LengthDist, parse_length
+from kvwatch.loadgen.priorities import Classes, draw_priority
 from kvwatch.loadgen.token_blocks import TokenBlocks
 
 __all__ = ["SessionShape", "Conversation", "Conversations", "parse_think_time"]
@@ -81,6 +82,7 @@ class Conversation:
         self._first = parse_length(shape.first_input_len)
         self._turn = parse_length(shape.turn_input_len)
         self._out = parse_length(shape.output_len)
+        self.priority: int | None = None
         self.context: list[int] = []
         if shape.system_prompt:
             self.context = blocks.block(_SYSTEM_BLOCK, shape.system_prompt)
@@ -110,11 +112,17 @@ class Conversation:
 
 
 class Conversations:
-    """Opens the run's sessions by number, in any process: the shape, the corpus, the seed."""
+    """Opens the run's sessions by number, in any process: the shape, the corpus, the seed,
+    and the priority classes (a session keeps its class for every turn)."""
 
-    def __init__(self, shape: SessionShape, tokens: tuple[int, ...], seed: int) -> None:
-        self.shape, self.seed = shape, seed
+    def __init__(self, shape: SessionShape, tokens: tuple[int, ...], seed: int,
+                 classes: Classes | None = None) -> None:  # fmt: skip
+        self.shape, self.seed, self.classes = shape, seed, classes
         self.blocks = TokenBlocks(tokens, seed)
 
     def open(self, number: int) -> Conversation:
-        return Conversation(self.shape, self.blocks, number, self.seed)
+        talk = Conversation(self.shape, self.blocks, number, self.seed)
+        if self.classes is not None:
+            talk.priority = draw_priority(random.Random(f"{self.seed}:{number}:priority"),
+                                          self.classes)  # fmt: skip
+        return talk

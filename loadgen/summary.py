@@ -13,7 +13,8 @@ from typing import Any
 import pandas as pd
 
 __all__ = [
-    "parse_slo", "summarize_records", "render_table", "render_turns", "SLO_METRICS", "SloError",
+    "parse_slo", "summarize_records", "render_table", "render_turns", "render_classes",
+    "SLO_METRICS", "SloError",
     "timing_caveat",
 ]  # fmt: skip
 
@@ -113,7 +114,22 @@ def summarize_records(records: list[dict[str, Any]], slo: dict[str, float] | Non
     out = {"overall": _one(measured, slo), "stages": stages, "slo": slo}
     if "session" in measured and measured["session"].notna().any():
         out["sessions"] = _sessions(measured[measured["session"].notna()])
+    if "priority" in measured and measured["priority"].notna().any():
+        out["classes"] = {
+            str(int(prio)): _one(g, slo)  # type: ignore[arg-type]
+            for prio, g in measured[measured["priority"].notna()].groupby("priority", sort=True)
+        }
     return out
+
+
+def render_classes(summary: dict[str, Any]) -> str | None:
+    """The per-class table of a run with priority classes (None for other runs)."""
+    classes = summary.get("classes")
+    if not classes:
+        return None
+    return "by priority class (lower runs first under vLLM's priority policy)\n" + render_table(
+        {"stages": {f"priority {k}": v for k, v in classes.items()}, "overall": {}}
+    )
 
 
 def _sessions(df: pd.DataFrame) -> dict[str, Any]:

@@ -15,13 +15,14 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from kvwatch.loadgen.lengths import DatasetError, LengthDist, parse_length
+from kvwatch.loadgen.priorities import Classes, draw_priority
 from kvwatch.loadgen.sessions import Conversations, SessionShape
 from kvwatch.loadgen.trace import TraceReplay
 from kvwatch.loadgen.trace_prompts import trace_prompts
@@ -232,6 +233,7 @@ class WorkloadSpec:
     tokens: tuple[int, ...] | None = None  # the seeded corpus, tokenized by the server
     trace: TraceReplay | None = None  # replay a trace's requests instead (--trace)
     sessions: SessionShape | None = None  # conversations instead of single requests
+    priorities: Classes | None = None  # priority classes and their shares (--priorities)
 
     def conversations(self) -> Conversations | None:
         """The run's sessions, where it runs sessions (their prompts need the corpus)."""
@@ -242,11 +244,17 @@ class WorkloadSpec:
                 "sessions resend the conversation in exact tokens: the server must answer /tokenize"
             )
         try:
-            return Conversations(self.sessions, self.tokens, self.seed)
+            return Conversations(self.sessions, self.tokens, self.seed, self.priorities)
         except ValueError as e:
             raise DatasetError(str(e)) from None
 
     def items(self) -> Iterator[WorkItem]:
+        items = self._items()
+        if self.priorities is None:
+            return items
+        return _with_priorities(items, self.priorities, self.seed)
+
+    def _items(self) -> Iterator[WorkItem]:
         if self.trace is not None:
             if not self.tokens:
                 raise DatasetError(
@@ -275,6 +283,12 @@ class WorkloadSpec:
         )
 
     def describe(self) -> dict[str, Any]:
+        out = self._describe()
+        if self.priorities is not None:
+            out["priorities"] = {str(p): share for p, share in self.priorities}
+        return out
+
+    def _describe(self) -> dict[str, Any]:
         if self.sessions is not None:
             return self.sessions.describe()
         if self.trace is not None:
@@ -293,3 +307,12 @@ class WorkloadSpec:
             "shared_prefix": self.shared_prefix,
             "prefix_groups": self.prefix_groups,
         }
+
+
+def _with_priorities(items: Iterator[WorkItem], classes: Classes, seed: int) -> Iterator[WorkItem]:
+    """Each item with a class drawn from its own stream of the seed (one the item already
+    carries, from a trace, is kept)."""
+    rng = random.Random(f"{seed}:priority")
+    for item in items:
+        prio = draw_priority(rng, classes)
+        yield item if item.priority is not None else replace(item, priority=prio)
