@@ -60,10 +60,10 @@ def _sample(side: str, until: threading.Event, rows: list[dict[str, Any]], phase
                 })  # fmt: skip
 
 
-def _sessions(base: str, n: int, seconds: float, run_dir: Path) -> dict[str, Any]:
+def _sessions(base: str, n: int, seconds: float, run_dir: Path, seed: int) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "kvwatch", "loadgen", "run", "--url", base, "--sessions",
            "--concurrency", str(n), "--duration", f"{seconds:g}", *SESSION_ARGS, "--json",
-           "--no-progress", "--run-dir", str(run_dir), "--seed", "3"]  # fmt: skip
+           "--no-progress", "--run-dir", str(run_dir), "--seed", str(seed)]  # fmt: skip
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode not in (0, 1):
         raise SystemExit(f"kvwatch loadgen run failed ({p.returncode}): {p.stderr[-3000:]}")
@@ -80,27 +80,37 @@ def _sessions(base: str, n: int, seconds: float, run_dir: Path) -> dict[str, Any
 
 
 def _phase(base: str, side: str, n: int, seconds: float, tmp: Path, name: str,
-           rows: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+           rows: list[dict[str, Any]], seed: int = 3) -> dict[str, Any]:  # fmt: skip
     phase = [name]
     stop = threading.Event()
     sampler = threading.Thread(target=_sample, args=(side, stop, rows, phase), daemon=True)
     sampler.start()
     try:
-        out = _sessions(base, n, seconds, tmp / name)
+        out = _sessions(base, n, seconds, tmp / name, seed)
     finally:
         stop.set()
         sampler.join(5)
+    out["sidecar"] = _judged(rows, name)
+    print(name, json.dumps(out), flush=True)
+    return out
+
+
+def _judged(rows: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    """What the sidecar judged in a phase: when it first saw prefix-cache thrashing, and the
+    longest it held one judgement (KvwatchPrefixCacheThrashing fires after prefix_for_s)."""
     mine = [r for r in rows if r["phase"] == name]
     judged = [r for r in mine if r["thrashing_since"] is not None]
-    out["sidecar"] = {
+    held: dict[float, float] = {}
+    for r in judged:
+        held[r["thrashing_since"]] = r["t"] - r["thrashing_since"]
+    return {
         "judged_prefix_thrashing": bool(judged),
         "first_judged_after_s": (judged[0]["t"] - mine[0]["t"]) if judged else None,
+        "longest_held_s": max(held.values(), default=0.0),
         "recomputed_per_s_mean": _mean([r["recomputed_per_s"] for r in mine[len(mine) // 2:]]),
         "hit_share_mean": _mean([r["hit_share"] for r in mine[len(mine) // 2:]]),
         "reference_last": mine[-1]["reference"] if mine else None,
     }  # fmt: skip
-    print(name, json.dumps(out), flush=True)
-    return out
 
 
 def _mean(xs: list[float | None]) -> float | None:
@@ -115,20 +125,34 @@ def main() -> None:
     ap.add_argument("--twin", required=True, metavar="MODEL:GPU:KV_BYTES")
     ap.add_argument("--sessions-a", type=int, default=24)
     ap.add_argument("--seconds", type=float, default=150.0)
+    ap.add_argument("--seed", type=int, default=3, help="the load generator's seed (3)")
     ap.add_argument("--out", type=Path, required=True, help="PREFIX: PREFIX.jsonl, PREFIX.json")
+    ap.add_argument(
+        "--recount",
+        action="store_true",
+        help="recompute the sidecar's figures from PREFIX.jsonl into PREFIX.json",
+    )
     ns = ap.parse_args()
+    if ns.recount:
+        rows = [json.loads(x) for x in ns.out.with_suffix(".jsonl").read_text().splitlines()]
+        figures = json.loads(ns.out.with_suffix(".json").read_text())
+        for name in ("fits", "twice", "advised"):
+            if name in figures:
+                figures[name]["sidecar"] = _judged(rows, name)
+        ns.out.with_suffix(".json").write_text(json.dumps(figures, indent=1) + "\n")
+        return
     tmp = Path(tempfile.mkdtemp(prefix="kvwatch-bench-"))
     rows: list[dict[str, Any]] = []
-    figures: dict[str, Any] = {"twin": ns.twin, "session_args": SESSION_ARGS}
+    figures: dict[str, Any] = {"twin": ns.twin, "session_args": SESSION_ARGS, "seed": ns.seed}
     try:
         with (
             twin_from_spec(ns.twin, tmp / "a" / "vllm.log") as twin,
             running_sidecar(["--target", twin.base_url, "--interval", "1"]) as side,
         ):
             figures["fits"] = _phase(twin.base_url, side, ns.sessions_a, ns.seconds, tmp,
-                                     "fits", rows)  # fmt: skip
+                                     "fits", rows, ns.seed)  # fmt: skip
             figures["twice"] = _phase(twin.base_url, side, 2 * ns.sessions_a, ns.seconds, tmp,
-                                      "twice", rows)  # fmt: skip
+                                      "twice", rows, ns.seed)  # fmt: skip
         advised = (figures["twice"]["working_set"] or {}).get("advised_kv_cache_memory_bytes")
         if advised:
             model, gpu, _ = ns.twin.split(":")
@@ -139,7 +163,7 @@ def main() -> None:
                 running_sidecar(["--target", twin.base_url, "--interval", "1"]) as side,
             ):
                 figures["advised"] = _phase(twin.base_url, side, 2 * ns.sessions_a,
-                                            ns.seconds, tmp, "advised", rows)  # fmt: skip
+                                            ns.seconds, tmp, "advised", rows, ns.seed)  # fmt: skip
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     ns.out.parent.mkdir(parents=True, exist_ok=True)

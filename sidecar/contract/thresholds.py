@@ -94,8 +94,9 @@ class Thresholds:
     # squeeze; shorter forgets a traffic change sooner.
     prefix_reference_window_s: float = 600.0
     # ...the share of that reference hit share lost before the cache counts as thrashing
-    # (0.5: half the hits gone); 0 turns prefix-cache thrashing off.
-    prefix_hit_drop: float = 0.5
+    # (0.25: a quarter of the hits gone); 0 turns prefix-cache thrashing off. On the twin a cache
+    # that held its conversations stayed within a tenth, one that held half lost a third.
+    prefix_hit_drop: float = 0.25
     # ...only where the reference shows reuse worth keeping (a fifth of prompt tokens).
     prefix_min_reference: float = 0.2
     # ...and with this much prompt traffic (tokens per second) in the window judged.

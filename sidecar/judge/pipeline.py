@@ -184,8 +184,8 @@ class EngineJudge:
         """Held from its first sight; cleared once false for exit_after_s, so a share that
         swings about the line does not raise it twice."""
         view = PrefixCacheView(
-            sig.prompt_cache_hit_share, sig.prompt_cache_hit_reference, sig.prompt_tokens_per_s,
-            sig.prompt_tokens_recomputed_per_s,
+            sig.prompt_cache_hit_share_long, sig.prompt_cache_hit_reference,
+            sig.prompt_tokens_per_s_long, sig.prompt_tokens_recomputed_per_s,
         )  # fmt: skip
         reasons = prefix_cache_thrashing(view, self.th)
         if reasons is not None:

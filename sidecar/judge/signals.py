@@ -66,10 +66,12 @@ class EngineSignals:
     admission_rejections_long: float | None = None
     kv_offloading_gib: float | None = None
     kv_usage_trend_per_s: float | None = None  # the forecast's fitted slope (usage per second)
-    # the hit share the prefix cache reached over the lookback, and the prompt tokens/s it
-    # computes again that it served then (sidecar/judge/prefix_cache.py)
+    # the prompt cache share over the long window, what it reached over the lookback, and the
+    # prompt tokens/s it computes again that it served then (sidecar/judge/prefix_cache.py)
     prompt_cache_hit_reference: float | None = None
     prompt_tokens_recomputed_per_s: float | None = None
+    prompt_cache_hit_share_long: float | None = None
+    prompt_tokens_per_s_long: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,7 +110,10 @@ def derive(
     forecast = forecast_exhaustion(usage_pts, now)
     prompt_rate = tl.rate("prompt_tokens_total", th.short_window_s, now)
     hit_share = _cache_share(tl, th.short_window_s, now)
-    prefix = prefix_cache_view(tl, now, th, hit_share, prompt_rate)
+    prefix = prefix_cache_view(
+        tl, now, th, _cache_share(tl, th.long_window_s, now),
+        tl.rate("prompt_tokens_total", th.long_window_s, now),
+    )  # fmt: skip
     return EngineSignals(
         kv_usage=usage,
         running=obs.running,
@@ -140,6 +145,8 @@ def derive(
         prompt_cache_hit_share=hit_share,
         prompt_cache_hit_reference=prefix.reference_share,
         prompt_tokens_recomputed_per_s=prefix.recomputed_tokens_per_s,
+        prompt_cache_hit_share_long=prefix.hit_share,
+        prompt_tokens_per_s_long=prefix.prompt_tokens_per_s,
         offload_load_bytes_per_s=tl.rate("offload_load_bytes_total", th.short_window_s, now),
         offload_store_bytes_per_s=tl.rate("offload_store_bytes_total", th.short_window_s, now),
         offload_allocation_failures_long=tl.increase(

@@ -82,9 +82,9 @@ def _busy_state(tmp_path: Path) -> SidecarState:
     )
     usage = re.compile(r"^(vllm:kv_cache_usage_perc\{.*\} )(\S+)$", re.M)
     state = SidecarState(["http://a"])
-    for i in range(8):
+    for i in range(40):  # history enough for the prefix cache's reference (half a minute)
         scrape = counters.sub(lambda m, i=i: f"{m[1]}{float(m[4]) + 100 * i}", body)
-        scrape = usage.sub(lambda m, i=i: f"{m[1]}{0.5 + 0.03 * i}", scrape)
+        scrape = usage.sub(lambda m, i=i: f"{m[1]}{0.5 + 0.005 * i}", scrape)
         state.record_scrape("http://a", 1.0 + i, ScrapeOutcome(0.01, parse_exposition(scrape)))
     log = (ROOT / "tests" / "data" / "vllm-0.32-cpu-server.log").read_text().splitlines()
     state.record_log_lines(log)
@@ -96,7 +96,7 @@ class TestExporter:
         state = _busy_state(tmp_path)
         state.log_stats, state.log_source = FollowStats(), "file"
         reg = CollectorRegistry(auto_describe=False)
-        reg.register(StateCollector(lambda: state.view(8.0)))
+        reg.register(StateCollector(lambda: state.view(40.0)))
         text = generate_latest(reg).decode()
         helps = dict(re.findall(r"^# HELP (\S+) (.*)$", text, re.M))
         types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
