@@ -115,8 +115,9 @@ def _print_row(load: str, tool: str, r: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--twin", required=True, metavar="MODEL:GPU:KV_BYTES")
     ap.add_argument("--streams", type=int, default=256)
     ap.add_argument("--seconds", type=float, default=60.0)
@@ -150,8 +151,12 @@ def main() -> None:
             rows.append({"load": closed, "tool": "vllm bench serve"} | v)
             rate = k["req_s"]
             opened = f"Poisson {rate:.2f}/s"
-            k = _measured(base, lambda: _kvwatch(
-                base, ["--stage", f"poisson:rate={rate:.3f}@{ns.seconds:g}s"], lens, tmp))
+            k = _measured(
+                base,
+                lambda: _kvwatch(
+                    base, ["--stage", f"poisson:rate={rate:.3f}@{ns.seconds:g}s"], lens, tmp
+                ),
+            )
             _print_row(opened, "kvwatch loadgen run", k)
             rows.append({"load": opened, "tool": "kvwatch"} | k)
             v = _measured(base, lambda: _vllm(
