@@ -51,6 +51,7 @@ def _sample(side: str, until: threading.Event, rows: list[dict[str, Any]], phase
                 rows.append({
                     "t": time.time(), "phase": phase[0],
                     "hit_share": s.get("prompt_cache_hit_share"),
+                    "hit_share_long": s.get("prompt_cache_hit_share_long"),
                     "reference": s.get("prompt_cache_hit_reference"),
                     "recomputed_per_s": s.get("prompt_tokens_recomputed_per_s"),
                     "prompt_per_s": s.get("prompt_tokens_per_s"),
@@ -109,8 +110,14 @@ def _judged(rows: list[dict[str, Any]], name: str) -> dict[str, Any]:
         "longest_held_s": max(held.values(), default=0.0),
         "recomputed_per_s_mean": _mean([r["recomputed_per_s"] for r in mine[len(mine) // 2:]]),
         "hit_share_mean": _mean([r["hit_share"] for r in mine[len(mine) // 2:]]),
+        "hit_share_long_min_max": _min_max([r.get("hit_share_long") for r in mine]),
         "reference_last": mine[-1]["reference"] if mine else None,
     }  # fmt: skip
+
+
+def _min_max(xs: list[float | None]) -> list[float] | None:
+    vals = [x for x in xs if x is not None]
+    return [min(vals), max(vals)] if vals else None
 
 
 def _mean(xs: list[float | None]) -> float | None:
