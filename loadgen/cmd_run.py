@@ -179,6 +179,16 @@ async def _workload(
 def _session_shape(ns: argparse.Namespace) -> SessionShape | None:
     """The sessions `--sessions` asks for (None without it), every flag checked."""
     if not getattr(ns, "sessions", False):
+        defaults = (
+            ("--turns", "turns", "4"),
+            ("--think-time", "think_time", "0"),
+            ("--turn-input-len", "turn_input_len", "64"),
+            ("--fanout", "fanout", 1),
+        )
+        given = [flag for flag, name, default in defaults
+                 if getattr(ns, name, default) != default]  # fmt: skip
+        if given:
+            raise CliError(f"{', '.join(given)}: only with --sessions")
         return None
     clash = [flag for flag, v in (("--dataset", ns.dataset), ("--chat", ns.chat),
              ("--prefix-groups", ns.prefix_groups != 1)) if v]  # fmt: skip

@@ -215,7 +215,7 @@ def read_trace(path: Path, fmt: str | None = None, block_tokens: int | None = No
     if not requests:
         said = "; ".join(f"{n} {why} (e.g. line {examples[why][0]})" for why, n in skipped.items())
         raise TraceError(f"{path}: no usable {fmt} rows" + (f": {said}" if said else ""))
-    bt = block_tokens or MOONCAKE_BLOCK_TOKENS
+    bt = MOONCAKE_BLOCK_TOKENS if block_tokens is None else block_tokens
     if bt < MIN_BLOCK_TOKENS:
         raise TraceError(f"block tokens {bt}: at least {MIN_BLOCK_TOKENS}")
     requests.sort(key=lambda r: r.at_s)

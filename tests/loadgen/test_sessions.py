@@ -121,7 +121,8 @@ def _loadgen(*args: str) -> subprocess.CompletedProcess[str]:
     ("args", "msg"),
     [(["--sessions", "--chat"], "--sessions sends token-exact conversations: drop --chat"),
      (["--sessions", "--turns", "x"], "numbers expected"),
-     (["--sessions", "--trace", "t.jsonl"], "drop --sessions")],
+     (["--sessions", "--trace", "t.jsonl"], "drop --sessions"),
+     (["--turns", "3", "--fanout", "2"], "--turns, --fanout: only with --sessions")],
 )  # fmt: skip
 def test_session_flags_fail_in_one_line(args: list[str], msg: str) -> None:
     p = _loadgen(*args)
