@@ -310,15 +310,19 @@ async def _session_stage(
     if isinstance(stage.pattern, Concurrency):
         end = time.perf_counter() + (stage.duration_s if stage.duration_s is not None else math.inf)
         numbers = itertools.count()
+        active = min(share.count, stage.pattern.n)  # workers with at least one stream
+        cap = None if stage.count is None else share.part(stage.count, active)
 
         async def stream() -> None:
             while time.perf_counter() < end:
-                n = next(numbers)
-                if stage.count is not None and n >= stage.count:
+                k = next(numbers)
+                if cap is not None and k >= cap:
                     return
+                # numbered apart in every worker process: no two sessions open alike
+                n = k * active + share.index
                 await _session(sender, stage, maker.open(n), time.perf_counter())
 
-        streams = share.part(stage.pattern.n)
+        streams = share.part(stage.pattern.n, active)
         await sender.pool.warm(streams)
         await asyncio.gather(*(stream() for _ in range(streams)))
         return

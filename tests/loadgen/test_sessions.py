@@ -183,3 +183,34 @@ class TestWorkingSet:
         big = working_set_advice(ws, {"num_blocks": 500})
         assert big["fits"] and render_working_set(big).endswith("it holds them")
         assert "does not say" in render_working_set(working_set_advice(ws, None))
+
+
+def test_worker_processes_number_their_sessions_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Closed-loop sessions split over worker processes: every session number once, and the
+    cap on sessions shared out, as the one-process run would open them."""
+    import asyncio
+
+    from kvwatch.loadgen import runner
+    from kvwatch.loadgen.arrivals import Concurrency
+    from kvwatch.loadgen.schedule import Stage
+
+    opened: list[int] = []
+
+    async def fake_session(sender: object, stage: object, talk: object, due: float) -> None:
+        opened.append(talk.number)  # type: ignore[attr-defined]
+        await asyncio.sleep(0)
+
+    class Pool:
+        async def warm(self, n: int) -> None:
+            pass
+
+    class Sender:
+        pool = Pool()
+
+    monkeypatch.setattr(runner, "_session", fake_session)
+    talks = Conversations(SessionShape(), TOKENS, 1)
+    stage = Stage("main", Concurrency(3), None, 10)
+    for index in range(2):
+        share = runner.Share(index, 2)
+        asyncio.run(runner._session_stage(Sender(), stage, random.Random(0), share, talks))  # type: ignore[arg-type]
+    assert sorted(opened) == list(range(10))
