@@ -32,11 +32,16 @@ from kvwatch.sidecar.contract import catalogue as cat
 from kvwatch.sidecar.contract.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from kvwatch.sidecar.contract.vocabulary import E2E, GENERATION_TOKENS, ITL, PROMPT_TOKENS, TTFT
 
-__all__ = ["DASHBOARDS", "OFFLOAD_PANELS", "kv_pressure", "fleet", "build", "render", "write_all"]
+__all__ = [
+    "DASHBOARDS", "OFFLOAD_PANELS", "PREFIX_PANELS", "kv_pressure", "fleet", "build", "render",
+    "write_all",
+]  # fmt: skip
 
 # Panels that only a server with --kv-offloading-size fills (vLLM's CPU backend cannot offload,
 # so the live test checks them against the body composed from 0.33's source)
 OFFLOAD_PANELS = ("KV offload traffic", "KV offload tier full")
+# the sidecar's reference needs minutes of prompt traffic that reuses prefixes
+PREFIX_PANELS = ("Prefix cache hit share and its reference", "Prompt tokens computed again")
 _NO_OFFLOAD = (
     " Empty on servers without --kv-offloading-size (vLLM's CPU backend cannot offload) and "
     "on releases without the offloading connector's metrics."
@@ -389,7 +394,7 @@ def _sources_row() -> list[Any]:
 def _prefix_cache_row(th: Thresholds) -> list[Any]:
     """The second kind of thrashing: a prefix cache losing the prefixes its traffic reuses."""
     share = _series(
-        "Prefix cache hit share and its reference",
+        PREFIX_PANELS[0],
         "Share of prompt tokens the cache served over the sidecar's short window, and the share "
         f"its windows reached over the last {th.prefix_reference_window_s:g} s (their 90th "
         "percentile): what it hits with room. A share down to "
@@ -401,7 +406,7 @@ def _prefix_cache_row(th: Thresholds) -> list[Any]:
         width=8,
     )
     recomputed = _series(
-        "Prompt tokens computed again",
+        PREFIX_PANELS[1],
         "Prompt tokens per second the cache served at its reference share and computes again "
         "now: prompt tokens/s x (reference - current share). GPU time spent on prefill that "
         "was already done.",

@@ -71,7 +71,7 @@ def _window_shares(tl: Timeline, now: float, th: Thresholds) -> list[float]:
         if t < now - th.prefix_reference_window_s or span < th.long_window_s / 2:
             continue
         cached, computed = sc - cum[lo][1], sk - cum[lo][2]
-        if cached + computed >= th.prefix_min_prompt_tokens_per_s * span:
+        if cached + computed > 0 and cached + computed >= th.prefix_min_prompt_tokens_per_s * span:
             shares.append(cached / (cached + computed))
     return shares
 

@@ -118,3 +118,10 @@ def test_the_judge_holds_it_and_clears_it_after_the_exit_time() -> None:
     assert 303 + 15 - 2 <= cleared <= 303 + 15 + 2
     signals = judge.signals
     assert signals is not None and signals.prompt_cache_hit_reference == pytest.approx(0.8)
+
+
+def test_idle_windows_are_no_share_even_with_no_minimum_traffic() -> None:
+    th = Thresholds(prefix_min_prompt_tokens_per_s=0)
+    tl = _timeline([0.5] * 100, tokens_per_s=0.0)
+    v = prefix_cache_view(tl, 99.0, th, hit_share=None, prompt_tokens_per_s=0.0)
+    assert v.reference_share is None
