@@ -18,6 +18,7 @@ format cannot be told, is an error that names the file and line.
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 from collections import Counter
@@ -335,6 +336,11 @@ class TraceReplay:
     time_scale: float = 1.0  # a kvwatch twin's: the trace's times stretch with its card's
 
     def plan(self) -> tuple[Trace, ReplayPlan]:
+        """Read and planned once per process: the command checks it, builds the stage, the
+        prompts and the report from the same replay (a whole trace takes a quarter second)."""
+        return _planned(self)
+
+    def _plan(self) -> tuple[Trace, ReplayPlan]:
         trace = read_trace(self.path, self.format, self.block_tokens)
         return trace, plan_replay(
             trace, self.speed / self.time_scale, self.window_s, self.max_requests,
@@ -404,3 +410,8 @@ def render_replay(rep: dict[str, Any]) -> str:
             f"hash_ids imply {implied} for a cache that holds everything"
         )
     return "\n".join(lines)
+
+
+@functools.lru_cache(maxsize=4)
+def _planned(replay: TraceReplay) -> tuple[Trace, ReplayPlan]:
+    return replay._plan()

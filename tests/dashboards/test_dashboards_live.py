@@ -86,21 +86,23 @@ _RISING = re.compile(
 )
 
 
-class FakeOffloadingServer(BaseHTTPRequestHandler):
-    """FAKE vLLM /metrics: the composed 0.33 body, offload counters 1 MiB (failures 1) higher
-    at every scrape. Stands in only for what no server here can do: offload KV."""
+class _RisingServer(BaseHTTPRequestHandler):
+    """FAKE vLLM /metrics: the composed 0.33 body with the counters `rising` matches raised
+    scrape by scrape (`step` says by how much); shared by the fakes below."""
 
+    rising: re.Pattern[str]
     scrapes = 0
 
+    def step(self, m: re.Match[str]) -> float:
+        raise NotImplementedError
+
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        FakeOffloadingServer.scrapes += 1
-        n = FakeOffloadingServer.scrapes
-
-        def bump(m: re.Match[str]) -> str:
-            step = 1 if m[2] == "kv_offload_allocation_failure" else 2**20
-            return f"{m[1]}{float(m[4]) + n * step}"
-
-        body = _RISING.sub(bump, _COMPOSED.read_text()).encode()
+        cls = type(self)
+        cls.scrapes += 1
+        n = cls.scrapes
+        body = self.rising.sub(
+            lambda m: f"{m[1]}{float(m[m.re.groups]) + n * self.step(m)}", _COMPOSED.read_text()
+        ).encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
         self.send_header("Content-Length", str(len(body)))
@@ -109,6 +111,16 @@ class FakeOffloadingServer(BaseHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:
         pass
+
+
+class FakeOffloadingServer(_RisingServer):
+    """Offload counters 1 MiB (failures 1) higher at every scrape. Stands in only for what no
+    server here can do: offload KV."""
+
+    rising = _RISING
+
+    def step(self, m: re.Match[str]) -> float:
+        return 1 if m[2] == "kv_offload_allocation_failure" else 2**20
 
 
 def test_offload_panels_fill_from_a_server_that_offloads() -> None:
@@ -134,29 +146,14 @@ _SOURCES = re.compile(
 )
 
 
-class FakeReusingServer(BaseHTTPRequestHandler):
-    """FAKE vLLM /metrics: the composed 0.33 body, its prompt tokens rising 1,000 a scrape, 900
-    of them from the prefix cache. Stands in for minutes of conversations on a real server."""
+class FakeReusingServer(_RisingServer):
+    """Prompt tokens rising 1,000 a scrape, 900 of them from the prefix cache. Stands in for
+    minutes of conversations on a real server."""
 
-    scrapes = 0
+    rising = _SOURCES
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        FakeReusingServer.scrapes += 1
-        n = FakeReusingServer.scrapes
-
-        def bump(m: re.Match[str]) -> str:
-            step = 900 if m[2] == "local_cache_hit" else 100
-            return f"{m[1]}{float(m[3]) + n * step}"
-
-        body = _SOURCES.sub(bump, _COMPOSED.read_text()).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+    def step(self, m: re.Match[str]) -> float:
+        return 900 if m[2] == "local_cache_hit" else 100
 
 
 def test_prefix_cache_panels_fill_from_a_sidecar_that_has_a_reference() -> None:
