@@ -152,6 +152,7 @@ def _register_run(lsub: Any) -> None:
     _workload_args(r.add_argument_group("workload"))
     _session_args(r.add_argument_group("sessions (multi-turn conversations and agents)"))
     _trace_args(r.add_argument_group("trace replay (the trace is the load and the workload)"))
+    _probe_args(r.add_argument_group("bystander probes (reported apart from the load)"))
     o = r.add_argument_group("output")
     o.add_argument("--run-dir", type=Path, help="default runs/loadgen-TIME")
     o.add_argument("--slo", default="", help="e.g. ttft=500ms,tpot=50ms for goodput")
@@ -184,6 +185,19 @@ def _session_args(g: Any) -> None:
     g.add_argument("--fanout", type=int, default=1, metavar="N",
                    help="agentic: each turn after the first is N parallel calls over the "
                    "context, joined before the next (1)")  # fmt: skip
+
+
+def _probe_args(g: Any) -> None:
+    g.add_argument(
+        "--probe-rate", type=float, metavar="PER_S",
+        help="send small probe requests at this fixed rate beside the load, on connections of "
+        "their own, through every stage; their latencies (what the load does to everyone else) "
+        "are reported apart and left out of the load's figures",
+    )  # fmt: skip
+    g.add_argument("--probe-input-len", type=int, default=64, metavar="TOKENS",
+                   help="prompt tokens of each probe (default 64)")  # fmt: skip
+    g.add_argument("--probe-output-len", type=int, default=16, metavar="TOKENS",
+                   help="output tokens of each probe (default 16)")  # fmt: skip
 
 
 def _trace_args(g: Any) -> None:

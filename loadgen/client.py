@@ -154,6 +154,13 @@ class _Usage(msgspec.Struct):
     completion_tokens: int | None = None
 
 
+class _ServerTimings(msgspec.Struct):
+    """vLLM's per-request timings (`--enable-per-request-metrics`), on the last usage chunk."""
+
+    queue_time_ms: float | None = None
+    time_to_first_token_ms: float | None = None
+
+
 class _Chunk(msgspec.Struct):
     """The fields of a streamed chunk the record needs; the rest is skipped unread. The decoder
     checks the whole chunk is JSON and these fields have their types (a string for a number is
@@ -162,9 +169,12 @@ class _Chunk(msgspec.Struct):
     choices: list[_Choice] | None = None
     usage: _Usage | None = None
     error: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    # read apart: a server's odd timings must not cost the request its record
+    metrics: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
 
 
 _CHUNK = msgspec.json.Decoder(_Chunk)
+_TIMINGS = msgspec.json.Decoder(_ServerTimings)
 
 
 def _take_chunk(chunk: _Chunk, record: RequestRecord, now: float) -> None:
@@ -184,6 +194,25 @@ def _take_chunk(chunk: _Chunk, record: RequestRecord, now: float) -> None:
     if usage is not None:
         record.prompt_tokens = usage.prompt_tokens
         record.output_tokens = usage.completion_tokens
+    if chunk.metrics is not msgspec.UNSET:
+        _take_timings(bytes(chunk.metrics), record)
+
+
+def _take_timings(raw: bytes, record: RequestRecord) -> None:
+    """The server's own queue time and TTFT, in seconds; a value that is not a finite
+    non-negative number is left out (the client's timings stand alone)."""
+    try:
+        t = _TIMINGS.decode(raw)
+    except msgspec.MsgspecError:
+        return
+    record.server_queue_time = _seconds(t.queue_time_ms)
+    record.server_ttft = _seconds(t.time_to_first_token_ms)
+
+
+def _seconds(ms: float | None) -> float | None:
+    if ms is None or not (0 <= ms < float("inf")):
+        return None
+    return ms / 1000.0
 
 
 def _carries_output(choice: _Choice) -> bool:

@@ -18,6 +18,7 @@ from kvwatch.loadgen.arrivals import Concurrency, Constant, Gamma, Pattern, Pois
 from kvwatch.loadgen.client import max_model_len, served_model
 from kvwatch.loadgen.measure import measure, print_progress, run_spec
 from kvwatch.loadgen.priorities import parse_priorities
+from kvwatch.loadgen.probes import ProbeSpec
 from kvwatch.loadgen.records import StallRule
 from kvwatch.loadgen.runner import Progress, RunOptions, run_loop, run_stages
 from kvwatch.loadgen.schedule import Stage, StageSpecError, parse_stage, sweep_stages
@@ -105,6 +106,10 @@ def _trace_stages(replay: TraceReplay) -> list[Stage]:
 
 
 def build_stages(ns: argparse.Namespace) -> list[Stage]:
+    try:
+        _probe_spec(ns)  # bad probe flags fail before the run directory is made
+    except DatasetError as e:
+        raise CliError(str(e)) from None
     if getattr(ns, "trace", None) is not None:
         if getattr(ns, "sessions", False):
             raise CliError("--trace is the load and the workload: drop --sessions")
@@ -149,12 +154,13 @@ async def _workload(
     ns: argparse.Namespace, client: httpx.AsyncClient, model: str, time_scale: float | None
 ) -> WorkloadSpec:
     classes = parse_priorities(ns.priorities) if getattr(ns, "priorities", None) else None
+    probes = _probe_spec(ns)
     if getattr(ns, "trace", None) is not None:
         tok = await tokenize_corpus(client, ns.url, model, ns.seed)
         limit = await max_model_len(client, ns.url, model)
         spec = WorkloadSpec(seed=ns.seed, trace=_trace_replay(ns, limit, time_scale),
                             tokens=tuple(tok[0]) if tok else None,
-                            priorities=classes)  # fmt: skip
+                            priorities=classes, probes=probes)  # fmt: skip
         next(spec.items())  # no /tokenize: refused here, before the run
         return spec
     spec = WorkloadSpec(
@@ -166,6 +172,7 @@ async def _workload(
         prefix_groups=ns.prefix_groups,
         sessions=_session_shape(ns),
         priorities=classes,
+        probes=probes,
     )
     if ns.dataset is None:
         tok = await tokenize_corpus(client, ns.url, model, ns.seed)
@@ -174,6 +181,14 @@ async def _workload(
     next(spec.items())  # bad lengths or a bad dataset fail here, before the run
     spec.conversations()  # and sessions on a server without /tokenize
     return spec
+
+
+def _probe_spec(ns: argparse.Namespace) -> ProbeSpec | None:
+    """The probe stream `--probe-rate` asks for (None without it; `search` has none)."""
+    rate = getattr(ns, "probe_rate", None)
+    if rate is None:
+        return None
+    return ProbeSpec(rate, ns.probe_input_len, ns.probe_output_len)
 
 
 def _session_shape(ns: argparse.Namespace) -> SessionShape | None:
@@ -279,7 +294,7 @@ def send_stages(
             try:
                 return await run_stages(
                     stages, opts, workload.items(), progress,
-                    conversations=workload.conversations(),
+                    conversations=workload.conversations(), probes=workload.probe_stream(),
                 )  # fmt: skip
             finally:
                 if ticker:
@@ -324,6 +339,8 @@ def _run_into(
     from kvwatch.loadgen.rundir import write_run
     from kvwatch.loadgen.summary import (
         render_classes,
+        render_probes,
+        render_server_timings,
         render_table,
         render_turns,
         summarize_records,
@@ -384,8 +401,10 @@ def _run_into(
         print(json.dumps(summary, indent=2))
     else:
         print(render_table(summary))
-        if (classes := render_classes(summary)) is not None:
-            print(classes)
+        for extra in (render_classes(summary), render_probes(summary),
+                      render_server_timings(summary)):  # fmt: skip
+            if extra is not None:
+                print(extra)
         if (turns := render_turns(summary)) is not None:
             print(turns)
             if "working_set" in summary["sessions"]:

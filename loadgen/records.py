@@ -50,6 +50,11 @@ class RequestRecord:
     session: str | None = None  # the conversation it is a turn of (sessions)
     turn: int | None = None  # 0 for a session's first
     priority: int | None = None  # the request's priority class, when it carries one
+    probe: bool = False  # a bystander probe (--probe-rate), reported apart from the load
+    # vLLM's own timings of the request (`--enable-per-request-metrics`), seconds: its time in
+    # the waiting queue, and from first scheduled to first token (vLLM's TTFT leaves the queue out)
+    server_queue_time: float | None = None
+    server_ttft: float | None = None
     # the answer's token ids, where they are asked for (a session resends them); not written
     output_token_ids: list[int] | None = None
 
@@ -99,6 +104,7 @@ class RequestRecord:
             "session": self.session,
             "turn": self.turn,
             "priority": self.priority,
+            "probe": self.probe,
             "warmup": self.warmup,
             "ok": self.ok,
             "status": self.status,
@@ -120,6 +126,8 @@ class RequestRecord:
             "output_tokens": n_out,
             "expected_input_tokens": self.expected_input_tokens,
             "expected_output_tokens": self.expected_output_tokens,
+            "server_queue_time": self.server_queue_time,
+            "server_ttft": self.server_ttft,
             "chunks": len(self.token_times),
             "gaps": gaps,
             "max_gap": max(gaps, default=None),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import logging
 import math
@@ -24,6 +25,7 @@ import httpx
 from kvwatch.loadgen.arrivals import Concurrency
 from kvwatch.loadgen.client import completion_request, start_completion
 from kvwatch.loadgen.http1 import Http1Pool
+from kvwatch.loadgen.probes import ProbeSpec
 from kvwatch.loadgen.records import RequestRecord
 from kvwatch.loadgen.schedule import Stage
 from kvwatch.loadgen.sessions import Conversation, Conversations
@@ -337,6 +339,27 @@ async def _session_stage(
     await asyncio.gather(*tasks)
 
 
+async def _probe_stream(
+    sender: _Sender, spec: ProbeSpec, current: Callable[[], Stage], stop: asyncio.Event
+) -> None:
+    """Probes at their fixed rate until `stop`, each recorded under the stage then running;
+    the last ones are waited for, not cut."""
+    pending = []
+    start = time.perf_counter() + _FIRST_LEAD_S
+    for n in itertools.count():
+        due = start + n * spec.interval_s
+        try:  # sleep until due, unless the load ends first
+            await asyncio.wait_for(stop.wait(), max(0.0, due - time.perf_counter()))
+            break
+        except TimeoutError:
+            pass
+        await _until(due)
+        rec, request = sender.prepare_item(current(), due, f"probe/{n}", next(sender.items),
+                                           probe=True)  # fmt: skip
+        pending.append(sender.start(rec, request))
+    await asyncio.gather(*pending)
+
+
 async def _closed_stage(sender: _Sender, stage: Stage, share: Share) -> None:
     assert isinstance(stage.pattern, Concurrency)
     end = time.perf_counter() + stage.duration_s if stage.duration_s is not None else float("inf")
@@ -365,7 +388,10 @@ async def run_stages(
     on_event: Callable[[dict[str, Any]], None] | None = None,
     share: Share | None = None,
     conversations: Conversations | None = None,
+    probes: tuple[ProbeSpec, Iterator[WorkItem]] | None = None,
 ) -> RunResult:
+    """Send the stages; `probes` (sent by the first worker process only) run beside them all
+    on connections of their own."""
     progress = progress or Progress()
     share = share or Share()
     headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
@@ -391,18 +417,35 @@ async def run_stages(
             posts.append(asyncio.create_task(_post_event(opts.events_url, ev, after)))
 
     pool = Http1Pool(opts.base_url, read_timeout_s=opts.request_timeout_s, headers=headers)
-    async with pool:
-        # the workload's first item loads its dataset or corpus: do that before any stage starts,
-        # not inside the first request's dispatch lag
+    async with contextlib.AsyncExitStack() as opened:
+        await opened.enter_async_context(pool)
+        # the first request's item loads its dataset or corpus: do that before any stage
+        # starts, not inside the first request's dispatch lag
         first = next(items, None)
         if first is not None:
             items = itertools.chain([first], items)
         sender = _Sender(pool, opts, items, result, progress)
+        stop = asyncio.Event()
+        begun: list[Stage] = []  # the stages started so far; a probe counts in the last
+        start_probes: Callable[[], asyncio.Task[None]] | None = None
+        if probes is not None and share.index == 0:
+            spec, probe_items = probes
+            probe_pool = Http1Pool(opts.base_url, read_timeout_s=opts.request_timeout_s,
+                                   headers=headers, spare=1)  # fmt: skip
+            await opened.enter_async_context(probe_pool)
+            probe_sender = _Sender(probe_pool, opts, probe_items, result, Progress())
+            start_probes = lambda: asyncio.create_task(  # noqa: E731
+                _probe_stream(probe_sender, spec, lambda: begun[-1], stop)
+            )
+        prober = None
         for stage in stages:
             if share.barrier is not None:
                 await asyncio.to_thread(share.barrier.wait)
             progress.stage = stage.name
+            begun.append(stage)
             event("stage_start", stage)
+            if start_probes is not None and prober is None:
+                prober = start_probes()
             if conversations is not None:
                 await _session_stage(sender, stage, rng, share, conversations)
             elif isinstance(stage.pattern, Concurrency):
@@ -410,6 +453,9 @@ async def run_stages(
             else:
                 await _open_stage(sender, stage, rng, share)
             event("stage_end", stage)
+        stop.set()
+        if prober is not None:
+            await prober
     await asyncio.gather(*posts)
     return result
 

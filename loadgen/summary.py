@@ -14,6 +14,7 @@ import pandas as pd
 
 __all__ = [
     "parse_slo", "summarize_records", "render_table", "render_turns", "render_classes",
+    "render_probes", "render_server_timings",
     "SLO_METRICS", "SloError",
     "timing_caveat",
 ]  # fmt: skip
@@ -90,7 +91,29 @@ def _one(df: pd.DataFrame, slo: dict[str, float]) -> dict[str, Any]:
         "stalls": int(ok["stalls"].sum()),
         "requests_with_stalls": int((ok["stalls"] > 0).sum()),
         "stalls_preempting": _preempting(ok),
+        **_server_timings(ok),
     }
+
+
+def _server_timings(ok: pd.DataFrame) -> dict[str, Any]:
+    """vLLM's own timings beside the client's, where the server sent them
+    (`--enable-per-request-metrics`): its queue time, its TTFT (from first scheduled: the queue
+    left out), and what the client's TTFT adds to their sum (the HTTP front end, tokenizing,
+    the network, the client)."""
+    if "server_ttft" not in ok or "server_queue_time" not in ok:
+        return {}
+    both = ok[ok["server_ttft"].notna() & ok["server_queue_time"].notna() & ok["ttft"].notna()]
+    if both.empty:
+        return {}
+    engine = both["server_queue_time"] + both["server_ttft"]
+    return {"server_timings": {
+        "requests": int(len(both)),
+        "queue_time": _q(both["server_queue_time"]),
+        "ttft_after_queue": _q(both["server_ttft"]),
+        "ttft": _q(engine),
+        "client_ttft": _q(both["ttft"]),
+        "client_overhead": _q(both["ttft"] - engine),
+    }}  # fmt: skip
 
 
 def _preempting(ok: pd.DataFrame) -> int | None:
@@ -110,6 +133,11 @@ def summarize_records(records: list[dict[str, Any]], slo: dict[str, float] | Non
     if df.empty:
         return {"overall": {"requests": 0}, "stages": {}, "slo": slo}
     measured = df[~df["warmup"]] if "warmup" in df else df
+    probes = None
+    if "probe" in measured:
+        is_probe = measured["probe"].fillna(False).astype(bool)
+        if is_probe.any():
+            probes, measured = measured[is_probe], measured[~is_probe]
     stages = {str(name): _one(g, slo) for name, g in measured.groupby("stage", sort=False)}
     out = {"overall": _one(measured, slo), "stages": stages, "slo": slo}
     if "session" in measured and measured["session"].notna().any():
@@ -118,6 +146,11 @@ def summarize_records(records: list[dict[str, Any]], slo: dict[str, float] | Non
         out["classes"] = {
             str(int(prio)): _one(g, slo)  # type: ignore[arg-type]
             for prio, g in measured[measured["priority"].notna()].groupby("priority", sort=True)
+        }
+    if probes is not None:
+        out["probes"] = {
+            "overall": _one(probes, slo),
+            "stages": {str(n): _one(g, slo) for n, g in probes.groupby("stage", sort=False)},
         }
     return out
 
@@ -130,6 +163,37 @@ def render_classes(summary: dict[str, Any]) -> str | None:
     return "by priority class (lower runs first under vLLM's priority policy)\n" + render_table(
         {"stages": {f"priority {k}": v for k, v in classes.items()}, "overall": {}}
     )
+
+
+def render_probes(summary: dict[str, Any]) -> str | None:
+    """The probes' table, apart from the load's (None for a run without probes)."""
+    probes = summary.get("probes")
+    if not probes:
+        return None
+    table = render_table({"stages": {f"probes {k}": v for k, v in probes["stages"].items()},
+                          "overall": {}})  # fmt: skip
+    return "bystander probes (--probe-rate), left out of the load's figures\n" + table
+
+
+def render_server_timings(summary: dict[str, Any]) -> str | None:
+    """vLLM's own per-request timings beside the client's, for the load and the probes (None
+    when the server sent none: it runs without `--enable-per-request-metrics`)."""
+    lines = []
+    for who, part in (("load", summary.get("overall")), ("probes",
+                      (summary.get("probes") or {}).get("overall"))):  # fmt: skip
+        t = (part or {}).get("server_timings")
+        if not t:
+            continue
+        lines.append(
+            f"{who}: vLLM queue {_ms(t['queue_time']['p50'])}/{_ms(t['queue_time']['p99'])} + "
+            f"TTFT {_ms(t['ttft_after_queue']['p50'])}/{_ms(t['ttft_after_queue']['p99'])} ms; "
+            f"client TTFT {_ms(t['client_ttft']['p50'])}/{_ms(t['client_ttft']['p99'])} ms, "
+            f"of which outside the engine {_ms(t['client_overhead']['p50'])}/"
+            f"{_ms(t['client_overhead']['p99'])} ms ({t['requests']} requests)"
+        )
+    if not lines:
+        return None
+    return "the server's own timings (p50/p99, --enable-per-request-metrics)\n" + "\n".join(lines)
 
 
 def _sessions(df: pd.DataFrame) -> dict[str, Any]:

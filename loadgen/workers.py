@@ -39,7 +39,12 @@ def _worker(
             await asyncio.sleep(delay)
         share = Share(index, count, barrier)
         result = await run_stages(
-            stages, opts, workload.items(), share=share, conversations=workload.conversations()
+            stages,
+            opts,
+            workload.items(),
+            share=share,
+            conversations=workload.conversations(),
+            probes=workload.probe_stream(),
         )
         # re-base this process's clock on the common start
         t0 = result.t0 - (result.start_unix - start_unix)

@@ -23,6 +23,7 @@ import httpx
 
 from kvwatch.loadgen.lengths import DatasetError, LengthDist, parse_length
 from kvwatch.loadgen.priorities import Classes, draw_priority
+from kvwatch.loadgen.probes import PROBE_SEED_OFFSET, ProbeSpec
 from kvwatch.loadgen.sessions import Conversations, SessionShape
 from kvwatch.loadgen.trace import TraceReplay
 from kvwatch.loadgen.trace_prompts import trace_prompts
@@ -234,6 +235,7 @@ class WorkloadSpec:
     trace: TraceReplay | None = None  # replay a trace's requests instead (--trace)
     sessions: SessionShape | None = None  # conversations instead of single requests
     priorities: Classes | None = None  # priority classes and their shares (--priorities)
+    probes: ProbeSpec | None = None  # a bystander stream beside the load (--probe-rate)
 
     def conversations(self) -> Conversations | None:
         """The run's sessions, where it runs sessions (their prompts need the corpus)."""
@@ -253,6 +255,19 @@ class WorkloadSpec:
         if self.priorities is None:
             return items
         return _with_priorities(items, self.priorities, self.seed)
+
+    def probe_stream(self) -> tuple[ProbeSpec, Iterator[WorkItem]] | None:
+        """The probes and their prompts (None without probes): fixed lengths from a seed of
+        their own, each slice of the corpus reversed, so that no probe begins as a prompt of
+        the load does and none is served from the load's cached prefixes."""
+        if self.probes is None:
+            return None
+        p = self.probes
+        items = synthetic_items(
+            parse_length(str(p.input_tokens)), parse_length(str(p.output_tokens)),
+            self.seed + PROBE_SEED_OFFSET, tokens=list(self.tokens) if self.tokens else None,
+        )  # fmt: skip
+        return p, (_reversed(item) for item in items)
 
     def _items(self) -> Iterator[WorkItem]:
         if self.trace is not None:
@@ -286,6 +301,8 @@ class WorkloadSpec:
         out = self._describe()
         if self.priorities is not None:
             out["priorities"] = {str(p): share for p, share in self.priorities}
+        if self.probes is not None:
+            out["probes"] = self.probes.describe()
         return out
 
     def _describe(self) -> dict[str, Any]:
@@ -307,6 +324,11 @@ class WorkloadSpec:
             "shared_prefix": self.shared_prefix,
             "prefix_groups": self.prefix_groups,
         }
+
+
+def _reversed(item: WorkItem) -> WorkItem:
+    ids = item.token_ids[::-1] if item.token_ids is not None else None
+    return replace(item, text=" ".join(reversed(item.text.split())), token_ids=ids)
 
 
 def _with_priorities(items: Iterator[WorkItem], classes: Classes, seed: int) -> Iterator[WorkItem]:

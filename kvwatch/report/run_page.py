@@ -157,6 +157,21 @@ def render_report(run_dir: Path) -> str:
         *_over_time_section(tl, spans, marks, window),
         *_requests_section(records, marks, spans, window),
         *_sessions_section(summary.get("sessions")),
+        *_groups_section(
+            "Priority classes",
+            "class",
+            summary.get("classes"),
+            "Lower runs first under vLLM's <code>--scheduling-policy priority</code>; under "
+            "pressure the highest value, latest arrival, is the one preempted.",
+        ),
+        *_groups_section(
+            "Bystander probes",
+            "stage",
+            (summary.get("probes") or {}).get("stages"),
+            "Small requests at a fixed rate on connections of their own "
+            "(<code>--probe-rate</code>): what the load did to everyone else. They are left "
+            "out of every other figure on this page.",
+        ),
         *_trace_section(summary.get("trace")),
         *_preemptions_section(spec),
         *_incidents_section(summary.get("sidecar")),
@@ -212,9 +227,41 @@ def _summary_section(o: dict[str, Any]) -> list[str]:
             ("end-to-end", _pcts(o.get("e2e"))),
             ("dispatch lag (sent minus scheduled)", _pcts(o.get("dispatch_lag"))),
             ("stalls", _stalls(o)),
+            *_server_timing_rows(o.get("server_timings")),
         ]
     )
     return ["<h2>Summary</h2>", figures]
+
+
+def _server_timing_rows(t: Any) -> list[tuple[str, str]]:
+    """vLLM's own timings of the same requests (`--enable-per-request-metrics`)."""
+    if not isinstance(t, dict):
+        return []
+    return [
+        ("vLLM's queue time (its own, per request)", _pcts(t.get("queue_time"))),
+        ("vLLM's TTFT after the queue", _pcts(t.get("ttft_after_queue"))),
+        ("TTFT outside the engine (client minus vLLM's)", _pcts(t.get("client_overhead"))),
+    ]
+
+
+def _groups_section(title: str, key: str, groups: Any, note: str) -> list[str]:
+    """A row per class or stage of the summary's own figures (nothing when there are none)."""
+    if not isinstance(groups, dict) or not groups:
+        return []
+    rows = "".join(
+        f"<tr><td>{escape(str(name))}</td>"
+        f"<td class='n'>{g.get('completed', 0)}/{g.get('requests', 0)}</td>"
+        f"<td>{_pcts(g.get('ttft'))}</td><td>{_pcts(g.get('itl'))}</td>"
+        f"<td>{_pcts(g.get('e2e'))}</td><td>{escape(_stalls(g))}</td></tr>"
+        for name, g in groups.items()
+        if isinstance(g, dict)
+    )
+    return [
+        f"<h2>{title}</h2>",
+        f"<p class='note'>{note}</p>",
+        f"<table><tr><th>{key}</th><th>done/sent</th><th>TTFT</th><th>inter-token</th>"
+        f"<th>end-to-end</th><th>stalls</th></tr>{rows}</table>",
+    ]
 
 
 def _stage_labels(spec: dict[str, Any]) -> dict[str, str]:
@@ -437,9 +484,12 @@ def _f(v: Any) -> float:
 def _requests_section(
     records: list[dict[str, Any]], marks: list[Mark], spans: list[Span], window: tuple[float, float]
 ) -> list[str]:
-    ok = [r for r in records if r.get("ok") and r.get("finished_at") is not None]
+    done = [r for r in records if r.get("ok") and r.get("finished_at") is not None]
+    ok = [r for r in done if not r.get("probe")]
+    probes = [r for r in done if r.get("probe")]
     if not ok:
         return ["<h2>Requests</h2><p class='note'>No request completed.</p>"]
+    probe_line = [Line("probe TTFT", [(r["finished_at"], _f(r.get("ttft"))) for r in probes])]
     by_stalls: dict[str, float] = {}
     for r in ok:
         k = str(min(r.get("stalls") or 0, 4)) + ("+" if (r.get("stalls") or 0) >= 4 else "")
@@ -453,6 +503,7 @@ def _requests_section(
                 Line("TTFT", [(r["finished_at"], _f(r.get("ttft"))) for r in ok]),
                 Line("end-to-end", [(r["finished_at"], _f(r.get("e2e"))) for r in ok]),
                 Line("largest gap", [(r["finished_at"], _f(r.get("max_gap"))) for r in ok]),
+                *(probe_line if probes else []),
             ],
             "s",
             spans=spans,

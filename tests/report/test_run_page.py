@@ -186,6 +186,23 @@ def _session_run(tmp: Path) -> Path:
         "input_tokens": 1, "output_tokens": 1, "shares_prefixes": True, "server_block_size": 16,
         "implied_prefix_hit_rate": 0.195, "measured_prefix_hit_rate": 0.19,
     }  # fmt: skip
+    group = {
+        "requests": 20,
+        "completed": 19,
+        "ttft": {"p50": 0.25, "p99": 1.5},
+        "itl": {"p50": 0.02},
+        "e2e": {"p99": 9.0},
+        "stalls": 3,
+        "requests_with_stalls": 2,
+    }
+    summary["classes"] = {"0": group, "1": dict(group, completed=20, stalls=0)}
+    summary["probes"] = {"overall": group, "stages": {"main": dict(group, ttft={"p50": 0.42})}}
+    summary["overall"]["server_timings"] = {
+        "requests": 90,
+        "queue_time": {"p50": 0.0125},
+        "ttft_after_queue": {"p50": 0.043},
+        "client_overhead": {"p50": 0.015, "p99": 0.028},
+    }
     spec = json.loads((run / "spec.json").read_text())
     spec["workload"] = {"sessions": True, "turns": "6", "think_time_s": "2", "input_len": "2000",
                         "turn_input_len": "200", "output_len": "200", "fanout": 3,
@@ -201,7 +218,10 @@ def test_sessions_and_a_replay_have_their_sections(tmp_path: Path) -> None:
                  "2,400", "p50 3.1 s", "give it --kv-cache-memory-bytes 24272437248",
                  "<h2>Trace replay</h2>", "918 of 12031 usable mooncake requests",
                  "rows skipped: 2 x", "3 requests clipped", "hit rate 19.0%",
-                 "opening tokens", "calls per turn", "turns per session"):  # fmt: skip
+                 "opening tokens", "calls per turn", "turns per session",
+                 "<h2>Priority classes</h2>", "<td>0</td><td class='n'>19/20</td>",
+                 "3 in 2 requests", "<h2>Bystander probes</h2>", "p50 420 ms",
+                 "vLLM&#x27;s queue time", "p50 12 ms", "p99 28 ms"):  # fmt: skip
         assert text in html, text
 
 

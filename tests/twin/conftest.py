@@ -27,6 +27,7 @@ def twin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
             "4096",
             "--kv-cache-memory-bytes",
             str(TWIN_BLOCKS * 16 * 131072),
+            "--enable-per-request-metrics",  # vLLM's own timings beside the client's
         ),  # fmt: skip
         status_dir=tmp,
         status_interval_s=0.25,
