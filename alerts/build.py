@@ -174,6 +174,11 @@ def rule_groups(
             # the sidecar's own condition too: the reference hit share comes from its history
             a("KvwatchPrefixCacheThrashing", f"{cat.PREFIX_CACHE_THRASHING.select()} == 1", th,
               _TARGET_INSTANCE, s),
+            # the sidecar's judgement of whose preemptions the policy made (judge/detect.py),
+            # averaged: a priority workload's preemptions come in bursts
+            a("KvwatchPriorityPreemption",
+              f"avg_over_time({cat.POLICY_PREEMPTIONS_PER_SECOND.select()}[5m]) > 0", th,
+              _TARGET_INSTANCE, s),
             a("KvwatchTargetDown", f"{cat.TARGET_UP.select()} == 0", th, _TARGET_INSTANCE, s),
             a("KvwatchEngineDead", f"{cat.ENGINE_ALIVE.select()} == 0", th, _TARGET_INSTANCE, s),
             a("KvwatchVllmMetricsMissing", f"{cat.VLLM_METRICS_PRESENT.select()} == 0", th,

@@ -284,9 +284,15 @@ def _preemption_row(th: Thresholds) -> list[Any]:
         "Preemptions per second",
         "vLLM preemptions (vllm:num_preemptions_total); the counter rises when the victim "
         "next produces output. The red line is the sidecar's thrashing rate "
-        f"({th.thrashing_preemptions_per_s}/s sustained).",
+        f"({th.thrashing_preemptions_per_s}/s sustained). Under --scheduling-policy priority, "
+        "the share the sidecar judged the policy at work (lower-priority requests giving way: "
+        "reported, not paged) is drawn apart.",
         "short",
         (q.preemption_rate(), "{{instance}} {{model_name}} e{{engine}}"),
+        (
+            q.sidecar(cat.POLICY_PREEMPTIONS_PER_SECOND),
+            "priority policy {{model_name}} e{{engine}}",
+        ),
         lines=_steps((None, "green"), (th.thrashing_preemptions_per_s, "red")),
     ).axis_label("preemptions/s")
     state = _state_timeline(

@@ -68,6 +68,14 @@ def register(sub: Any) -> None:
         "own figures, a mismatch shows as model_error in /api/state",
     )
     s.add_argument(
+        "--scheduling-policy",
+        choices=("fcfs", "priority"),
+        help="the servers' vLLM --scheduling-policy, where the sidecar does not read their log "
+        "(with --log or a command it is read from the launch line). Under priority, the "
+        "lowest-priority requests giving way is the policy at work: reported, not paged as "
+        "thrashing (docs/detection.md)",
+    )
+    s.add_argument(
         "--db",
         default=str(_default_db()),
         metavar="FILE",
@@ -159,6 +167,7 @@ def _sidecar(ns: argparse.Namespace) -> int:
             db_path=Path(ns.db) if ns.db else None,
             receivers=tuple(load_receivers(ns.webhook, ns.webhook_config)),
             model=model,
+            scheduling_policy=ns.scheduling_policy,
         )
         if cfg.db_path is not None:
             check_database(cfg.db_path)  # before anything is started or changed

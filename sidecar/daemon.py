@@ -57,6 +57,7 @@ class SidecarConfig:
     db_path: Path | None = None  # SQLite file for episodes; None keeps them in memory
     receivers: tuple[Receiver, ...] = ()
     model: Architecture | None = None  # --model: the served model's KV groups
+    scheduling_policy: str | None = None  # --scheduling-policy; None: from the log
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -244,6 +245,7 @@ def run_sidecar(cfg: SidecarConfig, echo: BinaryIO | None = None) -> int:
         EpisodeStore(cfg.db_path),
         stale_after_s=stale_after,
         model=cfg.model,
+        scheduling_policy=cfg.scheduling_policy,
     )
     server = serve(
         cfg.listen_host,

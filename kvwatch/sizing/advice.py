@@ -367,6 +367,18 @@ def _offload_option(
     )
 
 
+def _policy_assumption(server: ServerInfo) -> list[str]:
+    """Under priority scheduling the sizing still holds the whole mix; say what it means."""
+    if server.scheduling_policy != "priority":
+        return []
+    return [
+        "the server runs --scheduling-policy priority: when the cache runs short its "
+        "lowest-priority running requests give way first (the policy at work, reported by the "
+        "sidecar, not paged). The blocks above hold the whole mix, every class; if the lower "
+        "classes are meant to give way, the higher classes' share of the peak is what must fit"
+    ]
+
+
 def _assumptions(obs: Observed, margin: float) -> list[str]:
     return [
         *(obs.notes if obs.layout is None else ()),
@@ -409,7 +421,7 @@ def advise(
         advised_for=server.describe(),
         fp8_suffices=fp8,
         arithmetic=a,
-        assumptions=_assumptions(obs, margin),
+        assumptions=_assumptions(obs, margin) + _policy_assumption(server),
     )
     if fits:
         return advice

@@ -83,6 +83,14 @@ class ServerInfo:
         """A non-default arg as the log wrote it (`'False'`, `'0.1'`), or None if not given."""
         return next((v for k, v in self.args if k == name), None)
 
+    @property
+    def scheduling_policy(self) -> str | None:
+        """`priority` or `fcfs` as the log's `scheduling_policy` says (a string, or an enum's
+        repr in releases that logged one); None where the log does not say (vLLM's default,
+        fcfs, is never among the non-default args)."""
+        raw = (self.arg("scheduling_policy") or "").lower()
+        return next((p for p in ("priority", "fcfs") if p in raw), None)
+
     def describe(self) -> str:
         v = (
             f"vLLM {self.version}"

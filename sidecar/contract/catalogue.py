@@ -43,6 +43,7 @@ __all__ = [
     "PROMPT_TOKENS_PER_SECOND", "PREEMPTIONS_PER_SECOND_SHORT", "PREEMPTIONS_PER_SECOND_LONG",
     "REPEAT_PREEMPTED_REQUESTS", "PROMPT_CACHE_HIT_RATIO", "PROMPT_CACHE_HIT_REFERENCE",
     "PROMPT_TOKENS_RECOMPUTED_PER_SECOND", "PREFIX_CACHE_THRASHING",
+    "POLICY_PREEMPTIONS_PER_SECOND",
     "KV_OFFLOAD_LOAD_BYTES_PER_SECOND",
     "KV_OFFLOAD_STORE_BYTES_PER_SECOND", "KV_OFFLOAD_ALLOCATION_FAILURES",
     "KV_OFFLOAD_CPU_PINNED_RATIO", "ADMISSION_REJECTIONS", "ALERTS_FIRING", "WEBHOOK_PENDING",
@@ -181,6 +182,13 @@ PREEMPTIONS_PER_SECOND_SHORT = _g(
 PREEMPTIONS_PER_SECOND_LONG = _g(
     "kvwatch_preemptions_per_second_long", E, "preemptions per second over the long window"
 )
+POLICY_PREEMPTIONS_PER_SECOND = _g(
+    "kvwatch_policy_preemptions_per_second", E,
+    "preemptions per second over the short window judged the priority policy at work "
+    "(lower-priority requests giving way under --scheduling-policy priority), not the cache "
+    "running short: vLLM's own count by reason where it exports one, else every preemption of "
+    "an engine under priority scheduling not judged thrashing; 0 under fcfs",
+)  # fmt: skip
 REPEAT_PREEMPTED_REQUESTS = _g(
     "kvwatch_repeat_preempted_requests", E,
     "finished requests preempted 2+ times in the long window",
@@ -273,6 +281,7 @@ ENGINE_GAUGES: tuple[tuple[Metric, str], ...] = (
     (PROMPT_TOKENS_PER_SECOND, "prompt_tokens_per_s"),
     (PREEMPTIONS_PER_SECOND_SHORT, "preemptions_per_s_short"),
     (PREEMPTIONS_PER_SECOND_LONG, "preemptions_per_s_long"),
+    (POLICY_PREEMPTIONS_PER_SECOND, "policy_preemptions_per_s"),
     (REPEAT_PREEMPTED_REQUESTS, "repeat_preempted_long"),
     (PROMPT_CACHE_HIT_RATIO, "prompt_cache_hit_share"),
     (PROMPT_CACHE_HIT_REFERENCE, "prompt_cache_hit_reference"),
@@ -512,6 +521,17 @@ ALERTS: tuple[Alert, ...] = (
         "working set, or route sessions to the replica that holds them (kvwatch advise).",
         # one failed scrape of the sidecar must not resolve it and send it again
         BOTH, for_threshold="prefix_for_s", keep_firing_for="1m",
+    ),
+    Alert(
+        "KvwatchPriorityPreemption", "warning",
+        "vLLM preempting lower-priority requests on {target} ({model_name}, engine {engine})",
+        "Under --scheduling-policy priority, {value} preemptions per second (a 5-minute "
+        "average), for 10 minutes, were lower-priority requests giving way to higher ones: "
+        "the policy at "
+        "work, judged apart from thrashing and not paged. Each victim's context is computed "
+        "again on resume. If the lower classes are meant to give way, nothing is wrong; if "
+        "they matter, size the cache for the whole mix (kvwatch advise).",
+        RULES, for_="10m",
     ),
     Alert(
         "KvwatchTargetDown", "warning",

@@ -29,7 +29,7 @@ from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.judge.signals import EngineSignals
 from kvwatch.sidecar.judge.timeline import Timeline
 
-__all__ = ["Evidence", "judge", "Detector", "gather_evidence"]
+__all__ = ["Evidence", "judge", "Detector", "gather_evidence", "policy_preemptions", "PRIORITY"]
 
 
 @dataclass(frozen=True)
@@ -51,9 +51,17 @@ class Evidence:
     rejected_short: float | None = None  # admission rejections (queue limits)
     offload_failures_short: float | None = None  # stores the CPU offload tier had no room for
     finished_short: float | None = None  # requests finished in the short window
+    # the server's scheduling policy (the log's non-default args, or the sidecar's flag), and
+    # where it says why it preempted (num_preemptions_by_reason), the two causes apart
+    scheduling_policy: str | None = None
+    kv_full_preemptions_short: float | None = None
+    kv_full_rate_short: float | None = None
+    priority_preemptions_short: float | None = None
 
 
-def gather_evidence(tl: Timeline, sig: EngineSignals, now: float, th: Thresholds) -> Evidence:
+def gather_evidence(
+    tl: Timeline, sig: EngineSignals, now: float, th: Thresholds, policy: str | None = None
+) -> Evidence:
     # generation rate per scrape interval over the long window, for its recent peak
     rates = tl.interval_rates("generation_tokens_total", th.long_window_s, now)
     return Evidence(
@@ -73,6 +81,12 @@ def gather_evidence(tl: Timeline, sig: EngineSignals, now: float, th: Thresholds
             "offload_allocation_failures_total", th.short_window_s, now
         ),
         finished_short=tl.increase("finished_requests_total", th.short_window_s, now),
+        scheduling_policy=policy,
+        kv_full_preemptions_short=tl.increase("preemptions_kv_full_total", th.short_window_s, now),
+        kv_full_rate_short=tl.rate("preemptions_kv_full_total", th.short_window_s, now),
+        priority_preemptions_short=tl.increase(
+            "preemptions_priority_total", th.short_window_s, now
+        ),
     )
 
 
@@ -87,40 +101,20 @@ def judge(ev: Evidence, th: Thresholds, current: Level = Level.OK) -> tuple[Leve
     rejected = ev.rejected_short or 0.0
     ran_out = peak >= th.saturated_kv or count > 0
     saturated = ran_out and (waiting >= th.saturated_waiting or rejected > 0)
-    context = _context(ev)
+    context = _context(ev) + _gave_way(ev)
+    said = ev.kv_full_preemptions_short is not None  # the server says why it preempted
+    if said:  # only a request that found no block is the cache's doing
+        count, rate = ev.kv_full_preemptions_short or 0.0, ev.kv_full_rate_short or 0.0
     stream = rate >= th.thrashing_preemptions_per_s and count >= th.thrashing_min_preemptions
     if saturated and stream:
-        redone = []
-        if (ev.repeat_preempted_long or 0) > 0:
-            redone.append(
-                f"{ev.repeat_preempted_long:.0f} finished requests were preempted 2+ times"
-            )
-        if (
-            ev.peak_running_long
-            and ev.running is not None
-            and waiting >= 1
-            and ev.running <= th.collapse_running_fraction * ev.peak_running_long
-        ):
-            redone.append(
-                f"running fell to {ev.running:.0f} from a peak of {ev.peak_running_long:.0f} "
-                f"while {waiting:.0f} wait"
-            )
-        if (
-            ev.peak_generation_rate_long
-            and ev.generation_rate is not None
-            and ev.generation_rate <= th.throughput_drop_fraction * ev.peak_generation_rate_long
-        ):
-            redone.append(
-                f"generation fell to {ev.generation_rate:.0f} tok/s from "
-                f"{ev.peak_generation_rate_long:.0f}"
-            )
-        finished = ev.finished_short
-        share = th.thrashing_preempted_share
-        if share > 0 and finished is not None and count >= share * finished:
-            redone.append(
-                f"{count:.0f} preempted against {finished:.0f} finished in the short window: "
-                "each victim's context is computed again"
-            )
+        found = _redone(ev, th, waiting, count)
+        # Under priority scheduling with the classes not told apart, the policy sheds its
+        # lowest class again and again by design, which raises the preempted share and the
+        # repeats; an engine losing its batch or its throughput is harm no policy intends.
+        by_class_unseen = ev.scheduling_policy == PRIORITY and not said
+        redone = [text for text, whole_engine in found if whole_engine or not by_class_unseen]
+        if found and not redone:
+            return Level.SATURATED, [*_as_policy(rate, count, peak, waiting), *context]
         if redone:
             reasons.append(f"{rate:.1f} preemptions/s ({count:.0f} in the short window)")
             return Level.THRASHING, reasons + redone + context
@@ -138,6 +132,73 @@ def judge(ev: Evidence, th: Thresholds, current: Level = Level.OK) -> tuple[Leve
     if kv >= limit:
         return Level.PRESSURE, [f"KV usage {kv:.0%}"]
     return Level.OK, []
+
+
+PRIORITY = "priority"  # vLLM's --scheduling-policy value that orders requests by class
+
+
+def _redone(ev: Evidence, th: Thresholds, waiting: float, count: float) -> list[tuple[str, bool]]:
+    """The evidence that work is being redone, each with whether it is harm to the whole
+    engine (its batch or its throughput) rather than to the requests preempted."""
+    out = []
+    if (ev.repeat_preempted_long or 0) > 0:
+        out.append((f"{ev.repeat_preempted_long:.0f} finished requests were preempted 2+ times",
+                    False))  # fmt: skip
+    if (
+        ev.peak_running_long
+        and ev.running is not None
+        and waiting >= 1
+        and ev.running <= th.collapse_running_fraction * ev.peak_running_long
+    ):
+        out.append((f"running fell to {ev.running:.0f} from a peak of "
+                    f"{ev.peak_running_long:.0f} while {waiting:.0f} wait", True))  # fmt: skip
+    if (
+        ev.peak_generation_rate_long
+        and ev.generation_rate is not None
+        and ev.generation_rate <= th.throughput_drop_fraction * ev.peak_generation_rate_long
+    ):
+        out.append((f"generation fell to {ev.generation_rate:.0f} tok/s from "
+                    f"{ev.peak_generation_rate_long:.0f}", True))  # fmt: skip
+    finished = ev.finished_short
+    share = th.thrashing_preempted_share
+    if share > 0 and finished is not None and count >= share * finished:
+        out.append((f"{count:.0f} preempted against {finished:.0f} finished in the short "
+                    "window: each victim's context is computed again", False))  # fmt: skip
+    return out
+
+
+def _as_policy(rate: float, count: float, peak: float, waiting: float) -> list[str]:
+    """Why a preemption stream under priority scheduling is not judged thrashing."""
+    return [
+        f"KV usage peaked at {peak:.0%} with up to {waiting:.0f} waiting",
+        f"{rate:.1f} preemptions/s ({count:.0f} in the short window) under "
+        "--scheduling-policy priority: the lowest-priority running requests give way, the "
+        "policy at work; the engine kept its batch and its throughput, so this is not paged "
+        "as thrashing (this vLLM does not say which class it preempted: vLLM's "
+        "num_preemptions_by_reason would)",
+    ]
+
+
+def _gave_way(ev: Evidence) -> list[str]:
+    """Preemptions the server says were lower-priority requests giving way to higher ones."""
+    n = ev.priority_preemptions_short or 0
+    if n <= 0:
+        return []
+    return [
+        f"{n:.0f} preemptions in the short window were lower-priority requests giving way to "
+        "higher ones (vLLM says so): the priority policy at work, not counted as thrashing"
+    ]
+
+
+def policy_preemptions(ev: Evidence, level: Level) -> float:
+    """Preemptions in the short window judged the priority policy at work, not the cache
+    running short: those the server says gave way, or, where it does not say, every one an
+    engine under priority scheduling had without being judged thrashing."""
+    if ev.kv_full_preemptions_short is not None:
+        return ev.priority_preemptions_short or 0.0
+    if ev.scheduling_policy == PRIORITY and level < Level.THRASHING:
+        return ev.preemptions_short or 0.0
+    return 0.0
 
 
 def _context(ev: Evidence) -> list[str]:

@@ -8,11 +8,11 @@ shown and stored) and persists what comes back.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvwatch.sidecar.contract.levels import Level
 from kvwatch.sidecar.contract.thresholds import Thresholds
-from kvwatch.sidecar.judge.detect import Detector, gather_evidence, judge
+from kvwatch.sidecar.judge.detect import Detector, gather_evidence, judge, policy_preemptions
 from kvwatch.sidecar.judge.episodes import Episode, EpisodeTracker
 from kvwatch.sidecar.judge.prefix_cache import PrefixCacheView, prefix_cache_thrashing
 from kvwatch.sidecar.judge.signals import EngineSignals, derive
@@ -206,8 +206,14 @@ class EngineJudge:
         return self.detector.level
 
     def observe(
-        self, now: float, unix: float, obs: EngineObservation, fallback: CacheConfig | None
+        self,
+        now: float,
+        unix: float,
+        obs: EngineObservation,
+        fallback: CacheConfig | None,
+        policy: str | None = None,
     ) -> Judged:
+        """One scrape of this engine; `policy`: the server's --scheduling-policy, where known."""
         step = self.timeline.add(now, obs)
         rejected = step is None
         if step is None:
@@ -215,9 +221,12 @@ class EngineJudge:
         sig = derive(self.timeline, now, self.th, fallback, self._growth_for(obs.cache or fallback))
         if sig is None:
             return Judged(rejected=rejected)
-        self.signals = sig
-        ev = gather_evidence(self.timeline, sig, now, self.th)
+        ev = gather_evidence(self.timeline, sig, now, self.th, policy)
         raw, reasons = judge(ev, self.th, self.detector.level)
+        gave_way = policy_preemptions(ev, raw) / self.th.short_window_s
+        sig = self.signals = replace(
+            sig, scheduling_policy=policy, policy_preemptions_per_s=gave_way
+        )
         old = self.detector.level
         transition = None
         if self.detector.update(now, raw, reasons):

@@ -72,6 +72,11 @@ class EngineSignals:
     prompt_tokens_recomputed_per_s: float | None = None
     prompt_cache_hit_share_long: float | None = None
     prompt_tokens_per_s_long: float | None = None
+    # the server's --scheduling-policy as the sidecar knows it (None: not said, vLLM's fcfs),
+    # and the preemptions per second of the short window judged that policy at work
+    # (lower-priority requests giving way), not the cache running short (judge/detect.py)
+    scheduling_policy: str | None = None
+    policy_preemptions_per_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -16,6 +16,8 @@ __all__ = ["COUNTERS", "MAX_RATE_PER_S", "Timeline", "counter_increase"]
 
 COUNTERS = (
     "preemptions_total",
+    "preemptions_kv_full_total",
+    "preemptions_priority_total",
     "prompt_tokens_total",
     "generation_tokens_total",
     "finished_requests_total",
@@ -31,6 +33,8 @@ COUNTERS = (
 # point whose counter rose faster since the last one is a broken exporter, not load.
 MAX_RATE_PER_S = {
     "preemptions_total": 1e5,
+    "preemptions_kv_full_total": 1e5,
+    "preemptions_priority_total": 1e5,
     "prompt_tokens_total": 1e9,
     "generation_tokens_total": 1e9,
     "finished_requests_total": 1e6,

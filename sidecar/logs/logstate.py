@@ -17,6 +17,7 @@ from kvwatch.sidecar.logs.logformats import (
     StatsLine,
 )
 from kvwatch.sidecar.metrics.observe import CacheConfig
+from kvwatch.sizing.levers import ServerInfo
 
 __all__ = ["LogState", "track_incidents"]
 
@@ -59,6 +60,10 @@ class LogState:
             self.warned_ids[ev.request_id] = self.warned_ids.pop(ev.request_id, 0) + 1
             if len(self.warned_ids) > _MAX_WARNED_IDS:
                 self.warned_ids.popitem(last=False)
+
+    def scheduling_policy(self) -> str | None:
+        """The server's --scheduling-policy, where its launch line gave one."""
+        return ServerInfo(args=self.server_args).scheduling_policy
 
     @property
     def repeat_warned_ids(self) -> int:

@@ -24,6 +24,7 @@ from kvwatch.sidecar.contract.vocabulary import (
     OFFLOAD_LOAD,
     OFFLOAD_STORE,
     PREEMPTIONS,
+    PREEMPTIONS_BY_REASON,
     PROMPT_TOKENS,
     PROMPT_TOKENS_BY_SOURCE,
     REQUEST_GENERATION_TOKENS,
@@ -112,6 +113,10 @@ class EngineObservation:
     waiting_deferred: float | None = None
     swapped: float | None = None
     preemptions_total: float | None = None
+    # where the server says why it preempted (num_preemptions_by_reason): a running request
+    # found no block, or a lower-priority one gave way to a higher one; None: not said
+    preemptions_kv_full_total: float | None = None
+    preemptions_priority_total: float | None = None
     prompt_tokens_total: float | None = None
     generation_tokens_total: float | None = None
     finished_requests_total: float | None = None  # count of request_num_preemptions
@@ -159,6 +164,7 @@ def observe(exp: Exposition) -> dict[EngineKey, EngineObservation]:
     prompt = _gauge(exp, PROMPT_TOKENS)
     gen = _gauge(exp, GENERATION_TOKENS)
     by_reason = _by_label(exp.family(WAITING_BY_REASON), "reason")
+    why = _by_label(exp.family(PREEMPTIONS_BY_REASON), "reason")
     finished: dict[EngineKey, float] = {}
     le1: dict[EngineKey, float] = {}
     for s in exp.family(REQUEST_PREEMPTIONS):
@@ -195,6 +201,9 @@ def observe(exp: Exposition) -> dict[EngineKey, EngineObservation]:
             waiting_deferred=by_reason.get("deferred", {}).get(k),
             swapped=swapped.get(k),
             preemptions_total=preempt.get(k),
+            # a server that says why counts both reasons, the absent one at 0
+            preemptions_kv_full_total=_said(why, "kv_full", k),
+            preemptions_priority_total=_said(why, "priority", k),
             prompt_tokens_total=prompt.get(k),
             generation_tokens_total=gen.get(k),
             finished_requests_total=fin,
@@ -212,6 +221,14 @@ def observe(exp: Exposition) -> dict[EngineKey, EngineObservation]:
             admission_rejections_total=rejected.get(k),
         )
     return out
+
+
+def _said(by: dict[str, dict[EngineKey, float]], reason: str, k: EngineKey) -> float | None:
+    """A reason's count for an engine whose server exports the family at all (0 for a reason
+    not yet seen: prometheus-client writes a labelled child only once it is used)."""
+    if not any(k in d for d in by.values()):
+        return None
+    return by.get(reason, {}).get(k, 0.0)
 
 
 def _by_label(samples: list[Sample], label: str) -> dict[str, dict[EngineKey, float]]:

@@ -185,10 +185,13 @@ class SidecarState:
         wall_clock: Callable[[], float] = time.time,
         stale_after_s: float = 10.0,
         model: Architecture | None = None,
+        scheduling_policy: str | None = None,
     ) -> None:
         """`stale_after_s`: how long a target may go without a finished scrape before it shows
         as down (the daemon sets it from its interval and timeout). `model`: the served
-        model's KV layout (`--model`), for block demand that follows its groups."""
+        model's KV layout (`--model`), for block demand that follows its groups.
+        `scheduling_policy`: the servers' --scheduling-policy as the operator gave it; None:
+        as the log's launch line says (vLLM's fcfs where it says nothing)."""
         if not targets:
             raise ValueError("at least one target is needed")
         self.th = thresholds or Thresholds()
@@ -196,6 +199,7 @@ class SidecarState:
         self.wall_clock = wall_clock
         self.stale_after_s = stale_after_s
         self.model = model
+        self.scheduling_policy = scheduling_policy
         self.loops = Supervisor(wall_clock)
         self.started_unix = wall_clock()
         self.store.close_dangling(self.started_unix)
@@ -255,12 +259,13 @@ class SidecarState:
                 ts.metrics_missing_since_unix = unix
             ts.present = set(observed)
             fallback = ts.log.cache_fallback()
+            policy = self.scheduling_policy or ts.log.scheduling_policy()
             for key, obs in observed.items():
                 ej = ts.engines.get(key)
                 if ej is None:
                     before = self._episode_counts.get((url, *key), 0)
                     ej = ts.engines[key] = EngineJudge(url, key, self.th, before, self.model)
-                judged = ej.observe(judge_now, unix, obs, fallback)
+                judged = ej.observe(judge_now, unix, obs, fallback, policy)
                 if judged.rejected:
                     ts.rejected["implausible_jump"] += 1
                 if judged.transition is not None:

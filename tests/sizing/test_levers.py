@@ -114,6 +114,12 @@ class TestLevers:
         )
         assert not any("reserve-full-isl" in o for o in advise(spikes()).options)
 
+    def test_priority_scheduling_says_what_the_sizing_holds(self) -> None:
+        prio = ServerInfo("0.32.0", (("scheduling_policy", "'priority'"),))
+        said = [x for x in advise(spikes(), server=prio).assumptions if "priority" in x]
+        assert len(said) == 1 and "lowest-priority running requests give way" in said[0]
+        assert not any("priority" in x for x in advise(spikes()).assumptions)
+
     def test_offloading_holds_what_does_not_fit(self) -> None:
         a = advise(spikes(), gpu=lookup_gpu("h100"), server=ServerInfo("0.32.0"))
         # 8 x 11 = 88 blocks at the peak, 39 usable: 49 blocks of 256 KiB = 0.012 GiB -> 0.1
