@@ -25,11 +25,10 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
+from sidecar_samples import sample_engines, write_results
 from twins import twin_from_spec
 
 from tests.sidecar.running import running_sidecar
@@ -38,27 +37,17 @@ SESSION_ARGS = ["--turns", "8", "--think-time", "uniform:5,15", "--input-len", "
                 "--turn-input-len", "150", "--output-len", "150"]  # fmt: skip
 
 
-def _sample(side: str, until: threading.Event, rows: list[dict[str, Any]], phase: list[str]
-            ) -> None:  # fmt: skip
-    while not until.wait(1.0):
-        try:
-            state = httpx.get(f"{side}/api/state", timeout=5).json()
-        except (httpx.HTTPError, ValueError):
-            continue
-        for t in state.get("targets", []):
-            for e in t.get("engines", []):
-                s = e["signals"]
-                rows.append({
-                    "t": time.time(), "phase": phase[0],
-                    "hit_share": s.get("prompt_cache_hit_share"),
-                    "hit_share_long": s.get("prompt_cache_hit_share_long"),
-                    "reference": s.get("prompt_cache_hit_reference"),
-                    "recomputed_per_s": s.get("prompt_tokens_recomputed_per_s"),
-                    "prompt_per_s": s.get("prompt_tokens_per_s"),
-                    "kv_usage": s.get("kv_usage"),
-                    "thrashing_since": e.get("prefix_cache_thrashing_since_unix"),
-                    "state": e.get("state"),
-                })  # fmt: skip
+def _row(e: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "hit_share": s.get("prompt_cache_hit_share"),
+        "hit_share_long": s.get("prompt_cache_hit_share_long"),
+        "reference": s.get("prompt_cache_hit_reference"),
+        "recomputed_per_s": s.get("prompt_tokens_recomputed_per_s"),
+        "prompt_per_s": s.get("prompt_tokens_per_s"),
+        "kv_usage": s.get("kv_usage"),
+        "thrashing_since": e.get("prefix_cache_thrashing_since_unix"),
+        "state": e.get("state"),
+    }
 
 
 def _sessions(base: str, n: int, seconds: float, run_dir: Path, seed: int) -> dict[str, Any]:
@@ -84,7 +73,8 @@ def _phase(base: str, side: str, n: int, seconds: float, tmp: Path, name: str,
            rows: list[dict[str, Any]], seed: int = 3) -> dict[str, Any]:  # fmt: skip
     phase = [name]
     stop = threading.Event()
-    sampler = threading.Thread(target=_sample, args=(side, stop, rows, phase), daemon=True)
+    sampler = threading.Thread(target=sample_engines, args=(side, stop, rows, phase, _row),
+                               daemon=True)  # fmt: skip
     sampler.start()
     try:
         out = _sessions(base, n, seconds, tmp / name, seed)
@@ -173,9 +163,7 @@ def main() -> None:
                                             ns.seconds, tmp, "advised", rows, ns.seed)  # fmt: skip
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    ns.out.parent.mkdir(parents=True, exist_ok=True)
-    ns.out.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    ns.out.with_suffix(".json").write_text(json.dumps(figures, indent=1) + "\n")
+    write_results(ns.out, rows, figures)
 
 
 if __name__ == "__main__":

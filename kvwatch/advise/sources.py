@@ -95,6 +95,10 @@ def observed_from_engines(
                     offload_allocation_failures=s.offload_allocation_failures_long,
                     kv_offloading_gib=s.kv_offloading_gib,
                     prompt_cache_hit_share=s.prompt_cache_hit_share,
+                    prompt_cache_hit_share_long=s.prompt_cache_hit_share_long,
+                    prompt_cache_hit_reference=s.prompt_cache_hit_reference,
+                    prompt_tokens_per_s_long=s.prompt_tokens_per_s_long,
+                    prefix_cache_thrashing=e.prefix_cache_thrashing_since_unix is not None,
                 ),
             )
         )

@@ -92,6 +92,13 @@ class Observed:
     offload_allocation_failures: float | None = None  # stores the CPU tier had no room for
     kv_offloading_gib: float | None = None  # the server's --kv-offloading-size
     prompt_cache_hit_share: float | None = None  # prompt tokens served from a cache
+    # the sidecar's prefix-cache judgement (sidecar/judge/prefix_cache.py): the share over its
+    # long window, the share it reached with room, prompt tokens/s then, and whether it judges
+    # the cache losing reusable prefixes
+    prompt_cache_hit_share_long: float | None = None
+    prompt_cache_hit_reference: float | None = None
+    prompt_tokens_per_s_long: float | None = None
+    prefix_cache_thrashing: bool = False
 
     def __post_init__(self) -> None:
         for f in ("capacity_blocks", "block_size", "kv_bytes_per_token"):
@@ -423,7 +430,14 @@ def advise(
         arithmetic=a,
         assumptions=_assumptions(obs, margin) + _policy_assumption(server),
     )
+    prefix = _prefix_cache_options(obs, a)
     if fits:
+        if prefix:
+            advice.verdict = (
+                "fits for preemption, but the prefix cache loses reusable prefixes: "
+                "every turn computes its whole context again"
+            )
+            advice.options += prefix
         return advice
     advice.verdict = (
         f"undersized: the load needs {n.needed} blocks at its peak, the cache has "
@@ -457,5 +471,32 @@ def advise(
         "weights and, except with MLA, half the KV heads: about twice the blocks in the same "
         "KV memory per GPU)"
     )
+    options += prefix
     advice.recommended = _recommend(no_room, fp8, n.cap_flag, n.max_seqs, obs.preemptions > 0)
     return advice
+
+
+def _prefix_cache_options(obs: Observed, a: list[str]) -> list[str]:
+    """What to change when the sidecar judges the prefix cache losing reusable prefixes, with
+    the recompute it costs. The memory that holds them is the working set of the live
+    conversations, which the server alone does not show (vLLM's reuse gaps are recorded only
+    for blocks that were reused before eviction): the load generator measures it."""
+    share, ref = obs.prompt_cache_hit_share_long, obs.prompt_cache_hit_reference
+    if not obs.prefix_cache_thrashing or share is None or ref is None:
+        return []
+    rate = obs.prompt_tokens_per_s_long
+    if rate is not None:
+        a.append(
+            f"prompt tokens computed again = {rate:,.0f} prompt tokens/s x ({ref:.1%} served "
+            f"from the cache with room - {share:.1%} now) = {rate * max(ref - share, 0):,.0f}/s"
+        )
+    return [
+        f"prefix cache: it serves {share:.0%} of prompt tokens against {ref:.0%} with room: "
+        "more KV memory for the prefixes live sessions reuse (their working set: "
+        "`kvwatch loadgen run --sessions` in your conversation shape measures it and advises "
+        "the --kv-cache-memory-bytes that holds it)",
+        "prefix cache: --kv-offloading-size (a CPU tier keeps evicted prefixes one copy over "
+        "the host link away instead of recomputing them)",
+        "prefix cache, with several replicas: session affinity (cache-aware routing), so a "
+        "conversation returns to the replica that holds its context",
+    ]

@@ -526,12 +526,13 @@ ALERTS: tuple[Alert, ...] = (
         "KvwatchPriorityPreemption", "warning",
         "vLLM preempting lower-priority requests on {target} ({model_name}, engine {engine})",
         "Under --scheduling-policy priority, {value} preemptions per second (a 5-minute "
-        "average), for 10 minutes, were lower-priority requests giving way to higher ones: "
-        "the policy at "
-        "work, judged apart from thrashing and not paged. Each victim's context is computed "
-        "again on resume. If the lower classes are meant to give way, nothing is wrong; if "
-        "they matter, size the cache for the whole mix (kvwatch advise).",
-        RULES, for_="10m",
+        "average) were lower-priority requests giving way to higher ones: the policy at work, "
+        "judged pressure at most and not paged as saturation or thrashing (the shipped "
+        "Alertmanager config holds back vLLM's own saturation and preemption alerts for this "
+        "server meanwhile). Each victim's context is computed again on resume. If the lower "
+        "classes are meant to give way, nothing is wrong; if they matter, size the cache for "
+        "the whole mix (kvwatch advise).",
+        RULES, for_="1m",
     ),
     Alert(
         "KvwatchTargetDown", "warning",

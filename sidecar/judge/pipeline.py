@@ -223,7 +223,7 @@ class EngineJudge:
             return Judged(rejected=rejected)
         ev = gather_evidence(self.timeline, sig, now, self.th, policy)
         raw, reasons = judge(ev, self.th, self.detector.level)
-        gave_way = policy_preemptions(ev, raw) / self.th.short_window_s
+        gave_way = policy_preemptions(ev) / self.th.short_window_s
         sig = self.signals = replace(
             sig, scheduling_policy=policy, policy_preemptions_per_s=gave_way
         )

@@ -3,6 +3,8 @@ banner, the `non-default args` line (secrets hidden), and the advice built on th
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kvwatch.sidecar.logs.logformats import Malformed, ServerStart, parse_line
@@ -119,6 +121,19 @@ class TestLevers:
         said = [x for x in advise(spikes(), server=prio).assumptions if "priority" in x]
         assert len(said) == 1 and "lowest-priority running requests give way" in said[0]
         assert not any("priority" in x for x in advise(spikes()).assumptions)
+
+    def test_a_prefix_cache_losing_its_prefixes_gets_its_levers_and_its_cost(self) -> None:
+        losing = dict(prompt_cache_hit_share_long=0.557, prompt_cache_hit_reference=0.934,
+                      prompt_tokens_per_s_long=9038.0, prefix_cache_thrashing=True)  # fmt: skip
+        roomy = spikes(capacity_blocks=400)  # fits for preemption
+        a = advise(replace(roomy, **losing))
+        assert a.verdict.startswith("fits for preemption, but the prefix cache loses")
+        assert sum(o.startswith("prefix cache") for o in a.options) == 3
+        assert any("= 3,407/s" in x for x in a.arithmetic)  # 9,038 x (93.4% - 55.7%)
+        short = advise(replace(spikes(), **losing))  # also short for preemption
+        assert short.verdict.startswith("undersized") and short.options[-1].startswith("prefix")
+        quiet = losing | dict(prefix_cache_thrashing=False)
+        assert not any(o.startswith("prefix") for o in advise(replace(roomy, **quiet)).options)
 
     def test_offloading_holds_what_does_not_fit(self) -> None:
         a = advise(spikes(), gpu=lookup_gpu("h100"), server=ServerInfo("0.32.0"))
