@@ -9,6 +9,7 @@ records. With a sidecar, the timeline also carries the sidecar's judgement (ok .
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -73,6 +74,9 @@ async def _engines(
     return {} if out.exposition is None else observe(out.exposition)
 
 
+_SWITCH_S = 0.0005  # the GIL switch interval while the sampler thread runs
+
+
 class TimelineRecorder:
     """Samples the server's /metrics (and a sidecar's state) once a period in its own thread
     with its own event loop, so the loop that sends requests never waits on it. Rows carry
@@ -119,12 +123,19 @@ class TimelineRecorder:
                     return
 
     def __enter__(self) -> TimelineRecorder:
+        # While this thread parses a /metrics body (a twin's or a big server's: hundreds of
+        # KB), the sending thread waits for the GIL up to the interpreter's switch interval
+        # (5 ms): the ten requests at the head of Mooncake's trace, sent as the first sample
+        # was parsed, left 1.6-3.6 ms late. At 0.5 ms they do not (docs/loadgen.md).
+        self._switch_s = sys.getswitchinterval()
+        sys.setswitchinterval(_SWITCH_S)
         self._th.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._th.join()
+        sys.setswitchinterval(self._switch_s)
 
 
 async def _sidecar_state(client: httpx.AsyncClient, sidecar_url: str) -> str | None:

@@ -139,3 +139,14 @@ def test_decoder_refuses_nothing_for_metrics() -> None:
         assert _CHUNK.decode(_usage_chunk(m)).usage is not None
     with pytest.raises(msgspec.DecodeError):
         _CHUNK.decode(b'{"metrics": ')
+
+
+def test_the_timeline_thread_hands_the_gil_over_often_while_it_runs() -> None:
+    """A /metrics body parsed in the sampler thread must not hold the sender back for the
+    interpreter's default 5 ms (docs/loadgen.md, Trace replay: Timing)."""
+    from kvwatch.loadgen.server_metrics import TimelineRecorder
+
+    before = sys.getswitchinterval()
+    with TimelineRecorder("http://127.0.0.1:9", period_s=0.05):
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+    assert sys.getswitchinterval() == before
