@@ -241,9 +241,8 @@ async def _open_stage(sender: _Sender, stage: Stage, rng: random.Random, share: 
     # Requests due within a bunch are all made before the first is due, then sent each at its
     # time: a trace's 16 requests stamped with one millisecond leave within that millisecond,
     # instead of each waiting for the next one's prompt to be built (11 ms p99 on Mooncake's).
-    # The first bunch is made before the schedule starts at all: made against a start 20 ms
-    # ahead, the ten requests at the head of Mooncake's trace left 1.6-1.8 ms late, the only
-    # ones of its 918 above 0.4 ms.
+    # The first bunch is made before the schedule starts at all, so that however big it is
+    # (a spike at a stage's start, a trace's head), none of it is built after it is due.
     ready: list[tuple[float, RequestRecord, bytes]] = []
     start: float | None = None
     made_first = first[1] if first is not None else 0  # requests of the first bunch

@@ -187,7 +187,7 @@ POLICY_PREEMPTIONS_PER_SECOND = _g(
     "preemptions per second over the short window judged the priority policy at work "
     "(lower-priority requests giving way under --scheduling-policy priority), not the cache "
     "running short: vLLM's own count by reason where it exports one, else every preemption of "
-    "an engine under priority scheduling not judged thrashing; 0 under fcfs",
+    "a server under the priority policy; 0 under fcfs",
 )  # fmt: skip
 REPEAT_PREEMPTED_REQUESTS = _g(
     "kvwatch_repeat_preempted_requests", E,

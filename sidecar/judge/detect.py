@@ -29,7 +29,7 @@ from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.judge.signals import EngineSignals
 from kvwatch.sidecar.judge.timeline import Timeline
 
-__all__ = ["Evidence", "judge", "Detector", "gather_evidence", "policy_preemptions", "PRIORITY"]
+__all__ = ["Evidence", "judge", "Detector", "gather_evidence", "policy_preemption_rate", "PRIORITY"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,7 @@ class Evidence:
     kv_full_preemptions_short: float | None = None
     kv_full_rate_short: float | None = None
     priority_preemptions_short: float | None = None
+    priority_rate_short: float | None = None
 
 
 def gather_evidence(
@@ -87,6 +88,7 @@ def gather_evidence(
         priority_preemptions_short=tl.increase(
             "preemptions_priority_total", th.short_window_s, now
         ),
+        priority_rate_short=tl.rate("preemptions_priority_total", th.short_window_s, now),
     )
 
 
@@ -207,14 +209,14 @@ def _gave_way(ev: Evidence) -> list[str]:
     ]
 
 
-def policy_preemptions(ev: Evidence) -> float:
-    """Preemptions in the short window taken for the priority policy at work, not the cache
-    running short: those vLLM says gave way, or, where it does not say, every one of a server
-    under the priority policy."""
+def policy_preemption_rate(ev: Evidence) -> float:
+    """Preemptions per second over the short window taken for the priority policy at work,
+    not the cache running short: those vLLM says gave way, or, where it does not say, every
+    one of a server under the priority policy."""
     if ev.kv_full_preemptions_short is not None:
-        return ev.priority_preemptions_short or 0.0
+        return ev.priority_rate_short or 0.0
     if ev.scheduling_policy == PRIORITY:
-        return ev.preemptions_short or 0.0
+        return ev.preemption_rate_short or 0.0
     return 0.0
 
 

@@ -12,7 +12,12 @@ from dataclasses import dataclass, replace
 
 from kvwatch.sidecar.contract.levels import Level
 from kvwatch.sidecar.contract.thresholds import Thresholds
-from kvwatch.sidecar.judge.detect import Detector, gather_evidence, judge, policy_preemptions
+from kvwatch.sidecar.judge.detect import (
+    Detector,
+    gather_evidence,
+    judge,
+    policy_preemption_rate,
+)
 from kvwatch.sidecar.judge.episodes import Episode, EpisodeTracker
 from kvwatch.sidecar.judge.prefix_cache import PrefixCacheView, prefix_cache_thrashing
 from kvwatch.sidecar.judge.signals import EngineSignals, derive
@@ -223,9 +228,8 @@ class EngineJudge:
             return Judged(rejected=rejected)
         ev = gather_evidence(self.timeline, sig, now, self.th, policy)
         raw, reasons = judge(ev, self.th, self.detector.level)
-        gave_way = policy_preemptions(ev) / self.th.short_window_s
         sig = self.signals = replace(
-            sig, scheduling_policy=policy, policy_preemptions_per_s=gave_way
+            sig, scheduling_policy=policy, policy_preemptions_per_s=policy_preemption_rate(ev)
         )
         old = self.detector.level
         transition = None

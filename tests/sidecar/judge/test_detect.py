@@ -4,7 +4,7 @@ from pathlib import Path
 
 from kvwatch.sidecar.contract.levels import Level
 from kvwatch.sidecar.contract.thresholds import Thresholds, parse_overrides
-from kvwatch.sidecar.judge.detect import Detector, Evidence, judge, policy_preemptions
+from kvwatch.sidecar.judge.detect import Detector, Evidence, judge, policy_preemption_rate
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.scrape import ScrapeOutcome
 from kvwatch.sidecar.state.sidecar_state import SidecarState
@@ -184,7 +184,7 @@ def test_victims_a_tenth_of_the_finished_are_redone_work_at_scale() -> None:
 
 class TestPriorityPolicy:
     """Under --scheduling-policy priority the lowest class giving way is the policy at work:
-    judged pressure at most and reported (kvwatch_policy_preemptions_per_second), not paged."""
+    judged pressure at most and reported (kvwatch_policy_preemption_rate_per_second), not paged."""
 
     big = dict(kv_usage=1.0, peak_kv_short=1.0, waiting=30, running=72, peak_running_long=127,
                generation_rate=1400.0, peak_generation_rate_long=8000.0,
@@ -198,7 +198,7 @@ class TestPriorityPolicy:
         lvl, why = judge(e, TH)
         assert lvl is Level.PRESSURE
         assert any("--scheduling-policy priority" in r and "not paged" in r for r in why)
-        assert policy_preemptions(e) == 20 and policy_preemptions(ev(**self.big)) == 0
+        assert policy_preemption_rate(e) == 2.0 and policy_preemption_rate(ev(**self.big)) == 0
         # a full cache with requests waiting and no preemption is saturation, policy or not
         calm = self.big | dict(preemptions_short=0, preemption_rate_short=0.0)
         assert judge(ev(**calm, scheduling_policy="priority"), TH)[0] is Level.SATURATED
@@ -206,17 +206,17 @@ class TestPriorityPolicy:
     def test_vllms_own_reasons_decide_where_it_gives_them(self) -> None:
         # all 20 were lower classes giving way: reported, under any policy the sidecar assumed
         gave_way = dict(kv_full_preemptions_short=0, kv_full_rate_short=0.0,
-                        priority_preemptions_short=20)  # fmt: skip
+                        priority_preemptions_short=20, priority_rate_short=2.0)  # fmt: skip
         for policy in (None, "priority"):
             e = ev(**self.big, **gave_way, scheduling_policy=policy)
             lvl, why = judge(e, TH)
             assert lvl is Level.PRESSURE and any("vLLM says every one" in r for r in why)
-            assert policy_preemptions(e) == 20
+            assert policy_preemption_rate(e) == 2.0
         # 16 found no block: the cache is short, paged as thrashing, the 4 reported beside
         short = dict(kv_full_preemptions_short=16, kv_full_rate_short=1.6,
-                     priority_preemptions_short=4)  # fmt: skip
+                     priority_preemptions_short=4, priority_rate_short=0.4)  # fmt: skip
         e = ev(**self.big, **short, scheduling_policy="priority")
         lvl, why = judge(e, TH)
         assert lvl is Level.THRASHING and why[0].startswith("1.6 preemptions/s (16 in")
         assert any("4 more preemptions in the short window were lower-priority" in r for r in why)
-        assert policy_preemptions(e) == 4
+        assert policy_preemption_rate(e) == 0.4
