@@ -14,6 +14,10 @@ from typing import Any
 
 import yaml
 
+from kvwatch.alerts.autoscaling import KEDA_FILE, render_scaled_object
+from kvwatch.alerts.fleet import fleet_groups
+from kvwatch.alerts.routing import ALERTMANAGER_FILE, render_alertmanager
+from kvwatch.alerts.rule import VLLM_INSTANCE, alert_rule
 from kvwatch.sidecar.contract import catalogue as cat
 from kvwatch.sidecar.contract.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from kvwatch.sidecar.contract.vocabulary import (
@@ -40,7 +44,6 @@ K8S_FILE = "kvwatch-prometheusrule.yaml"
 # rule has the server's series, so it is their `instance`. The sidecar names the server by
 # `--target`: beside vLLM that is a loopback URL, so the host is the sidecar's own (its
 # `instance`, which shares the pod or host) and the port is the target's (or the scheme's).
-_VLLM_INSTANCE = "{{ $labels.instance }}"
 _LOOPBACK = r"^https?://(localhost|127\.[0-9.]+|\[::1\])(:[0-9]+)?(/.*)?$"
 _URL = r"^https?://([^/]*?)(:[0-9]+)?(/.*)?$"  # host, :port, path
 _TARGET_INSTANCE = (
@@ -52,52 +55,6 @@ _TARGET_INSTANCE = (
     "{{ $host = reReplaceAll `:[0-9]+$` `` $labels.instance }}{{ end }}"
     "{{ $host }}{{ $port }}"
 )
-
-
-# Each label and value an alert text may name, as the rule's template writes it.
-_TEMPLATE_VALUES = {
-    "where": "{{ $labels.instance }} ({{ $labels.model_name }}, engine {{ $labels.engine }})",
-    "target": "{{ $labels.target }}",
-    "model_name": "{{ $labels.model_name }}",
-    "engine": "{{ $labels.engine }}",
-    "instance": "{{ $labels.instance }}",
-    "value": "{{ $value | humanize }}",
-    "value_pct": "{{ $value | humanizePercentage }}",
-}
-
-
-def _alert(
-    name: str, expr: str, th: Thresholds, vllm_instance: str | None, for_scale: float
-) -> dict[str, Any]:
-    """The catalogue's alert `name` as a Prometheus rule with this expression."""
-    spec = cat.alert(name)
-    labels: dict[str, str] = {"severity": spec.severity}
-    if vllm_instance is not None:
-        labels["vllm_instance"] = vllm_instance
-    down_for = cat.human_duration(spec.for_seconds(th))
-    summary, description = spec.texts(th, **_TEMPLATE_VALUES, down_for=down_for)
-    rule: dict[str, Any] = {
-        "alert": name,
-        "expr": expr,
-        "for": _scaled(spec.for_duration(th), for_scale),
-    }
-    if spec.keep_firing_for:
-        rule["keep_firing_for"] = _scaled(spec.keep_firing_for, for_scale)
-    return rule | {
-        "labels": labels,
-        "annotations": {
-            "summary": summary,
-            "description": description,
-            "runbook_url": spec.runbook_url(th),
-        },
-    }
-
-
-def _scaled(for_: str, scale: float) -> str:
-    """`10m` scaled, in whole seconds (labs and tests use a small scale to see alerts fire)."""
-    if scale == 1.0:
-        return for_
-    return f"{max(1, round(cat.duration_seconds(for_) * scale))}s"
 
 
 def rule_groups(
@@ -147,17 +104,17 @@ def rule_groups(
         f"({ran_out} and on(instance, model_name) {refused} > 0)",
         "preempting": f"{cat.REC_PREEMPTION_RATE.name} > {th.thrashing_preemptions_per_s:g}",
     }
-    a = _alert
+    a = alert_rule
     s = for_scale
     vllm = {
         "name": "kvwatch-vllm.alerts",
         "rules": [
-            a("VllmKvCachePressure", st["pressure"], th, _VLLM_INSTANCE, s),
-            a("VllmKvCacheSaturated", st["saturated"], th, _VLLM_INSTANCE, s),
-            a("VllmPreemptionRateHigh", st["preempting"], th, _VLLM_INSTANCE, s),
+            a("VllmKvCachePressure", st["pressure"], th, VLLM_INSTANCE, s),
+            a("VllmKvCacheSaturated", st["saturated"], th, VLLM_INSTANCE, s),
+            a("VllmPreemptionRateHigh", st["preempting"], th, VLLM_INSTANCE, s),
             a("VllmRepeatedPreemptions", f"{cat.REC_REPEAT_PREEMPTED.name} > 0", th,
-              _VLLM_INSTANCE, s),
-            a("VllmKvOffloadTierFull", offload_full, th, _VLLM_INSTANCE, s),
+              VLLM_INSTANCE, s),
+            a("VllmKvOffloadTierFull", offload_full, th, VLLM_INSTANCE, s),
             a("VllmMetricsAbsent", f"absent({promql_selector(KV_USAGE)})", th, None, s),
         ],
     }  # fmt: skip
@@ -186,7 +143,7 @@ def rule_groups(
             a("KvwatchSidecarDown", f'up{{job="{sidecar_job}"}} == 0', th, None, s),
         ],
     }  # fmt: skip
-    return [recording, vllm, side]
+    return [recording, vllm, side, *fleet_groups(th, sidecar_job, for_scale)]
 
 
 ALERT_NAMES = [r["alert"] for g in rule_groups() for r in g["rules"] if "alert" in r]
@@ -236,7 +193,12 @@ def render_prometheus_rule(th: Thresholds = DEFAULT_THRESHOLDS) -> str:
 
 def write_all(out_dir: Path, th: Thresholds = DEFAULT_THRESHOLDS) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = {RULES_FILE: render_rules(th), K8S_FILE: render_prometheus_rule(th)}
+    files = {
+        RULES_FILE: render_rules(th),
+        K8S_FILE: render_prometheus_rule(th),
+        ALERTMANAGER_FILE: render_alertmanager(),
+        KEDA_FILE: render_scaled_object(),
+    }
     for name, text in files.items():
         (out_dir / name).write_text(text)
     return [out_dir / n for n in files]

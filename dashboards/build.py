@@ -546,7 +546,85 @@ def fleet(th: Thresholds = DEFAULT_THRESHOLDS) -> dashboard.Dashboard:
             (q.waiting(every), where),
         ),
     ]
-    return _layout(_annotations(_variables(d, with_instance=False), every), (None, panels))
+    return _layout(
+        _annotations(_variables(d, with_instance=False), every),
+        (None, panels),
+        ("Fleet: imbalance or shortage, per model", _fleet_row(th)),
+    )
+
+
+def _fleet_row(th: Thresholds) -> list[Any]:
+    """The fleet recordings (alerts/fleet.py): which engines ran out, who has room, where the
+    router sends the work, and how many engines the measured demand asks for."""
+    every = f'{cat.FLEET_BY}=~"$model_name"'
+    model = "{{" + cat.FLEET_BY + "}}"
+    engine = "{{instance}} e{{engine}}"
+
+    def rec(r: cat.Recording) -> str:
+        return f"{r.name}{{{every}}}"
+
+    return [
+        _series(
+            "Engines out of KV, with room, in all",
+            "Per model: engines that ran out of KV blocks in the last minute, engines below "
+            f"{th.pressure_kv:.0%} that did not, and all. Out of KV while others have room is "
+            "imbalance (the routing); out of KV with none left with room is a shortage (more "
+            "replicas or KV memory).",
+            "short",
+            (rec(cat.REC_FLEET_SHORT), f"{model} out of KV"),
+            (rec(cat.REC_FLEET_ROOM), f"{model} with room"),
+            (rec(cat.REC_FLEET_REPLICAS), f"{model} engines"),
+            width=8,
+        ),
+        _series(
+            "KV usage spread between engines",
+            "Per model: the fullest and the emptiest engine's KV usage. A wide spread with the "
+            "fullest at the top is the router piling work on one engine.",
+            "percentunit",
+            (rec(cat.REC_FLEET_KV_MAX), f"{model} fullest"),
+            (rec(cat.REC_FLEET_KV_MIN), f"{model} emptiest"),
+            width=8,
+            lines=_steps((None, "green"), (th.pressure_kv, "orange"), (th.saturated_kv, "red")),
+        )
+        .min(0)
+        .max(1),
+        _series(
+            "Engines needed against engines up",
+            "Per model: engines of the fleet's mean KV size that hold the demand measured now "
+            f"below {th.pressure_kv:.0%} (what the KEDA ScaledObject scales to), against those "
+            "reporting, and those down or dead.",
+            "short",
+            (rec(cat.REC_FLEET_REPLICAS_NEEDED), f"{model} needed"),
+            (rec(cat.REC_FLEET_REPLICAS), f"{model} up"),
+            (rec(cat.REC_FLEET_DOWN), f"{model} down or dead"),
+            width=8,
+        ),
+        _series(
+            "Router's share of requests, per engine",
+            "Each engine's share of its model's finished requests over 5 minutes.",
+            "percentunit",
+            (f"{cat.REC_REQUEST_SHARE.name}{{{every}}}", engine),
+            width=8,
+        ),
+        _series(
+            "Share of prompt tokens, per engine",
+            "Each engine's share of its model's prompt tokens over 5 minutes: above its share "
+            "of requests, it gets the long contexts (long sessions).",
+            "percentunit",
+            (f"{cat.REC_PROMPT_TOKEN_SHARE.name}{{{every}}}", engine),
+            width=8,
+        ),
+        _series(
+            "KV demand against capacity",
+            "Per model: KV tokens the requests hold and wait for, against the live engines' "
+            "capacity and the capacity lost to engines down or dead.",
+            "short",
+            (rec(cat.REC_FLEET_DEMAND), f"{model} demand"),
+            (rec(cat.REC_FLEET_CAPACITY), f"{model} capacity"),
+            (rec(cat.REC_FLEET_CAPACITY_LOST), f"{model} lost"),
+            width=8,
+        ),
+    ]
 
 
 DASHBOARDS: dict[str, Callable[[Thresholds], dashboard.Dashboard]] = dict(

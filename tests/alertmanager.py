@@ -13,11 +13,11 @@ from tests.services import running_service
 
 __all__ = ["running_alertmanager", "shipped_config"]
 
-SHIPPED = Path(__file__).resolve().parent.parent / "deploy" / "alertmanager" / "alertmanager.yml"
+SHIPPED = Path(__file__).resolve().parent.parent / "alerts" / "kvwatch-alertmanager.yml"
 
 
 def shipped_config(webhook_url: str) -> str:
-    """deploy/alertmanager/alertmanager.yml as shipped (its routes and grouping), with
+    """alerts/kvwatch-alertmanager.yml as shipped (its routes and grouping), with
     every receiver posting to `webhook_url` and every route's timers at 1 s."""
     cfg = yaml.safe_load(SHIPPED.read_text())
     for r in cfg["receivers"]:

@@ -1,6 +1,7 @@
-"""The deployment examples in deploy/: they parse, Prometheus and Alertmanager accept their
-configs (promtool, amtool), and the Kubernetes pod wires vLLM and the sidecar together with
-flags kvwatch really has."""
+"""The deployment examples in deploy/ and the objects `kvwatch alerts` generates beside the rules:
+they parse, Prometheus and Alertmanager accept their configs (promtool, amtool), the Kubernetes
+objects match their schemas, and the pod wires vLLM and the sidecar together with flags kvwatch
+really has."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ from typing import Any
 import pytest
 import yaml
 
+from kvwatch.alerts.autoscaling import KEDA_FILE
 from kvwatch.alerts.build import K8S_FILE
+from kvwatch.alerts.routing import ALERTMANAGER_FILE
 from kvwatch.cli import build_parser
 from kvwatch.sidecar.outputs.webhooks import load_receivers
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 CRD_SCHEMAS = Path(__file__).resolve().parent / "crd_schemas"
+ALERTS = Path(__file__).resolve().parents[1] / "alerts"
 
 
 def _docs(path: Path) -> list[dict[str, Any]]:
@@ -26,7 +30,8 @@ def _docs(path: Path) -> list[dict[str, Any]]:
 
 def test_every_yaml_file_parses() -> None:
     files = sorted(DEPLOY.rglob("*.yaml")) + sorted(DEPLOY.rglob("*.yml"))
-    assert len(files) >= 5
+    files += [ALERTS / ALERTMANAGER_FILE, ALERTS / KEDA_FILE]
+    assert len(files) >= 6
     for f in files:
         assert _docs(f), f
 
@@ -46,7 +51,7 @@ def test_prometheus_config_and_the_rules_it_loads_are_valid() -> None:
 
 def test_alertmanager_config_is_valid() -> None:
     p = subprocess.run(
-        ["amtool", "check-config", str(DEPLOY / "alertmanager" / "alertmanager.yml")],
+        ["amtool", "check-config", str(ALERTS / ALERTMANAGER_FILE)],
         capture_output=True, text=True,
     )  # fmt: skip
     assert p.returncode == 0, p.stdout + p.stderr
@@ -141,3 +146,24 @@ def test_operator_objects_match_their_crd_schemas() -> None:
         else:
             d["spec"]["podMetricsEndpoints"][0]["interval"] = 5
     assert all(err for _, _, err in _crd_check(broken))
+
+
+def test_autoscaler_matches_kedas_schema_and_scales_the_shipped_deployment() -> None:
+    """The ScaledObject `kvwatch alerts` writes: KEDA's CRD schema (npm @kubernetes-models/keda),
+    aimed at the example's Deployment, on the fleet's recorded need for its served model."""
+    (so,) = _docs(ALERTS / KEDA_FILE)
+    assert [err for _, _, err in _crd_check([so])] == [None]
+    deployment = {d["kind"]: d for d in _docs(DEPLOY / "kubernetes" / "vllm-with-kvwatch.yaml")}[
+        "Deployment"
+    ]
+    assert so["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    served = next(c for c in deployment["spec"]["template"]["spec"]["containers"]
+                  if c["name"] == "vllm")["args"][0].split("vllm serve ")[1].split()[0]  # fmt: skip
+    (trigger,) = so["spec"]["triggers"]
+    assert (
+        trigger["metadata"]["query"]
+        == f'max(kvwatch:fleet_replicas_needed{{model_name="{served}"}})'
+    )
+    broken = json.loads(json.dumps(so))
+    broken["spec"]["maxReplicaCount"] = "eight"
+    assert all(err for _, _, err in _crd_check([broken]))

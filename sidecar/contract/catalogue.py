@@ -52,6 +52,11 @@ __all__ = [
     "HTTP_HANDLER_ERRORS", "LOG_LINES", "LOG_OVERSIZED_LINES",
     "LOG_ROTATIONS",
     "REC_KV_USAGE", "REC_RUNNING", "REC_WAITING", "REC_PREEMPTION_RATE", "REC_REPEAT_PREEMPTED",
+    "REC_KV_SHORT", "REC_REQUEST_SHARE", "REC_PROMPT_TOKEN_SHARE", "REC_FLEET_REPLICAS",
+    "REC_FLEET_SHORT", "REC_FLEET_ROOM", "REC_FLEET_KV_MAX", "REC_FLEET_KV_MIN",
+    "REC_FLEET_KV_SPREAD", "REC_FLEET_PREEMPTION_SPREAD", "REC_FLEET_REQUEST_TOKENS",
+    "REC_FLEET_CAPACITY", "REC_FLEET_DEMAND", "REC_FLEET_HEADROOM", "REC_FLEET_REPLICAS_NEEDED",
+    "REC_FLEET_DOWN", "REC_FLEET_CAPACITY_LOST", "FLEET_RECORDINGS", "FLEET_BY",
 ]  # fmt: skip
 
 
@@ -334,8 +339,83 @@ REC_REPEAT_PREEMPTED = Recording(
     "kvwatch:vllm_repeat_preempted_requests:increase5m",
     "finished requests preempted 2+ times in the last 5m per engine",
 )
+
+# A fleet is one model's engines, every one Prometheus has for a `model_name` (replicas behind a
+# router, each with its sidecar): judged where the fleet's data is, in recording rules per model.
+FLEET_BY = "model_name"
+REC_KV_SHORT = Recording(
+    "kvwatch:vllm_kv_short:bool",
+    "1 if the engine ran out of KV blocks in the last minute (usage at or above saturated_kv, or "
+    "a preemption), else 0",
+)
+REC_REQUEST_SHARE = Recording(
+    "kvwatch:vllm_request_share:rate5m",
+    "the engine's share of its model's finished requests over 5m: what the router sends it",
+)
+REC_PROMPT_TOKEN_SHARE = Recording(
+    "kvwatch:vllm_prompt_token_share:rate5m",
+    "the engine's share of its model's prompt tokens over 5m: above its request share, it gets "
+    "the long contexts (long sessions)",
+)
+REC_FLEET_REPLICAS = Recording("kvwatch:fleet_replicas:count", "engines with KV usage, per model")
+REC_FLEET_SHORT = Recording(
+    "kvwatch:fleet_replicas_short:count", "engines that ran out of KV blocks, per model"
+)
+REC_FLEET_ROOM = Recording(
+    "kvwatch:fleet_replicas_with_room:count",
+    "engines below pressure_kv that did not run out, per model",
+)
+REC_FLEET_KV_MAX = Recording("kvwatch:fleet_kv_usage:max", "the fullest engine's KV usage")
+REC_FLEET_KV_MIN = Recording("kvwatch:fleet_kv_usage:min", "the emptiest engine's KV usage")
+REC_FLEET_KV_SPREAD = Recording(
+    "kvwatch:fleet_kv_usage:spread", "fullest less emptiest engine's KV usage, per model"
+)
+REC_FLEET_PREEMPTION_SPREAD = Recording(
+    "kvwatch:fleet_preemptions:spread",
+    "most less fewest preemptions per second over 1m among a model's engines",
+)
+REC_FLEET_REQUEST_TOKENS = Recording(
+    "kvwatch:fleet_request_tokens:mean5m",
+    "prompt + generated tokens of the model's requests finished over 5m, on average: the KV a "
+    "typical request holds at its end",
+)
+REC_FLEET_CAPACITY = Recording(
+    "kvwatch:fleet_kv_capacity_tokens:sum",
+    "KV capacity in tokens of the model's engines the sidecars see up",
+)
+REC_FLEET_DEMAND = Recording(
+    "kvwatch:fleet_kv_demand_tokens:sum",
+    "KV tokens the model's requests ask for: held now (capacity less free, from the sidecars) "
+    "plus the waiting requests at the typical request's tokens",
+)
+REC_FLEET_HEADROOM = Recording(
+    "kvwatch:fleet_kv_headroom_requests",
+    "requests of the typical size the model's fleet can still take before its KV usage reaches "
+    "pressure_kv (negative: requests over it): the signal an autoscaler reads",
+)
+REC_FLEET_REPLICAS_NEEDED = Recording(
+    "kvwatch:fleet_replicas_needed",
+    "engines of the fleet's mean capacity that hold the demand below pressure_kv: what an "
+    "autoscaler sets the replicas to (KEDA's AverageValue target 1)",
+)
+REC_FLEET_DOWN = Recording(
+    "kvwatch:fleet_replicas_down:count",
+    "engines seen in the last hour whose server is now down or dead (the sidecar says so, or "
+    "the sidecar itself is down), per model",
+)
+REC_FLEET_CAPACITY_LOST = Recording(
+    "kvwatch:fleet_kv_capacity_lost_tokens:sum",
+    "KV capacity in tokens of those down or dead engines (their last hour's), per model",
+)
+FLEET_RECORDINGS: tuple[Recording, ...] = (
+    REC_KV_SHORT, REC_REQUEST_SHARE, REC_PROMPT_TOKEN_SHARE, REC_FLEET_REPLICAS, REC_FLEET_SHORT,
+    REC_FLEET_ROOM, REC_FLEET_KV_MAX, REC_FLEET_KV_MIN, REC_FLEET_KV_SPREAD,
+    REC_FLEET_PREEMPTION_SPREAD, REC_FLEET_REQUEST_TOKENS, REC_FLEET_CAPACITY, REC_FLEET_DEMAND,
+    REC_FLEET_HEADROOM, REC_FLEET_REPLICAS_NEEDED, REC_FLEET_DOWN, REC_FLEET_CAPACITY_LOST,
+)  # fmt: skip
 RECORDINGS: tuple[Recording, ...] = (
     REC_KV_USAGE, REC_RUNNING, REC_WAITING, REC_PREEMPTION_RATE, REC_REPEAT_PREEMPTED,
+    *FLEET_RECORDINGS,
 )  # fmt: skip
 
 
@@ -360,6 +440,17 @@ class Alert:
     for_threshold: str | None = None
     keep_firing_for: str | None = None
     level: Level | None = None  # the engine state the sidecar raises it for
+    # "engine": one alert per vLLM engine (labelled vllm_instance, model_name, engine);
+    # "fleet": one per model, whatever its replicas (labelled model_name only)
+    scope: Literal["engine", "fleet"] = "engine"
+    # alerts Alertmanager holds back while this one fires, for the same engine (an engine alert)
+    # or the same model (a fleet alert): the shipped routing's inhibit rules
+    holds_back: tuple[str, ...] = ()
+
+    @property
+    def equal_labels(self) -> tuple[str, ...]:
+        """The labels an alert it holds back must share with it."""
+        return (FLEET_BY,) if self.scope == "fleet" else ("vllm_instance", "model_name", "engine")
 
     @property
     def runbook_section(self) -> str:
@@ -533,6 +624,47 @@ ALERTS: tuple[Alert, ...] = (
         "classes are meant to give way, nothing is wrong; if they matter, size the cache for "
         "the whole mix (kvwatch advise).",
         RULES, for_="1m",
+        holds_back=("VllmKvCacheSaturated", "VllmPreemptionRateHigh", "VllmRepeatedPreemptions"),
+    ),
+    Alert(
+        "KvwatchFleetKvShortage", "critical",
+        "{model_name} is short of KV: no replica has room",
+        "{value} of the {replicas} replicas of {model_name} ran out of KV blocks (usage at or "
+        "above {pct[saturated_kv]}, or preemptions) and none had room (every one at or above "
+        "{pct[pressure_kv]}), minute after minute for 5 minutes: the model is short of KV, not "
+        "one replica. At the demand measured now the fleet needs "
+        "{replicas_needed} replicas of its mean KV size to stay below {pct[pressure_kv]}; add "
+        "replicas or KV memory per replica (kvwatch advise --prometheus). The per-replica "
+        "saturation, thrashing and preemption pages for {model_name} are held back meanwhile.",
+        # a failed scrape of one replica marks its series stale: the page must not resolve
+        RULES, for_="5m", keep_firing_for="2m", scope="fleet",
+        holds_back=(
+            "VllmKvCachePressure", "VllmKvCacheSaturated", "VllmPreemptionRateHigh",
+            "VllmRepeatedPreemptions", "KvwatchThrashing", "KvwatchKvExhaustionImminent",
+            "KvwatchFleetImbalance",
+        ),
+    ),
+    Alert(
+        "KvwatchFleetImbalance", "warning",
+        "{where} is out of KV blocks while other replicas of {model_name} have room",
+        "This replica ran out of KV blocks (usage at or above {pct[saturated_kv]}, or "
+        "preemptions) minute after minute for 5 minutes while {room} of the {replicas} "
+        "replicas of {model_name} stayed below {pct[pressure_kv]}: KV usage spreads "
+        "{kv_spread} across them. It took {request_share} of the model's requests and "
+        "{prompt_share} of its prompt tokens. The router piles work on it: route by cache and "
+        "load (vllm-router --policy cache_aware) or bound session affinity, before adding "
+        "memory (kvwatch advise --prometheus).",
+        RULES, for_="5m",
+    ),
+    Alert(
+        "KvwatchFleetReplicaDown", "warning",
+        "{model_name}: {value} replica(s) down or dead",
+        "{value} of the replicas of {model_name} seen in the last hour are down or dead for a "
+        "minute (the sidecar cannot scrape the server or its engine is dead, or the sidecar "
+        "itself is down): {capacity_lost} KV tokens ({capacity_lost_share} of the model's) "
+        "are gone and the others carry their load. If they run out too, "
+        "KvwatchFleetKvShortage follows. A replica scaled away is not counted.",
+        RULES, for_="1m", scope="fleet",
     ),
     Alert(
         "KvwatchTargetDown", "warning",

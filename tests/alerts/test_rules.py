@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
+from kvwatch.alerts.autoscaling import KEDA_FILE, render_scaled_object
 from kvwatch.alerts.build import (
     ALERT_NAMES,
     K8S_FILE,
@@ -15,6 +17,8 @@ from kvwatch.alerts.build import (
     render_prometheus_rule,
     render_rules,
 )
+from kvwatch.alerts.routing import ALERTMANAGER_FILE, render_alertmanager
+from kvwatch.sidecar.contract import catalogue as cat
 from kvwatch.sidecar.contract.thresholds import Thresholds
 
 ALERTS = Path(__file__).resolve().parents[2] / "alerts"
@@ -25,6 +29,8 @@ class TestGenerated:
         regen = "run `kvwatch alerts --out alerts`"
         assert (ALERTS / RULES_FILE).read_text() == render_rules(), regen
         assert (ALERTS / K8S_FILE).read_text() == render_prometheus_rule(), regen
+        assert (ALERTS / ALERTMANAGER_FILE).read_text() == render_alertmanager(), regen
+        assert (ALERTS / KEDA_FILE).read_text() == render_scaled_object(), regen
 
     def test_every_alert_has_severity_for_and_runbook_section(self) -> None:
         runbook = (ALERTS / "runbook.md").read_text()
@@ -50,22 +56,37 @@ class TestGenerated:
     def test_alertmanager_groups_pages_by_labels_the_alerts_carry(self) -> None:
         """The shipped Alertmanager config groups pages by `vllm_instance`: every alert it
         routes as critical must carry it, or the sidecar's page and vLLM's split again."""
-        am_file = ALERTS.parent / "deploy" / "alertmanager" / "alertmanager.yml"
-        (critical,) = yaml.safe_load(am_file.read_text())["route"]["routes"]
-        assert critical["group_by"] == ["vllm_instance", "model_name", "engine"]
+        routes = yaml.safe_load((ALERTS / ALERTMANAGER_FILE).read_text())["route"]["routes"]
+        fleet_page, fleet, engine_page = routes
+        assert engine_page["group_by"] == ["vllm_instance", "model_name", "engine"]
+        assert fleet_page["group_by"] == fleet["group_by"] == ["alertname", "model_name"]
         rules = [r for g in yaml.safe_load(render_rules())["groups"] for r in g["rules"]]
         paging = [r for r in rules if "alert" in r and r["labels"]["severity"] == "critical"]
         assert {r["alert"] for r in paging} == {
             "VllmKvCacheSaturated", "KvwatchThrashing", "KvwatchEngineDead",
+            "KvwatchFleetKvShortage",
         }  # fmt: skip
         for rule in paging:
-            assert "vllm_instance" in rule["labels"], rule["alert"]
+            spec = cat.alert(rule["alert"])
+            # an engine's page carries the engine's labels; a fleet's names only its model
+            if spec.scope == "engine":
+                assert "vllm_instance" in rule["labels"], rule["alert"]
+                assert re.search(engine_page["matchers"][0].split("~")[1].strip('"'), spec.name)
+            else:
+                assert "vllm_instance" not in rule["labels"], rule["alert"]
+                assert spec.name in fleet_page["matchers"][0]
+
+    def test_every_alert_held_back_is_one_the_rules_raise(self) -> None:
+        """An inhibit rule naming an alert nobody raises would silently hold back nothing."""
+        ruled = {a.name for a in cat.ALERTS if cat.Route.RULES in a.routes}
+        for spec in cat.ALERTS:
+            assert set(spec.holds_back) <= ruled, spec.name
 
     def test_prometheus_rule_wraps_the_same_groups(self) -> None:
         k8s = yaml.safe_load(render_prometheus_rule())
         assert k8s["kind"] == "PrometheusRule"
         assert k8s["spec"]["groups"] == yaml.safe_load(render_rules())["groups"]
-        assert len(ALERT_NAMES) == len(set(ALERT_NAMES)) == 14
+        assert len(ALERT_NAMES) == len(set(ALERT_NAMES)) == 17
 
 
 class TestPromtool:
