@@ -3,14 +3,15 @@
 Per engine (the replica's server, or one data-parallel engine of it): did it run out of KV
 blocks in the last minute, and what share of the model's requests and prompt tokens did the
 router send it. Per model: how many engines ran out and how many have room, the spread of KV
-usage and preemptions between them, the KV the model's requests ask for against what its live
+usage and preemptions between them, the KV the model's requests ask for (every request held or
+waiting, at the mean final size of the requests finished over 5 minutes) against what its live
 engines hold, and the engines seen in the last hour that are now down or dead.
 
 Three judgements follow, and they exclude each other: an engine out of KV while another of its
 model has room is imbalance (the routing, named per engine); engines out of KV with none left
 with room is a shortage of the model (one page per model, which holds back the per-engine
-pages); engines down or dead are lost capacity. Capacity and free KV come from the sidecars
-(vLLM names its block count only in a label); everything else from vLLM's own series.
+pages); engines down or dead are lost capacity. KV capacity comes from the sidecars (vLLM
+names its block count only in a label); everything else from vLLM's own series.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def _recordings(th: Thresholds, sidecar_job: str) -> list[dict[str, str]]:
     peak = f"max by ({_BY}) (max_over_time({promql_selector(KV_USAGE)}[1m]))"
     ran_out = f"({peak} >= bool {th.saturated_kv:g})"
     preempted = f"({cat.REC_PREEMPTION_RATE.name} > bool 0)"
-    capacity, free = cat.KV_CACHE_CAPACITY_TOKENS.series, cat.KV_CACHE_FREE_TOKENS.series
+    capacity = cat.KV_CACHE_CAPACITY_TOKENS.series
     live = f"on(instance, target) ({cat.TARGET_UP.series} == 1)"
     # the last hour's capacity of engines whose server the sidecar finds down or dead, or whose
     # sidecar Prometheus cannot scrape (a replica scaled away leaves discovery: not counted)
@@ -63,10 +64,8 @@ def _recordings(th: Thresholds, sidecar_job: str) -> list[dict[str, str]]:
         f"{cat.ENGINE_ALIVE.series} == 0)) or "
         f'({seen} and on(instance) (up{{job="{sidecar_job}"}} == 0))'
     )
-    held = f"sum by ({_F}) ({capacity} - {free})"
-    waiting_tokens = (
-        f"sum by ({_F}) ({cat.REC_WAITING.name}) * on({_F}) {cat.REC_FLEET_REQUEST_TOKENS.name}"
-    )
+    # every request the model's engines hold or queue, at the typical request's final size
+    present = f"sum by ({_F}) ({cat.REC_RUNNING.name} + {cat.REC_WAITING.name})"
     per_engine = (
         f"({cat.REC_FLEET_CAPACITY.name} / on({_F}) count by ({_F}) ({capacity} and {live}))"
     )
@@ -91,7 +90,7 @@ def _recordings(th: Thresholds, sidecar_job: str) -> list[dict[str, str]]:
             f"{_mean(REQUEST_PROMPT_TOKENS)} + {_mean(REQUEST_GENERATION_TOKENS)}"
         ),
         cat.REC_FLEET_CAPACITY: f"sum by ({_F}) ({capacity} and {live})",
-        cat.REC_FLEET_DEMAND: f"({held} + on({_F}) {waiting_tokens}) or {held}",
+        cat.REC_FLEET_DEMAND: f"{present} * on({_F}) {cat.REC_FLEET_REQUEST_TOKENS.name}",
         cat.REC_FLEET_HEADROOM: (
             f"({cat.REC_FLEET_CAPACITY.name} * {th.pressure_kv:g} - "
             f"{cat.REC_FLEET_DEMAND.name}) / {cat.REC_FLEET_REQUEST_TOKENS.name}"

@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "kvwatch.sidecar.cli",
     "kvwatch.loadgen.cli",
     "kvwatch.twin.command",
+    "kvwatch.fleet.command",
 )
 
 

@@ -23,19 +23,17 @@ from typing import Any
 import httpx
 
 from kvwatch.common.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
+from kvwatch.fleet.sidecars import start_sidecar
 from kvwatch.loadgen.local_server import (
     LocalVLLM,
     ServerConfig,
     ServerStartError,
     free_port,
     stop_process,
-    wait_until_ok,
 )
 from kvwatch.sidecar.state.views import EngineView, engines_from_json
 
 __all__ = ["run_demo", "ramp_stages", "AlertReceiver"]
-
-_SIDECAR_READY_S = 30.0
 
 
 def ramp_stages(light: int, heavy: int, rounds: int) -> list[str]:
@@ -82,26 +80,6 @@ class AlertReceiver:
     def __exit__(self, *exc: object) -> None:
         self._server.shutdown()
         self._server.server_close()
-
-
-def _start_sidecar(
-    target: str, log: Path | None, run_dir: Path, webhook: str
-) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    cmd = [
-        sys.executable, "-m", "kvwatch", "sidecar", "--target", target,
-        "--listen", f"127.0.0.1:{port}", "--interval", "1", "--short-window", "5",
-        "--db", str(run_dir / "sidecar.db"), "--webhook", f"{webhook},json",
-    ]  # fmt: skip
-    if log is not None:
-        cmd += ["--log", str(log), "--log-from-start"]
-    err = open(run_dir / "sidecar.log", "wb")  # noqa: SIM115 (lives as long as the process)
-    proc = subprocess.Popen(cmd, stdout=err, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    if wait_until_ok(url + "/healthz", proc, _SIDECAR_READY_S):
-        return proc, url
-    stop_process(proc)
-    raise CliError("the sidecar did not start; see " + str(run_dir / "sidecar.log"))
 
 
 def _engine(state: dict[str, Any]) -> EngineView | None:
@@ -180,7 +158,7 @@ def run_demo(ns: argparse.Namespace) -> int:
                 raise CliError(str(e), EXIT_UNREACHABLE) from None
             base = server.base_url
         receiver = stack.enter_context(AlertReceiver())
-        side, side_url = _start_sidecar(base, log, run_dir, receiver.url)
+        side, side_url = start_sidecar(base, run_dir, log=log, webhook=receiver.url)
         stack.callback(stop_process, side)
         print(f"vLLM at {base}; sidecar at {side_url}/metrics; alerts to {receiver.url}")
         stages = ramp_stages(ns.light, ns.heavy, ns.rounds)
@@ -206,18 +184,13 @@ def run_demo(ns: argparse.Namespace) -> int:
 def _start_twin(stack: ExitStack, spec: str, blocks: int, log: Path) -> str:
     """The twin for `--twin MODEL:GPU`, with a cache of `blocks` blocks; its base URL."""
     from kvwatch.sizing.errors import SizingError
-    from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
-    from kvwatch.sizing.kvplan import PLATFORMS, Serving, layout_for
-    from kvwatch.twin.serve import start_twin
+    from kvwatch.twin.serve import kv_bytes_for_blocks, start_twin
 
     model, sep, gpu = spec.rpartition(":")
     if not sep or not model or not gpu or blocks < 1:
         raise CliError("--twin takes MODEL:GPU (e.g. llama-3.1-8b:h100) and --twin-blocks >= 1")
     try:
-        card = lookup_gpu(gpu)
-        layout = layout_for(
-            resolve_model(model), Serving(max_model_len=2048), PLATFORMS[card.platform]
-        )
+        kv_bytes = kv_bytes_for_blocks(model, gpu, blocks, 2048)
     except SizingError as e:
         raise CliError(str(e)) from None
     print(f"starting the kvwatch twin: {model} on a simulated {gpu} (log: {log}) ...", flush=True)
@@ -225,7 +198,7 @@ def _start_twin(stack: ExitStack, spec: str, blocks: int, log: Path) -> str:
         twin = start_twin(
             model, gpu, log,
             vllm_args=("--max-model-len", "2048",
-                       "--kv-cache-memory-bytes", str(blocks * layout.bytes_per_block)),
+                       "--kv-cache-memory-bytes", str(kv_bytes)),
         )  # fmt: skip
     except ServerStartError as e:
         raise CliError(str(e), EXIT_UNREACHABLE) from None

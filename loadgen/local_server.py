@@ -223,13 +223,14 @@ class LocalVLLM:
         )
         raise ServerStartError(f"{why}; log {self.log_path}:\n" + _tail(self.log_path))
 
-    def stop(self) -> int | None:
-        """SIGTERM the process group, wait, then SIGKILL what is left. Returns the exit code."""
+    def stop(self, first_signal: int = signal.SIGTERM) -> int | None:
+        """SIGTERM the process group, wait, then SIGKILL what is left. Returns the exit code.
+        With `first_signal` SIGKILL, a crash: nothing of it gets to shut down in order."""
         proc = self.proc
         if proc is None:
             return None
         pgid = proc.pid  # start_new_session: the leader's pid is the group id
-        _signal_group(pgid, signal.SIGTERM)
+        _signal_group(pgid, first_signal)
         try:
             proc.wait(timeout=self.stop_grace_s)
         except subprocess.TimeoutExpired:

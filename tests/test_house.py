@@ -27,6 +27,7 @@ PACKAGE_DIRS: dict[str, str] = SETUPTOOLS["package-dir"]
 # Top of the house first. Rooms on one floor may not import each other.
 FLOORS: list[list[str]] = [
     ["kvwatch"],
+    ["kvwatch.fleet"],
     ["kvwatch.advise", "kvwatch.report", "kvwatch.twin"],
     ["kvwatch.loadgen", "kvwatch.alerts", "kvwatch.dashboards"],
     ["kvwatch.sidecar"],

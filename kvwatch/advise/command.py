@@ -10,6 +10,7 @@ from typing import Any
 from kvwatch.advise.sources import observed_from_source
 from kvwatch.common.command import EXIT_FOUND, CliError
 from kvwatch.sizing.advice import Advice, Observed, advise
+from kvwatch.sizing.fleet import FleetAdvice, advise_fleet
 from kvwatch.sizing.kvmath import SizingError, lookup_gpu
 from kvwatch.sizing.levers import ServerInfo
 
@@ -64,19 +65,41 @@ def run_advise(ns: argparse.Namespace) -> int:
         gpu = lookup_gpu(ns.gpu) if ns.gpu else None
         items, server = observed_from_source(ns)
         results = [(name, obs, advise(obs, ns.margin, gpu, server)) for name, obs in items]
+        fleets = _fleets(ns)
     except SizingError as e:
         raise CliError(str(e)) from None
     if ns.json:
-        print(
-            json.dumps(
-                [
-                    {"name": n, "observed": _observed_dict(o), "advice": a.to_dict()}
-                    for n, o, a in results
-                ],
-                indent=2,
-                default=str,
-            )
-        )
+        out = [
+            {"name": n, "observed": _observed_dict(o), "advice": a.to_dict()} for n, o, a in results
+        ]
+        out += [{"name": f"fleet {f.model}", "fleet": f.to_dict()} for f in fleets]
+        print(json.dumps(out, indent=2, default=str))
     else:
-        print("\n\n".join(_render(n, o, a) for n, o, a in results))
-    return EXIT_FOUND if any(a.options for _, _, a in results) else 0
+        print("\n\n".join([_render(n, o, a) for n, o, a in results] + _render_fleets(fleets)))
+    found = any(a.options for _, _, a in results) or any(f.options for f in fleets)
+    return EXIT_FOUND if found else 0
+
+
+def _fleets(ns: argparse.Namespace) -> list[FleetAdvice]:
+    """With --prometheus: advice per model served by two or more engines (the fleet rules'
+    recordings; none without them)."""
+    if not getattr(ns, "prometheus", None):
+        return []
+    from kvwatch.advise.fleet_source import fleets_from_prometheus
+    from kvwatch.sidecar.contract.thresholds import DEFAULT_THRESHOLDS
+
+    pressure = DEFAULT_THRESHOLDS.pressure_kv
+    return [advise_fleet(f, pressure) for f in fleets_from_prometheus(ns.prometheus, ns.window)]
+
+
+def _render_fleets(fleets: list[FleetAdvice]) -> list[str]:
+    out = []
+    for f in fleets:
+        lines = [f"fleet {f.model} ({f.replicas_now} engines): {f.verdict}", "  arithmetic:"]
+        lines += [f"    {x}" for x in f.arithmetic]
+        if f.options:
+            lines += ["  change:"] + [f"    {x}" for x in f.options]
+        if f.evidence:
+            lines += ["  per engine:"] + [f"    {x}" for x in f.evidence]
+        out.append("\n".join(lines))
+    return out

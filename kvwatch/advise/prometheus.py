@@ -33,12 +33,13 @@ from kvwatch.sidecar.metrics.observe import per_first_engine
 from kvwatch.sizing.advice import Observed
 from kvwatch.sizing.kvmath import SizingError
 
-__all__ = ["observed_from_prometheus"]
+__all__ = ["observed_from_prometheus", "prometheus_query"]
 
 _BY = "instance, engine"
 
 
-def _query(client: httpx.Client, base: str, promql: str) -> list[dict[str, Any]]:
+def prometheus_query(client: httpx.Client, base: str, promql: str) -> list[dict[str, Any]]:
+    """An instant query's rows; CliError (exit 3) if unreachable, SizingError if refused."""
     try:
         r = client.get(base.rstrip("/") + "/api/v1/query", params={"query": promql})
     except httpx.TransportError as e:  # as every other source: unreachable is exit 3
@@ -91,7 +92,7 @@ def observed_from_prometheus(
     """`step` is the subquery resolution for the peak of running + waiting: at most the scrape
     interval, or short peaks fall between the points."""
     with httpx.Client(timeout=30) as client:
-        caches = _query(
+        caches = prometheus_query(
             client,
             base,
             f"max by ({_BY}, num_gpu_blocks, block_size, "
@@ -100,7 +101,7 @@ def observed_from_prometheus(
             f"({promql_selector(CACHE_CONFIG)})",
         )
         demand = _by_key(
-            _query(
+            prometheus_query(
                 client,
                 base,
                 (
@@ -110,34 +111,40 @@ def observed_from_prometheus(
             )
         )
         prompt = _by_key(
-            _query(
+            prometheus_query(
                 client,
                 base,
                 _quantile(promql_selector(REQUEST_PROMPT_TOKENS, suffix="bucket"), window),
             )
         )
         output = _by_key(
-            _query(
+            prometheus_query(
                 client,
                 base,
                 _quantile(promql_selector(REQUEST_GENERATION_TOKENS, suffix="bucket"), window),
             )
         )
-        preempt = _by_key(_query(client, base, _increase(promql_selector(PREEMPTIONS), window)))
+        preempt = _by_key(
+            prometheus_query(client, base, _increase(promql_selector(PREEMPTIONS), window))
+        )
 
         def prompt_tokens(sources: str) -> dict[tuple[str, str], float]:
             selector = promql_selector(PROMPT_TOKENS_BY_SOURCE, f'source=~"{sources}"')
-            return _by_key(_query(client, base, _increase(selector, window)))
+            return _by_key(prometheus_query(client, base, _increase(selector, window)))
 
         # as the sidecar reads them (sidecar/metrics/observe.py): a connector's transfer is a cache
         # too
         cached = prompt_tokens("local_cache_hit|external_kv_transfer")
         computed = prompt_tokens("local_compute")
         refused_stores = _by_key(
-            _query(client, base, _growth(promql_selector(KV_OFFLOAD_ALLOCATION_FAILURES), window))
+            prometheus_query(
+                client, base, _growth(promql_selector(KV_OFFLOAD_ALLOCATION_FAILURES), window)
+            )
         )
         refused = _by_key(
-            _query(client, base, _growth(promql_selector(ADMISSION_REJECTIONS), window, "instance"))
+            prometheus_query(
+                client, base, _growth(promql_selector(ADMISSION_REJECTIONS), window, "instance")
+            )
         )
     keys = [(r["metric"].get("instance", ""), r["metric"].get("engine", "")) for r in caches]
     refused = per_first_engine(refused, keys)

@@ -25,7 +25,10 @@ from kvwatch.sizing.steptime import StepConstants, StepError
 from kvwatch.twin.modeldir import EOS_ID, twin_model_dir
 from kvwatch.twin.settings import ENV_VAR, SettingsError, TwinSettings
 
-__all__ = ["run_twin", "TwinServer", "start_twin", "time_scale_for", "SUSTAINED_TOKENS_PER_S"]
+__all__ = [
+    "run_twin", "TwinServer", "start_twin", "time_scale_for", "kv_bytes_for_blocks",
+    "SUSTAINED_TOKENS_PER_S",
+]  # fmt: skip
 
 # What this class of machine's API server streams before it falls behind (measured on the
 # 2-core development machine: saturated near 10,000 tokens/s; docs/twin.md): a load expecting
@@ -81,6 +84,20 @@ class TwinServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def kv_bytes_for_blocks(model: str, gpu: str, blocks: int, max_model_len: int) -> int:
+    """The --kv-cache-memory-bytes that gives vLLM exactly `blocks` KV blocks for this model on
+    this card (its block size and bytes per block, as vLLM lays them out)."""
+    from kvwatch.sizing.kvplan import PLATFORMS, Serving, layout_for
+
+    if blocks < 1:
+        raise SizingError("a KV cache needs at least one block")
+    card = lookup_gpu(gpu)
+    layout = layout_for(
+        resolve_model(model), Serving(max_model_len=max_model_len), PLATFORMS[card.platform]
+    )
+    return blocks * layout.bytes_per_block
 
 
 def start_twin(

@@ -385,8 +385,8 @@ REC_FLEET_CAPACITY = Recording(
 )
 REC_FLEET_DEMAND = Recording(
     "kvwatch:fleet_kv_demand_tokens:sum",
-    "KV tokens the model's requests ask for: held now (capacity less free, from the sidecars) "
-    "plus the waiting requests at the typical request's tokens",
+    "KV tokens the model's requests ask for: every request its engines run or queue, at the "
+    "typical request's final tokens (kvwatch:fleet_request_tokens:mean5m)",
 )
 REC_FLEET_HEADROOM = Recording(
     "kvwatch:fleet_kv_headroom_requests",

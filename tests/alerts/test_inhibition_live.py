@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from tests.alertmanager import running_alertmanager, shipped_config
+from kvwatch.fleet.alertmanager import running_alertmanager, shipped_config
 
 pytestmark = pytest.mark.integration
 

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import yaml
 
-from tests.services import running_service
+from kvwatch.alerts.routing import alertmanager_config
+from kvwatch.fleet.services import running_service
 
 __all__ = ["running_alertmanager", "shipped_config"]
 
-SHIPPED = Path(__file__).resolve().parent.parent / "alerts" / "kvwatch-alertmanager.yml"
-
 
 def shipped_config(webhook_url: str) -> str:
-    """alerts/kvwatch-alertmanager.yml as shipped (its routes and grouping), with
-    every receiver posting to `webhook_url` and every route's timers at 1 s."""
-    cfg = yaml.safe_load(SHIPPED.read_text())
+    """The Alertmanager config kvwatch ships (alerts/kvwatch-alertmanager.yml: its routes,
+    grouping and inhibit rules), with every receiver posting to `webhook_url` and every route's
+    timers at 1 s."""
+    cfg = alertmanager_config()
     for r in cfg["receivers"]:
         for hook in r["webhook_configs"]:
             hook["url"] = webhook_url

@@ -1,5 +1,5 @@
-"""Run a Debian-packaged server (Prometheus, Alertmanager) for a test: free port, its own temp
-dir, readiness by `/-/ready`, stopped by its PID and cleaned up."""
+"""Run a Debian-packaged server (Prometheus, Alertmanager): free port, its own temp dir,
+readiness by `/-/ready`, stopped by its PID and cleaned up."""
 
 from __future__ import annotations
 

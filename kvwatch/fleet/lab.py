@@ -1,0 +1,232 @@
+"""A fleet on this machine from real parts, started and stopped as one.
+
+N replicas of one model, each a kvwatch twin (vLLM's own engine on a simulated card) with its
+sidecar beside it, behind vllm-router; Prometheus discovers the servers and the sidecars from
+files the fleet rewrites as replicas come and go (as Kubernetes' discovery would), evaluates
+kvwatch's rules (their `for:` optionally scaled down) and sends to Alertmanager, which runs
+the shipped routing and posts to a local receiver. Everything it starts it stops, by PID,
+whatever happens; temporary directories go with it unless a work directory was given.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvwatch.common.command import EXIT_FOUND, EXIT_OK, CliError
+from kvwatch.fleet.alertmanager import running_alertmanager, shipped_config
+from kvwatch.fleet.prometheus import running_prometheus, wait_for_series, write_file_sd
+from kvwatch.fleet.receiver import NotificationReceiver
+from kvwatch.fleet.router import Router
+from kvwatch.fleet.sidecars import start_sidecar
+from kvwatch.loadgen.local_server import stop_process
+from kvwatch.twin.serve import TwinServer, kv_bytes_for_blocks, start_twin
+
+__all__ = ["FleetSpec", "Replica", "Fleet"]
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    replicas: int = 2
+    model: str = "llama-3.1-8b"
+    gpu: str = "h100"
+    kv_blocks: int = 2000  # per replica
+    max_model_len: int = 8192
+    time_scale: float = 1.0  # wall seconds per simulated second, every twin alike
+    policy: str = "round_robin"
+    rules_for_scale: float = 1.0  # the rules' `for:` scaled (labs: see a page in seconds)
+    scrape_interval: str = "1s"
+    vllm_args: tuple[str, ...] = ()
+
+
+@dataclass
+class Replica:
+    index: int
+    twin: TwinServer
+    sidecar: subprocess.Popen[bytes]
+    sidecar_url: str
+    killed: bool = False
+
+    @property
+    def url(self) -> str:
+        return self.twin.base_url
+
+
+@dataclass
+class Fleet:
+    spec: FleetSpec
+    work_dir: Path | None = None
+    echo: bool = False
+    replicas: list[Replica] = field(default_factory=list)
+    prometheus: str = ""
+    alertmanager: str = ""
+
+    def __post_init__(self) -> None:
+        self._own_dir = self.work_dir is None
+        self.dir = (
+            Path(tempfile.mkdtemp(prefix="kvwatch-fleet-"))
+            if self.work_dir is None
+            else (self.work_dir)
+        )
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._stack = ExitStack()
+        self._lock = threading.Lock()
+        self.receiver = NotificationReceiver(echo=self.echo)
+        self.router: Router | None = None
+        self._kv_bytes = kv_bytes_for_blocks(
+            self.spec.model, self.spec.gpu, self.spec.kv_blocks, self.spec.max_model_len
+        )
+
+    # --- bring-up -------------------------------------------------------------------------
+
+    def __enter__(self) -> Fleet:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _start(self) -> None:
+        from kvwatch.alerts.build import render_rules
+
+        self._stack.enter_context(self.receiver)
+        self.alertmanager = self._stack.enter_context(
+            running_alertmanager(shipped_config(self.receiver.base + "/hook"))
+        )
+        self._sd = {job: self.dir / f"{job}-targets.json" for job in ("vllm", "kvwatch")}
+        for path in self._sd.values():
+            write_file_sd(path, [])
+        self.add_replicas(self.spec.replicas, register=False)
+        self.router = Router([r.url for r in self.replicas], self.spec.policy,
+                             self.dir / "router.log")  # fmt: skip
+        self.router.start()
+        self._stack.callback(self.router.stop)
+        self.prometheus = self._stack.enter_context(
+            running_prometheus(
+                {"router": [self.router.metrics_address]},
+                interval=self.spec.scrape_interval,
+                rules=render_rules(for_scale=self.spec.rules_for_scale),
+                alertmanager=self.alertmanager.removeprefix("http://"),
+                discovered=self._sd,
+            )
+        )
+        n = len(self.replicas)
+        wait_for_series(self.prometheus, f'count(up{{job="kvwatch"}} == 1) == {n}', 60)
+        wait_for_series(
+            self.prometheus, f"count({{__name__=~'vllm[:_]kv_cache_usage_perc'}}) == {n}", 60
+        )
+
+    def _start_replica(self, index: int) -> Replica:
+        s = self.spec
+        log = self.dir / f"replica-{index}-vllm.log"
+        twin = start_twin(
+            s.model, s.gpu, log, time_scale=s.time_scale, seed=index,
+            status_dir=self.dir / f"replica-{index}",
+            vllm_args=("--max-model-len", str(s.max_model_len),
+                       "--kv-cache-memory-bytes", str(self._kv_bytes), *s.vllm_args),
+        )  # fmt: skip
+        try:
+            proc, url = start_sidecar(twin.base_url, self.dir, f"replica-{index}-sidecar", log=log)
+        except BaseException:
+            twin.stop()
+            raise
+        return Replica(index, twin, proc, url)
+
+    def add_replicas(self, n: int, register: bool = True) -> list[Replica]:
+        """Start `n` more replicas side by side; with `register`, tell the router of them (as an
+        operator scaling out does). Discovery files are rewritten for Prometheus."""
+        (self.dir / "replica-0").mkdir(exist_ok=True)
+        first = len(self.replicas)
+        for i in range(first, first + n):
+            (self.dir / f"replica-{i}").mkdir(exist_ok=True)
+        made: list[Replica | BaseException] = [RuntimeError("not started")] * n
+
+        def start(k: int) -> None:
+            try:
+                made[k] = self._start_replica(first + k)
+            except BaseException as e:  # noqa: BLE001 (handed to the caller below)
+                made[k] = e
+
+        threads = [threading.Thread(target=start, args=(k,)) for k in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        new = [r for r in made if isinstance(r, Replica)]
+        with self._lock:
+            self.replicas.extend(new)
+        self._write_discovery()
+        errors = [e for e in made if not isinstance(e, Replica)]
+        if errors:
+            raise errors[0]
+        if register and self.router is not None:
+            for r in new:
+                self.router.add_worker(r.url)
+        return new
+
+    def _write_discovery(self) -> None:
+        live = [r for r in self.replicas if not r.killed]
+        write_file_sd(self._sd["vllm"], [r.url.removeprefix("http://") for r in live])
+        # a killed replica's sidecar stays, as it does beside a crashed container in its pod
+        write_file_sd(
+            self._sd["kvwatch"], [r.sidecar_url.removeprefix("http://") for r in self.replicas]
+        )
+
+    # --- faults and changes ---------------------------------------------------------------
+
+    def kill(self, index: int) -> None:
+        """Kill a replica's server outright (its sidecar stays and sees it go), as a crash."""
+        r = self.replicas[index]
+        r.twin.server.stop(first_signal=signal.SIGKILL)
+        r.killed = True
+
+    def set_policy(self, policy: str) -> None:
+        assert self.router is not None
+        self.router.restart(policy)
+
+    @property
+    def url(self) -> str:
+        assert self.router is not None
+        return self.router.url
+
+    def run_load(self, run_dir: Path, *load_args: str) -> tuple[float, float, dict[str, Any]]:
+        """`kvwatch loadgen run` through the router with these arguments (a trace, stages);
+        returns its wall start and end and its summary. Raises CliError if it fails."""
+        cmd = [
+            sys.executable, "-m", "kvwatch", "loadgen", "run", "--url", self.url,
+            "--run-dir", str(run_dir), "--no-progress", "--json", *load_args,
+        ]  # fmt: skip
+        start = time.time()
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        end = time.time()
+        if p.returncode not in (EXIT_OK, EXIT_FOUND):
+            raise CliError(f"kvwatch loadgen run failed ({p.returncode}): {p.stderr[-2000:]}")
+        summary: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
+        return start, end, summary
+
+    # --- teardown -------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        try:
+            self._stack.close()
+        finally:
+            for r in self.replicas:
+                stop_process(r.sidecar, grace_s=5.0)
+                r.twin.stop()
+            self.replicas = []
+            if self._own_dir:
+                shutil.rmtree(self.dir, ignore_errors=True)

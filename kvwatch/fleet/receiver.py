@@ -1,0 +1,83 @@
+"""A loopback webhook receiver for Alertmanager's notifications: keeps each one (which route's
+receiver got it, the group, the alerts in it) and can print them as they come."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from kvwatch.loadgen.local_server import free_port
+
+__all__ = ["Notification", "NotificationReceiver"]
+
+
+@dataclass(frozen=True)
+class Notification:
+    at: float  # wall time it arrived
+    path: str  # the receiver's URL path: /alerts (default) or /inference (the pages)
+    status: str  # firing or resolved
+    group_labels: dict[str, str]
+    alerts: tuple[tuple[str, str, dict[str, str]], ...]  # (name, status, labels)
+
+    @property
+    def names(self) -> set[str]:
+        return {name for name, _, _ in self.alerts}
+
+
+class NotificationReceiver:
+    def __init__(self, echo: bool = False) -> None:
+        self.got: list[Notification] = []
+        self.refused = 0  # bodies that were not an Alertmanager notification
+        self._lock = threading.Lock()
+        me = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                me._take(self.path, body, echo)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.base = f"http://127.0.0.1:{self._server.server_port}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def _take(self, path: str, body: bytes, echo: bool) -> None:
+        try:
+            doc: dict[str, Any] = json.loads(body)
+            alerts = tuple(
+                (a["labels"]["alertname"], a["status"], dict(a["labels"])) for a in doc["alerts"]
+            )
+            note = Notification(
+                time.time(), path, str(doc["status"]), dict(doc.get("groupLabels") or {}), alerts
+            )
+        except (ValueError, KeyError, TypeError):
+            with self._lock:
+                self.refused += 1
+            return
+        with self._lock:
+            self.got.append(note)
+        if echo:
+            group = ", ".join(f"{k}={v}" for k, v in sorted(note.group_labels.items()))
+            names = ", ".join(sorted(note.names))
+            print(f">>> alertmanager {path}: {note.status} [{group}] {names}", flush=True)
+
+    def notifications(self) -> list[Notification]:
+        with self._lock:
+            return list(self.got)
+
+    def __enter__(self) -> NotificationReceiver:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
