@@ -23,13 +23,18 @@ import argparse
 import json
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from kvwatch.advise.fleet_source import fleets_from_prometheus
 from kvwatch.fleet.figures import fleet_figures
 from kvwatch.fleet.lab import Fleet, FleetSpec
+from kvwatch.fleet.prometheus import wait_for_series
 from kvwatch.fleet.workloads import PileSpec, session_pile_trace
+from kvwatch.sidecar.contract.thresholds import DEFAULT_THRESHOLDS
+from kvwatch.sizing.fleet import advise_fleet
 
 FOR_SCALE = 1 / 30  # the rules' `for: 5m` is 10 s here: the judgements, not the waiting
 
@@ -82,18 +87,61 @@ def imbalance(ns: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     return {"workload": pile.__dict__, "kv_blocks": ns.kv_blocks, "runs": [rr, ca]}
 
 
+def _advice(fleet: Fleet) -> dict[str, Any]:
+    (obs,) = fleets_from_prometheus(fleet.prometheus, window="3m", step="1s")
+    return advise_fleet(obs, DEFAULT_THRESHOLDS.pressure_kv).to_dict()
+
+
+def shortage(ns: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """Closed-loop streams of one size, more than two replicas hold: the fleet page once, the
+    advice's replicas, then that many replicas (registered with the router) and the same load."""
+    load = ("--stage", f"concurrency:n={ns.streams}@{ns.duration:g}s", "--input-len", "1024",
+            "--output-len", "512", "--seed", "5")  # fmt: skip
+    spec = FleetSpec(replicas=2, kv_blocks=ns.kv_blocks, policy="cache_aware",
+                     max_model_len=2048, rules_for_scale=FOR_SCALE)  # fmt: skip
+    with Fleet(spec, work_dir=tmp / "fleet", echo=True) as fleet:
+        short = _run(fleet, tmp, "two-replicas", *load)
+        advice = _advice(fleet)
+        more = advice["replicas_needed"] - len(fleet.replicas)
+        added = fleet.add_replicas(more) if more > 0 else []
+        n = len(fleet.replicas)
+        wait_for_series(fleet.prometheus, f'count(up{{job="kvwatch"}} == 1) == {n}', 60)
+        time.sleep(70)  # the 1-minute windows forget the first run
+        scaled = _run(fleet, tmp, f"{n}-replicas", *load)
+    return {"streams": ns.streams, "kv_blocks": ns.kv_blocks, "advice": advice,
+            "added": len(added), "runs": [short, scaled]}  # fmt: skip
+
+
+def kill(ns: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """Three replicas under a load two can hold; one killed a third of the way in."""
+    load = ("--stage", f"concurrency:n={ns.streams}@{ns.duration:g}s", "--input-len", "1024",
+            "--output-len", "512", "--seed", "6")  # fmt: skip
+    spec = FleetSpec(replicas=3, kv_blocks=ns.kv_blocks, policy="cache_aware",
+                     max_model_len=2048, rules_for_scale=FOR_SCALE)  # fmt: skip
+    with Fleet(spec, work_dir=tmp / "fleet", echo=True) as fleet:
+        victim = fleet.replicas[2].url.removeprefix("http://")
+        timer = threading.Timer(ns.duration / 3, fleet.kill, args=(2,))
+        timer.start()
+        run = _run(fleet, tmp, "kill", *load)
+        timer.join()
+    return {"streams": ns.streams, "kv_blocks": ns.kv_blocks, "killed": victim, "run": run}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("proof", choices=["imbalance"])
-    ap.add_argument("--kv-blocks", type=int, default=2000, help="KV blocks per replica (2000)")
+    ap.add_argument("proof", choices=["imbalance", "shortage", "kill"])
+    ap.add_argument("--streams", type=int, help="closed-loop streams (shortage 30, kill 12)")
+    ap.add_argument("--kv-blocks", type=int, default=900, help="KV blocks per replica (900)")
     ap.add_argument("--rate", type=float, default=4.0, help="requests per second (4)")
     ap.add_argument("--duration", type=float, default=90.0, help="seconds of load per run (90)")
     ap.add_argument("--save", type=Path, help="write the figures as JSON here too")
     ns = ap.parse_args()
+    if ns.streams is None:
+        ns.streams = {"shortage": 30, "kill": 12}.get(ns.proof, 0)
     with tempfile.TemporaryDirectory(prefix="kvwatch-bench-fleet-") as d:
-        result = {"imbalance": imbalance}[ns.proof](ns, Path(d))
+        result = {"imbalance": imbalance, "shortage": shortage, "kill": kill}[ns.proof](ns, Path(d))
     text = json.dumps(result, indent=1)
     print(text)
     if ns.save:

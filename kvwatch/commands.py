@@ -59,6 +59,15 @@ def _register_demo(sub: Any) -> None:
     d.add_argument("--max-tokens", type=int, default=300, help="tokens per request (300)")
     d.add_argument("--rounds", type=int, default=1, help="heavy stages to run (1); more = longer")
     d.add_argument("--run-dir", type=Path, help="where to write the run (default runs/demo-TIME)")
+    d.add_argument(
+        "--fleet",
+        type=int,
+        metavar="N",
+        help="run a fleet instead: N twins (--twin, default llama-3.1-8b:h100; --twin-blocks "
+        "each) behind vllm-router, a sidecar each, Prometheus with kvwatch's rules and "
+        "Alertmanager with its routing, ramped (streams x N) into a shortage; prints the pages "
+        "and the fleet advice (docs/fleet.md)",
+    )
     d.set_defaults(func=handler("kvwatch.demo:run_demo"))
 
 

@@ -137,6 +137,11 @@ class _LiveView:
 def run_demo(ns: argparse.Namespace) -> int:
     from kvwatch.loadgen.tiny_model import build_tiny_model
 
+    if getattr(ns, "fleet", None) is not None:
+        from kvwatch.demo_fleet import run_fleet_demo
+
+        return run_fleet_demo(ns)
+
     run_dir = ns.run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:

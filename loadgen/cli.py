@@ -200,6 +200,10 @@ def _probe_args(g: Any) -> None:
                    help="output tokens of each probe (default 16)")  # fmt: skip
 
 
+def _metrics_source(text: str) -> str:
+    return "none" if text == "none" else http_url(text)
+
+
 def _trace_args(g: Any) -> None:
     g.add_argument(
         "--trace", type=Path, metavar="FILE",
@@ -249,6 +253,15 @@ def _request_args(g: Any) -> None:
         metavar="URL",
         type=http_url,
         help="a kvwatch sidecar to tell stage starts and ends (for marks and annotations)",
+    )
+    g.add_argument(
+        "--server-metrics",
+        metavar="URL|none",
+        type=_metrics_source,
+        help="the vLLM whose /metrics the run samples for its timeline and server figures "
+        "(default: --url). Behind a router give one replica's URL, or none: a router "
+        "answers /metrics from a replica of its choosing, and counts each sample as a "
+        "request in its policy (round robin shifts)",
     )
     g.add_argument(
         "--workers",

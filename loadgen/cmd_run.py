@@ -231,7 +231,8 @@ async def prepare_run(
             model = ns.model or await served_model(client, ns.url)
         except (httpx.HTTPError, ValueError, KeyError) as e:
             raise CliError(f"cannot reach {ns.url}: {e}", EXIT_UNREACHABLE) from None
-        time_scale = await _time_scale(client, ns.url)
+        metrics_url = server_metrics_url(ns)
+        time_scale = None if metrics_url is None else await _time_scale(client, metrics_url)
         try:
             workload = await _workload(ns, client, model, time_scale)
         except (DatasetError, TraceError) as e:
@@ -247,6 +248,14 @@ async def _time_scale(client: httpx.AsyncClient, url: str) -> float | None:
     except httpx.HTTPError:
         return None
     return read_time_scale(r.text) if r.status_code == 200 else None
+
+
+def server_metrics_url(ns: argparse.Namespace) -> str | None:
+    """Where the run reads the server's /metrics: --server-metrics, or --url; None for none."""
+    chosen = getattr(ns, "server_metrics", None)
+    if chosen is None:
+        return str(ns.url)
+    return None if chosen == "none" else str(chosen)
 
 
 def announce_time_scale(time_scale: float | None) -> None:
@@ -373,7 +382,7 @@ def _run_into(
     )
     stall, slo = in_wall_time(StallRule(ns.stall_factor, ns.stall_min), slo, time_scale)
     send = lambda: send_stages(ns, stages, opts, workload, stall, progress)  # noqa: E731
-    m = measure(ns.url, headers, ns.sidecar, send)
+    m = measure(server_metrics_url(ns), headers, ns.sidecar, send)
     summary = summarize_records(m.records, slo)
     if time_scale is not None:
         summary["time_scale"] = time_scale

@@ -19,7 +19,13 @@ import httpx
 
 from kvwatch.common.command import EXIT_FOUND, CliError
 from kvwatch.loadgen.arrivals import Concurrency, Poisson
-from kvwatch.loadgen.cmd_run import announce_time_scale, in_wall_time, prepare_run, send_stages
+from kvwatch.loadgen.cmd_run import (
+    announce_time_scale,
+    in_wall_time,
+    prepare_run,
+    send_stages,
+    server_metrics_url,
+)
 from kvwatch.loadgen.measure import Measured, measure, run_spec
 from kvwatch.loadgen.records import StallRule
 from kvwatch.loadgen.rundir import discard_if_empty, prepare_run_dir, write_run
@@ -159,7 +165,7 @@ def _search_into(
         side_before = run_loop(sidecar_count())
         progress = Progress()
         m = measure(
-            ns.url, headers, ns.sidecar,
+            server_metrics_url(ns), headers, ns.sidecar,
             lambda: send_stages(ns, [stage], opts, wl, stall, progress),  # noqa: B023
         )  # fmt: skip
         side_after = run_loop(sidecar_count())

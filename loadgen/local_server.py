@@ -27,6 +27,8 @@ __all__ = [
     "free_port",
     "wait_until_ok",
     "stop_process",
+    "sigterm_interrupts",
+    "restore_sigterm",
     "port_is_free",
     "group_alive",
     "set_autogroup_nice",
@@ -174,7 +176,7 @@ class LocalVLLM:
         self.stop_grace_s = stop_grace_s
         self.port: int | None = None
         self.proc: subprocess.Popen[bytes] | None = None
-        self._sigterm_before: signal._HANDLER | None = None  # see _sigterm_interrupts
+        self._sigterm_before: signal._HANDLER | None = None  # see sigterm_interrupts
 
     @property
     def base_url(self) -> str:
@@ -249,11 +251,11 @@ class LocalVLLM:
         return proc.returncode
 
     def __enter__(self) -> LocalVLLM:
-        self._sigterm_before = _sigterm_interrupts()
+        self._sigterm_before = sigterm_interrupts()
         try:
             return self.start()
         except BaseException:
-            _restore_sigterm(self._sigterm_before)
+            restore_sigterm(self._sigterm_before)
             raise
 
     def __exit__(
@@ -262,10 +264,10 @@ class LocalVLLM:
         try:
             self.stop()
         finally:
-            _restore_sigterm(self._sigterm_before)
+            restore_sigterm(self._sigterm_before)
 
 
-def _sigterm_interrupts() -> signal._HANDLER | None:
+def sigterm_interrupts() -> signal._HANDLER | None:
     """While a `with LocalVLLM(...)` runs, a SIGTERM to this process interrupts it like Ctrl-C,
     so the `with` exits and stops the server: by default SIGTERM ends Python at once and the
     server (in a session of its own) lives on. Only in the main thread, and only where nobody
@@ -277,7 +279,7 @@ def _sigterm_interrupts() -> signal._HANDLER | None:
     return signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
-def _restore_sigterm(before: signal._HANDLER | None) -> None:
+def restore_sigterm(before: signal._HANDLER | None) -> None:
     if before is not None and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, before)
 

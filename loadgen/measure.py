@@ -44,28 +44,37 @@ class Measured:
 
 
 def measure(
-    url: str, headers: dict[str, str], sidecar: str | None, send: Callable[[], Sent]
+    url: str | None, headers: dict[str, str], sidecar: str | None, send: Callable[[], Sent]
 ) -> Measured:
-    """Snapshot the server, send the load with its timeline recorded, snapshot it again."""
+    """Snapshot the server, send the load with its timeline recorded, snapshot it again.
+    `url` None: the server's /metrics is not read (a router in front, whose /metrics would
+    be one replica's and whose policy would count each sample as a request)."""
 
     async def snapshot() -> dict[str, Any] | None:
+        if url is None:
+            return None
         async with httpx.AsyncClient(timeout=10, headers=headers) as client:
             return await server_snapshot(client, url)
 
     before = run_loop(snapshot())
     before_t = time.time()
-    with TimelineRecorder(url, sidecar, headers) as recorder:
+    if url is None:
         start_unix, records, events = send()
+        rows: list[dict[str, Any]] = []
+    else:
+        with TimelineRecorder(url, sidecar, headers) as recorder:
+            start_unix, records, events = send()
+        rows = recorder.rows
     after_t = time.time()
     after = run_loop(snapshot())
     # the snapshots close the timeline at both ends, so stalls at the edges can be judged too
     samples = [
         *([{"t": before_t, **before}] if before else []),
-        *recorder.rows,
+        *rows,
         *([{"t": after_t, **after}] if after else []),
     ]
     mark_preempting_stalls(records, PreemptionCounter.from_rows(samples), start_unix)
-    return Measured(start_unix, records, events, recorder.rows, before, after)
+    return Measured(start_unix, records, events, rows, before, after)
 
 
 async def print_progress(p: Progress, t0: float) -> None:

@@ -15,14 +15,15 @@ from kvwatch.fleet.services import running_service
 __all__ = ["running_alertmanager", "shipped_config"]
 
 
-def shipped_config(webhook_url: str) -> str:
+def shipped_config(webhook_url: str | None = None, hook_base: str | None = None) -> str:
     """The Alertmanager config kvwatch ships (alerts/kvwatch-alertmanager.yml: its routes,
-    grouping and inhibit rules), with every receiver posting to `webhook_url` and every route's
-    timers at 1 s."""
-    cfg = alertmanager_config()
+    grouping and inhibit rules) with every route's timers at 1 s, and every receiver posting
+    to `webhook_url`, or to its shipped path under `hook_base` (`/alerts` for the default
+    receiver, `/inference` for the pages)."""
+    cfg = alertmanager_config() if hook_base is None else alertmanager_config(hook_base)
     for r in cfg["receivers"]:
         for hook in r["webhook_configs"]:
-            hook["url"] = webhook_url
+            hook["url"] = webhook_url or hook["url"]
     todo = [cfg["route"]]
     while todo:
         route = todo.pop()

@@ -24,6 +24,8 @@ __all__ = ["ReplicaFigures", "FleetFigures", "fleet_figures"]
 class ReplicaFigures:
     instance: str
     peak_kv: float
+    mean_kv: float
+    short_share: float  # of the span, the share the fleet rules judged it out of KV
     preemptions: float
     request_share: float
     prompt_share: float
@@ -63,6 +65,8 @@ def fleet_figures(prometheus: str, start: float, end: float) -> FleetFigures:
         return query(prometheus, promql, at=end)
 
     peak = _by_instance(q(f"max by (instance) (max_over_time({promql_selector(KV_USAGE)}{w}))"))
+    mean = _by_instance(q(f"avg_over_time({cat.REC_KV_USAGE.name}{w})"))
+    short = _by_instance(q(f"avg_over_time({cat.REC_KV_SHORT.name}{w})"))
     pre = _by_instance(q(f"sum by (instance) (increase({promql_selector(PREEMPTIONS)}{w}))"))
 
     def share(sel: str) -> dict[str, float]:
@@ -81,6 +85,8 @@ def fleet_figures(prometheus: str, start: float, end: float) -> FleetFigures:
             ReplicaFigures(
                 inst,
                 peak.get(inst, 0.0),
+                mean.get(inst, 0.0),
+                short.get(inst, 0.0),
                 pre.get(inst, 0.0),
                 req.get(inst, 0.0),
                 prompt.get(inst, 0.0),

@@ -29,7 +29,7 @@ from kvwatch.fleet.prometheus import running_prometheus, wait_for_series, write_
 from kvwatch.fleet.receiver import NotificationReceiver
 from kvwatch.fleet.router import Router
 from kvwatch.fleet.sidecars import start_sidecar
-from kvwatch.loadgen.local_server import stop_process
+from kvwatch.loadgen.local_server import restore_sigterm, sigterm_interrupts, stop_process
 from kvwatch.twin.serve import TwinServer, kv_bytes_for_blocks, start_twin
 
 __all__ = ["FleetSpec", "Replica", "Fleet"]
@@ -80,6 +80,7 @@ class Fleet:
         )
         self.dir.mkdir(parents=True, exist_ok=True)
         self._stack = ExitStack()
+        self._sigterm_before: Any = None
         self._lock = threading.Lock()
         self.receiver = NotificationReceiver(echo=self.echo)
         self.router: Router | None = None
@@ -90,6 +91,8 @@ class Fleet:
     # --- bring-up -------------------------------------------------------------------------
 
     def __enter__(self) -> Fleet:
+        # a SIGTERM to this process unwinds like Ctrl-C, so everything started is stopped
+        self._sigterm_before = sigterm_interrupts()
         try:
             self._start()
         except BaseException:
@@ -105,7 +108,7 @@ class Fleet:
 
         self._stack.enter_context(self.receiver)
         self.alertmanager = self._stack.enter_context(
-            running_alertmanager(shipped_config(self.receiver.base + "/hook"))
+            running_alertmanager(shipped_config(hook_base=self.receiver.base))
         )
         self._sd = {job: self.dir / f"{job}-targets.json" for job in ("vllm", "kvwatch")}
         for path in self._sd.values():
@@ -205,10 +208,13 @@ class Fleet:
 
     def run_load(self, run_dir: Path, *load_args: str) -> tuple[float, float, dict[str, Any]]:
         """`kvwatch loadgen run` through the router with these arguments (a trace, stages);
-        returns its wall start and end and its summary. Raises CliError if it fails."""
+        returns its wall start and end and its summary. Raises CliError if it fails. The run
+        reads no /metrics through the router (Prometheus has the replicas'): the router would
+        answer from a replica of its choosing and count each read in its policy."""
         cmd = [
             sys.executable, "-m", "kvwatch", "loadgen", "run", "--url", self.url,
-            "--run-dir", str(run_dir), "--no-progress", "--json", *load_args,
+            "--server-metrics", "none", "--run-dir", str(run_dir), "--no-progress", "--json",
+            *load_args,
         ]  # fmt: skip
         start = time.time()
         p = subprocess.run(cmd, capture_output=True, text=True)
@@ -230,3 +236,5 @@ class Fleet:
             self.replicas = []
             if self._own_dir:
                 shutil.rmtree(self.dir, ignore_errors=True)
+            restore_sigterm(self._sigterm_before)
+            self._sigterm_before = None

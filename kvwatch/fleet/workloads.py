@@ -1,13 +1,14 @@
 """Workloads that show what routing does to a fleet, written as kvwatch-format traces (JSONL:
 `t`, `input_tokens`, `output_tokens`, `hash_ids`) for `kvwatch loadgen run --trace`.
 
-`session_pile_trace`: conversations, some long and some short, whose turns arrive in a fixed
-order: every `replicas`-th request is the next turn of a long conversation, the rest turns of
-short ones. A round-robin router counts requests, not tokens, so it sends every long turn to
-the same replica, which runs out of KV while the others idle; a router that follows the cache
-(each turn resends its conversation, whose prefix a replica holds) and balances on load spreads
-the conversations instead. The arrival pattern is contrived only in being exact: a client that
-alternates a long call and short ones (summarise, then classify) does the same to round robin.
+`session_pile_trace`: long conversations and short one-turn requests arriving in a fixed
+order: every `replicas`-th request is the next turn of a long conversation (resending its
+context, which grows a turn at a time), the rest are short. A round-robin router counts
+requests, not tokens, so it sends every long turn to the same replica, which runs out of KV
+while the others idle; a router that follows the cache (each turn resends its conversation,
+whose prefix a replica holds) and balances on load spreads the conversations instead. The
+arrival pattern is contrived only in being exact: a client that alternates a long call and
+short ones (summarise, then classify) does the same to round robin.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ class PileSpec:
     rate: float = 4.0  # requests per second, all kinds
     duration_s: float = 90.0
     long_sessions: int = 6
-    long_first_tokens: int = 4096  # a long conversation's first turn
+    long_first_tokens: int = 2048  # a long conversation's first turn
     long_turn_tokens: int = 512  # what each later turn adds (the user's message + the answer)
-    long_max_tokens: int = 8192  # it starts again past this (a new conversation, new prefix)
-    short_tokens: int = 256
-    output_tokens: int = 256
+    long_max_tokens: int = 4096  # it starts again past this (a new conversation, new prefix)
+    short_tokens: int = 128
+    short_output_tokens: int = 64
+    output_tokens: int = 256  # a long conversation's answer
     block_tokens: int = 64  # tokens per hash id (pass as --trace-block-tokens)
 
 
@@ -64,6 +66,6 @@ def session_pile_trace(path: Path, spec: PileSpec) -> int:
             ids = list(range(next_id, next_id + spec.short_tokens // b))
             next_id += len(ids)
             rows.append({"t": t, "input_tokens": spec.short_tokens,
-                         "output_tokens": spec.output_tokens, "hash_ids": ids})  # fmt: skip
+                         "output_tokens": spec.short_output_tokens, "hash_ids": ids})  # fmt: skip
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return n
