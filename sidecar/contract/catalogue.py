@@ -631,13 +631,15 @@ ALERTS: tuple[Alert, ...] = (
         "{model_name} is short of KV: no replica has room",
         "{value} of the {replicas} replicas of {model_name} ran out of KV blocks (usage at or "
         "above {pct[saturated_kv]}, or preemptions) and none had room (every one at or above "
-        "{pct[pressure_kv]}), minute after minute for 5 minutes: the model is short of KV, not "
+        "{pct[pressure_kv]}), for a minute: the model is short of KV, not "
         "one replica. At the demand measured now the fleet needs "
         "{replicas_needed} replicas of its mean KV size to stay below {pct[pressure_kv]}; add "
         "replicas or KV memory per replica (kvwatch advise --prometheus). The per-replica "
         "saturation, thrashing and preemption pages for {model_name} are held back meanwhile.",
-        # a failed scrape of one replica marks its series stale: the page must not resolve
-        RULES, for_="5m", keep_firing_for="2m", scope="fleet",
+        # as soon as KvwatchThrashing (1m), so that it is firing when the engines' pages are
+        # grouped and holds them back; a failed scrape of one replica marks its series stale:
+        # the page must not resolve
+        RULES, for_="1m", keep_firing_for="2m", scope="fleet",
         holds_back=(
             "VllmKvCachePressure", "VllmKvCacheSaturated", "VllmPreemptionRateHigh",
             "VllmRepeatedPreemptions", "KvwatchThrashing", "KvwatchKvExhaustionImminent",
