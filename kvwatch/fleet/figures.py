@@ -38,6 +38,8 @@ class FleetFigures:
     replicas: list[ReplicaFigures] = field(default_factory=list)
     fired: dict[str, list[dict[str, str]]] = field(default_factory=dict)  # alert -> labels
     replicas_needed_max: float | None = None
+    capacity_lost_tokens_max: float | None = None  # of engines down or dead
+    capacity_tokens_min: float | None = None  # of the live engines
 
     @property
     def preemptions(self) -> float:
@@ -96,7 +98,16 @@ def fleet_figures(prometheus: str, start: float, end: float) -> FleetFigures:
     for row in q(f'max_over_time(ALERTS{{alertstate="firing", alertname=~"KvwatchFleet.*"}}{w})'):
         labels = {k: v for k, v in row["metric"].items() if k not in ("__name__", "alertstate")}
         figures.fired.setdefault(labels.pop("alertname"), []).append(labels)
-    needed = q(f"max(max_over_time({cat.REC_FLEET_REPLICAS_NEEDED.name}{w}))")
-    if needed:
-        figures.replicas_needed_max = float(needed[0]["value"][1])
+
+    def most(promql: str) -> float | None:
+        rows = q(promql)
+        return float(rows[0]["value"][1]) if rows else None
+
+    figures.replicas_needed_max = most(
+        f"max(max_over_time({cat.REC_FLEET_REPLICAS_NEEDED.name}{w}))"
+    )
+    figures.capacity_lost_tokens_max = most(
+        f"max(max_over_time({cat.REC_FLEET_CAPACITY_LOST.name}{w}))"
+    )
+    figures.capacity_tokens_min = most(f"min(min_over_time({cat.REC_FLEET_CAPACITY.name}{w}))")
     return figures

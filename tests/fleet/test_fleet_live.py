@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
 
 def test_round_robin_piles_long_sessions_on_one_replica_and_it_is_named(tmp_path: Path) -> None:
-    pile = PileSpec(replicas=2, rate=4.0, duration_s=60)
+    pile = PileSpec(replicas=2, rate=4.0, duration_s=45)
     trace = tmp_path / "pile.jsonl"
     session_pile_trace(trace, pile)
     spec = FleetSpec(replicas=2, kv_blocks=900, policy="round_robin",
