@@ -31,16 +31,10 @@ from kvwatch.loadgen.local_server import (
     free_port,
     stop_process,
 )
+from kvwatch.loadgen.schedule import ramp_stages
 from kvwatch.sidecar.state.views import EngineView, engines_from_json
 
-__all__ = ["run_demo", "ramp_stages", "AlertReceiver"]
-
-
-def ramp_stages(light: int, heavy: int, rounds: int) -> list[str]:
-    """Healthy, then pressure, then `rounds` heavy stages: loadgen stage specs."""
-    middle = max(light + 1, heavy // 3)
-    stages = [f"concurrency:n={light}#{2 * light}", f"concurrency:n={middle}#{middle}"]
-    return stages + [f"concurrency:n={heavy}#{heavy}"] * rounds
+__all__ = ["run_demo", "AlertReceiver"]
 
 
 class AlertReceiver:

@@ -34,6 +34,7 @@ from kvwatch.loadgen.workload import DatasetError, WorkloadSpec, tokenize_corpus
 
 __all__ = [
     "run_command",
+    "server_metrics_url",
     "build_stages",
     "prepare_run",
     "send_stages",

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from kvwatch.loadgen.arrivals import Burst, Concurrency, Constant, Gamma, Pattern, Poisson, Ramp
 
-__all__ = ["Stage", "parse_stage", "sweep_stages", "StageSpecError"]
+__all__ = ["Stage", "parse_stage", "sweep_stages", "StageSpecError", "ramp_stages"]
 
 _SPEC = re.compile(
     r"^(?P<kind>[a-z]+)(?::(?P<params>[^@#]*))?(?:@(?P<dur>[\d.]+)s?)?(?:#(?P<n>\d+))?$"
@@ -112,3 +112,10 @@ def sweep_stages(kind: str, values: list[float], duration_s: float | None, count
             raise StageSpecError(f"sweep over {kind!r}: use rate or concurrency")
         stages.append(Stage(name, pattern, duration_s, count))
     return stages
+
+
+def ramp_stages(light: int, heavy: int, rounds: int) -> list[str]:
+    """Healthy, then pressure, then `rounds` heavy stages: loadgen stage specs."""
+    middle = max(light + 1, heavy // 3)
+    stages = [f"concurrency:n={light}#{2 * light}", f"concurrency:n={middle}#{middle}"]
+    return stages + [f"concurrency:n={heavy}#{heavy}"] * rounds

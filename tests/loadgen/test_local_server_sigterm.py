@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvwatch.loadgen.local_server import _restore_sigterm, _sigterm_interrupts
+from kvwatch.loadgen.local_server import restore_sigterm, sigterm_interrupts
 
 
 @pytest.fixture
@@ -20,10 +20,10 @@ def default_sigterm() -> Iterator[None]:
 
 
 def test_sigterm_interrupts_like_ctrl_c_and_is_put_back(default_sigterm: None) -> None:
-    before = _sigterm_interrupts()
+    before = sigterm_interrupts()
     with pytest.raises(KeyboardInterrupt):
         os.kill(os.getpid(), signal.SIGTERM)
-    _restore_sigterm(before)
+    restore_sigterm(before)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
@@ -31,8 +31,8 @@ def test_a_handler_somebody_set_is_left_alone(default_sigterm: None) -> None:
     def mine(signum: int, frame: object) -> None: ...
 
     signal.signal(signal.SIGTERM, mine)
-    before = _sigterm_interrupts()
+    before = sigterm_interrupts()
     assert before is None
     assert signal.getsignal(signal.SIGTERM) is mine
-    _restore_sigterm(before)
+    restore_sigterm(before)
     assert signal.getsignal(signal.SIGTERM) is mine
