@@ -73,12 +73,11 @@ class Fleet:
 
     def __post_init__(self) -> None:
         self._own_dir = self.work_dir is None
-        self.dir = (
-            Path(tempfile.mkdtemp(prefix="kvwatch-fleet-"))
-            if self.work_dir is None
-            else (self.work_dir)
-        )
-        self.dir.mkdir(parents=True, exist_ok=True)
+        if self.work_dir is None:
+            self.dir = Path(tempfile.mkdtemp(prefix="kvwatch-fleet-"))
+        else:
+            self.dir = self.work_dir
+            self.dir.mkdir(parents=True, exist_ok=True)
         self._stack = ExitStack()
         self._sigterm_before: Any = None
         self._lock = threading.Lock()
@@ -152,7 +151,6 @@ class Fleet:
     def add_replicas(self, n: int, register: bool = True) -> list[Replica]:
         """Start `n` more replicas side by side; with `register`, tell the router of them (as an
         operator scaling out does). Discovery files are rewritten for Prometheus."""
-        (self.dir / "replica-0").mkdir(exist_ok=True)
         first = len(self.replicas)
         for i in range(first, first + n):
             (self.dir / f"replica-{i}").mkdir(exist_ok=True)
@@ -182,9 +180,9 @@ class Fleet:
         return new
 
     def _write_discovery(self) -> None:
-        live = [r for r in self.replicas if not r.killed]
-        write_file_sd(self._sd["vllm"], [r.url.removeprefix("http://") for r in live])
-        # a killed replica's sidecar stays, as it does beside a crashed container in its pod
+        # a killed replica stays in discovery, server and sidecar, as a crashed pod does in
+        # Kubernetes' (its server's `up` goes 0; its sidecar reports the target down)
+        write_file_sd(self._sd["vllm"], [r.url.removeprefix("http://") for r in self.replicas])
         write_file_sd(
             self._sd["kvwatch"], [r.sidecar_url.removeprefix("http://") for r in self.replicas]
         )
