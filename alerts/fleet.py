@@ -64,6 +64,7 @@ def _recordings(th: Thresholds, sidecar_job: str) -> list[dict[str, str]]:
         f"{cat.ENGINE_ALIVE.series} == 0)) or "
         f'({seen} and on(instance) (up{{job="{sidecar_job}"}} == 0))'
     )
+    none_down = f"(count by ({_F}) ({seen}) * 0)"
     # every request the model's engines hold or queue, at the typical request's final size
     present = f"sum by ({_F}) ({cat.REC_RUNNING.name} + {cat.REC_WAITING.name})"
     per_engine = (
@@ -98,8 +99,9 @@ def _recordings(th: Thresholds, sidecar_job: str) -> list[dict[str, str]]:
         cat.REC_FLEET_REPLICAS_NEEDED: (
             f"clamp_min(ceil({cat.REC_FLEET_DEMAND.name} / ({per_engine} * {th.pressure_kv:g})), 1)"
         ),
-        cat.REC_FLEET_DOWN: f"count by ({_F}) ({down})",
-        cat.REC_FLEET_CAPACITY_LOST: f"sum by ({_F}) ({down})",
+        # 0, not absent, for a model whose engines are all up (a panel draws the 0)
+        cat.REC_FLEET_DOWN: f"count by ({_F}) ({down}) or on({_F}) {none_down}",
+        cat.REC_FLEET_CAPACITY_LOST: f"sum by ({_F}) ({down}) or on({_F}) {none_down}",
     }
     assert tuple(rules) == cat.FLEET_RECORDINGS, "the catalogue's order"
     return [{"record": r.name, "expr": expr} for r, expr in rules.items()]

@@ -224,13 +224,22 @@ class Fleet:
 
     # --- teardown -------------------------------------------------------------------------
 
+    @staticmethod
+    def _stop_replica(r: Replica) -> None:
+        stop_process(r.sidecar, grace_s=5.0)
+        r.twin.stop()
+
     def stop(self) -> None:
         try:
             self._stack.close()
         finally:
-            for r in self.replicas:
-                stop_process(r.sidecar, grace_s=5.0)
-                r.twin.stop()
+            # side by side: each twin may take seconds to shut its engine down
+            stoppers = [threading.Thread(target=self._stop_replica, args=(r,))
+                        for r in self.replicas]  # fmt: skip
+            for t in stoppers:
+                t.start()
+            for t in stoppers:
+                t.join()
             self.replicas = []
             if self._own_dir:
                 shutil.rmtree(self.dir, ignore_errors=True)

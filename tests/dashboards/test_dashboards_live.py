@@ -1,6 +1,7 @@
 """Every panel of every dashboard returns data from a real Prometheus that scraped the real vLLM
 fixture and a sidecar through a load that goes from healthy into thrashing, once with the
-spelling Prometheus stores on its own and once with the other one (`vllm:` vs `vllm_`).
+spelling Prometheus stores on its own and once with the other one (`vllm:` vs `vllm_`), with
+kvwatch's rules loaded (the fleet row draws their recordings).
 
 The offload panels are the exception: vLLM's CPU backend cannot offload, so they must be empty
 on the fixture (as their descriptions say) and full from a fake server that serves the body
@@ -21,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kvwatch.alerts.build import render_rules
 from kvwatch.dashboards.build import DASHBOARDS, OFFLOAD_PANELS, PREFIX_PANELS, build
 from kvwatch.loadgen.local_server import LocalVLLM
 from tests.dashboards.live import (
@@ -57,11 +59,13 @@ def test_every_panel_returns_data_in_both_spellings(vllm_server: LocalVLLM, tmp_
             "vllm": [base.removeprefix("http://")],
             "kvwatch": [side.removeprefix("http://")],
         }
-        with running_prometheus(targets) as prom_a:
+        # the rules too: the fleet row draws their recordings (a fleet of one engine here)
+        rules = render_rules()
+        with running_prometheus(targets, rules=rules) as prom_a:
             native = _stored_spelling(prom_a)
             other = "vllm_" if native == "vllm:" else "vllm:"
             rename = (f"{native[:-1]}{native[-1]}(.*)", f"{other}$1")
-            with running_prometheus(targets, rename=rename) as prom_b:
+            with running_prometheus(targets, rename=rename, rules=rules) as prom_b:
                 assert _stored_spelling(prom_b) == other
                 wait_for_series(prom_b, 'up{job="kvwatch"} == 1')
                 start = time.time()

@@ -7,9 +7,10 @@ blocks in the full group and at most 3 in the sliding one. Sized as full attenti
 arithmetic, or `advise` without `--model`), the same load needs a different memory, wrongly.
 
 Checked here: vLLM's startup figures equal the what-if's; `advise --run --model` counts the
-groups; the advised `--kv-cache-memory-bytes` applied to a restarted server and the same seeded
-spikes rerun give at least 90% fewer preemptions at 85% of the throughput or more. The bisection
-for the smallest memory that works is bench/bench_sizing_sliding.py (docs/sizing.md).
+groups. The advised `--kv-cache-memory-bytes` applied to a restarted server and the same seeded
+spikes rerun (at least 90% fewer preemptions at 85% of the throughput or more), with the
+bisection for the smallest memory that works, is bench/bench_sizing_sliding.py (docs/sizing.md);
+CI keeps one lever's rerun, the dense one (test_advice_proven.py), to hold the suite's budget.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from kvwatch.loadgen.rundir import run_outcome
 from tests.advise.test_sources import advise
 from tests.loadgen.test_loadgen_live import run as loadgen_run
 from tests.sidecar.running import running_sidecar
-from tests.sizing.test_advice_proven import LENGTHS, _check, rerun
+from tests.sizing.test_advice_proven import LENGTHS
 
 pytestmark = pytest.mark.integration
 
@@ -88,12 +89,6 @@ def test_advice_counts_the_groups(before: dict) -> None:
     assert any("holds 3 (sliding 64) + 11 (full) blocks" in x for x in a["arithmetic"])
     assert a["blocks_needed"] > dense["blocks_needed"]  # full attention undercounts here
     assert any("several KV groups" in x for x in dense["assumptions"])
-
-
-def test_more_kv_memory_as_advised(before: dict, swa_model: Path, tmp_path: Path) -> None:
-    kv = before["advice"]["kv_cache_memory_bytes"]
-    after = rerun(swa_model, tmp_path / "after", SWA_WORKLOAD, kv_cache_memory_bytes=kv)
-    _check(f"--kv-cache-memory-bytes {kv} (sliding window)", before, after)
 
 
 def test_the_sidecar_takes_the_model(
