@@ -77,6 +77,11 @@ def _steps(*steps: tuple[float | None, str]) -> dashboard.ThresholdsConfig:
     )
 
 
+def _kv_lines(th: Thresholds) -> dashboard.ThresholdsConfig:
+    """KV usage's lines: the sidecar's pressure and saturation thresholds."""
+    return _steps((None, "green"), (th.pressure_kv, "orange"), (th.saturated_kv, "red"))
+
+
 def _legend() -> common.VizLegendOptions:
     return (
         common.VizLegendOptions()
@@ -224,7 +229,7 @@ def _layout(d: dashboard.Dashboard, *rows: tuple[str | None, list[Any]]) -> dash
 
 def _kv_cache_row(th: Thresholds) -> list[Any]:
     """Usage against the thresholds, capacity, demand and the exhaustion forecast."""
-    kv_lines = _steps((None, "green"), (th.pressure_kv, "orange"), (th.saturated_kv, "red"))
+    kv_lines = _kv_lines(th)
     kv = (
         _series(
             "KV cache usage",
@@ -485,7 +490,7 @@ def kv_pressure(th: Thresholds = DEFAULT_THRESHOLDS) -> dashboard.Dashboard:
 
 def fleet(th: Thresholds = DEFAULT_THRESHOLDS) -> dashboard.Dashboard:
     every = 'model_name=~"$model_name"'
-    kv_lines = _steps((None, "green"), (th.pressure_kv, "orange"), (th.saturated_kv, "red"))
+    kv_lines = _kv_lines(th)
     where = "{{instance}} {{model_name}} e{{engine}}"
     d = (
         dashboard.Dashboard("kvwatch / Fleet")
@@ -584,7 +589,7 @@ def _fleet_row(th: Thresholds) -> list[Any]:
             (rec(cat.REC_FLEET_KV_MAX), f"{model} fullest"),
             (rec(cat.REC_FLEET_KV_MIN), f"{model} emptiest"),
             width=8,
-            lines=_steps((None, "green"), (th.pressure_kv, "orange"), (th.saturated_kv, "red")),
+            lines=_kv_lines(th),
         )
         .min(0)
         .max(1),
