@@ -5,7 +5,8 @@ KV size that hold the demand measured now below pressure_kv. KEDA's Prometheus s
 AverageValue target 1 sets the replicas to it (HPA: desired = ceil(metric / target)). Scaling
 down waits out a long window: a replica removed drops its requests' KV, which the others must
 compute again. One engine per pod is assumed; with data parallelism divide by the engines a pod
-runs. The model and Deployment match deploy/kubernetes/vllm-with-kvwatch.yaml."""
+runs. The model and Deployment match deploy/kubernetes/vllm-with-kvwatch.yaml; the Helm chart's
+template is rendered from the same object (alerts/chart.py)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def scaled_object(
     deployment: str = "vllm-llama",
     model: str = "meta-llama/Llama-3.1-8B-Instruct",
     prometheus: str = "http://prometheus-operated.monitoring.svc:9090",
+    min_replicas: int = 1,
     max_replicas: int = 8,
 ) -> dict[str, Any]:
     query = f'max({cat.REC_FLEET_REPLICAS_NEEDED.name}{{{cat.FLEET_BY}="{model}"}})'
@@ -38,7 +40,7 @@ def scaled_object(
         "metadata": {"name": f"{deployment}-kv", "labels": {"app.kubernetes.io/name": "kvwatch"}},
         "spec": {
             "scaleTargetRef": {"name": deployment},
-            "minReplicaCount": 1,
+            "minReplicaCount": min_replicas,
             "maxReplicaCount": max_replicas,
             "pollingInterval": 30,
             "cooldownPeriod": 600,

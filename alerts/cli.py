@@ -11,6 +11,7 @@ from typing import Any
 
 from kvwatch.common.command import CliError, os_error
 from kvwatch.sidecar.contract.threshold_option import add_threshold_option, thresholds_from
+from kvwatch.sidecar.contract.thresholds import Thresholds
 
 __all__ = ["register"]
 
@@ -20,7 +21,9 @@ def register(sub: Any) -> None:
         "alerts",
         help="write the Prometheus rules (plain rules file and Kubernetes PrometheusRule)",
         description="Render kvwatch's recording and alerting rules from the thresholds the "
-        "sidecar judges by. Writes kvwatch-rules.yaml and kvwatch-prometheusrule.yaml.",
+        "sidecar judges by. Writes kvwatch-rules.yaml, kvwatch-prometheusrule.yaml, the "
+        "Alertmanager routing that pages once per engine or per model "
+        "(kvwatch-alertmanager.yml) and a KEDA ScaledObject (kvwatch-keda-scaledobject.yaml).",
     )
     a.add_argument(
         "--out",
@@ -28,6 +31,13 @@ def register(sub: Any) -> None:
         default=Path("."),
         help="directory to write into (default: the current one; `--out alerts` regenerates "
         "the copies in a kvwatch checkout)",
+    )
+    a.add_argument(
+        "--chart",
+        type=Path,
+        metavar="DIR",
+        help="also write the Helm chart's generated parts into the chart at DIR (its rules "
+        "file and KEDA template; `--chart deploy/helm/vllm-kvwatch` in a kvwatch checkout)",
     )
     a.add_argument(
         "--print", dest="print_", choices=["rules", "k8s"], help="print one file instead of writing"
@@ -71,13 +81,28 @@ def _alerts(ns: argparse.Namespace) -> int:
         )
         sys.stdout.write(text)
         return 0
+    if ns.chart is not None and not (ns.chart / "Chart.yaml").is_file():
+        raise CliError(f"--chart {ns.chart}: no Chart.yaml there (deploy/helm/vllm-kvwatch is one)")
     try:
         written = write_all(ns.out, th)
+        if ns.chart is not None:
+            written += _write_chart(ns.chart, th)
     except OSError as e:
         raise os_error("write", e) from None
     for path in written:
         print(path)
     return 0
+
+
+def _write_chart(chart: Path, th: Thresholds) -> list[Path]:
+    from kvwatch.alerts.chart import chart_files
+
+    written = []
+    for name, text in chart_files(th).items():
+        (chart / name).parent.mkdir(parents=True, exist_ok=True)
+        (chart / name).write_text(text)
+        written.append(chart / name)
+    return written
 
 
 def _runbook(ns: argparse.Namespace) -> int:

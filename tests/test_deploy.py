@@ -1,7 +1,7 @@
 """The deployment examples in deploy/ and the objects `kvwatch alerts` generates beside the rules:
 they parse, Prometheus and Alertmanager accept their configs (promtool, amtool), the Kubernetes
 objects match their schemas, and the pod wires vLLM and the sidecar together with flags kvwatch
-really has."""
+really has. The plain pod manifest is the Helm chart's render (tests/test_helm_chart.py)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,12 @@ def _docs(path: Path) -> list[dict[str, Any]]:
 
 
 def test_every_yaml_file_parses() -> None:
-    files = sorted(DEPLOY.rglob("*.yaml")) + sorted(DEPLOY.rglob("*.yml"))
+    # (a Helm chart's templates are YAML only once rendered: the chart's tests render them)
+    files = [
+        f
+        for f in sorted(DEPLOY.rglob("*.yaml")) + sorted(DEPLOY.rglob("*.yml"))
+        if "templates" not in f.relative_to(DEPLOY).parts
+    ]
     files += [ALERTS / ALERTMANAGER_FILE, ALERTS / KEDA_FILE]
     assert len(files) >= 6
     for f in files:
@@ -118,7 +123,7 @@ def test_core_objects_match_kubernetes_schemas() -> None:
     for version in ("1.29.0", kubernetes_validate.latest_version()):
         for doc in core:
             kubernetes_validate.validate(doc, version, strict=True)
-    broken = json.loads(json.dumps(core[0]))
+    broken = json.loads(json.dumps(next(d for d in core if d["kind"] == "Deployment")))
     broken["spec"]["replicas"] = "one"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, kubernetes_validate.latest_version(), strict=True)

@@ -2,8 +2,8 @@
 makes the alerts fire and reach a webhook receiver, and resolve afterwards; the sidecar's own
 webhook fires for the same load without them. `for:` durations are scaled down (0.02: one
 minute becomes a second) so the test sees in seconds what production sees in minutes.
-Alertmanager runs the shipped config (deploy/alertmanager), its timers at 1 s: the sidecar's
-page and vLLM's own for the same engine must arrive as one group."""
+Alertmanager runs the shipped config (alerts/kvwatch-alertmanager.yml), its timers at 1 s: the
+sidecar's page and vLLM's own for the same engine must arrive as one group."""
 
 from __future__ import annotations
 
