@@ -114,10 +114,14 @@ def advise_fleet(obs: FleetObserved, pressure_kv: float) -> FleetAdvice:
         )
     elif obs.imbalance_s > 0:
         advice.judged = "imbalance"
-        advice.verdict = (
-            "imbalanced: an engine ran out of KV while another had room; the fleet's demand "
-            f"fits {needed} of its {obs.engines} engines: the routing, not the size"
+        fits = (
+            f"the fleet's demand fits {needed} of its {obs.engines} engines: the routing, "
+            "not the size"
+            if needed <= obs.engines
+            else "the routing first (the queue the piled replica built counts as demand "
+            "until it drains)"
         )
+        advice.verdict = f"imbalanced: an engine ran out of KV while another had room; {fits}"
         advice.options += [
             "route by cache and load: vllm-router --policy cache_aware (it balances once "
             "queues differ by --balance-abs-threshold) or llm-d's KV-aware scheduling",
