@@ -29,6 +29,7 @@ from kvwatch.sidecar.contract.vocabulary import (
     REQUEST_SUCCESS,
     promql_selector,
 )
+from kvwatch.sizing.fleet import ENGINE_SLACK
 
 __all__ = ["fleet_groups"]
 
@@ -97,7 +98,8 @@ def _recordings(th: Thresholds, sidecar_job: str) -> list[dict[str, str]]:
             f"{cat.REC_FLEET_DEMAND.name}) / {cat.REC_FLEET_REQUEST_TOKENS.name}"
         ),
         cat.REC_FLEET_REPLICAS_NEEDED: (
-            f"clamp_min(ceil({cat.REC_FLEET_DEMAND.name} / ({per_engine} * {th.pressure_kv:g})), 1)"
+            f"clamp_min(ceil({cat.REC_FLEET_DEMAND.name} / ({per_engine} * {th.pressure_kv:g})"
+            f" - {ENGINE_SLACK:g}), 1)"
         ),
         # 0, not absent, for a model whose engines are all up (a panel draws the 0)
         cat.REC_FLEET_DOWN: f"count by ({_F}) ({down}) or on({_F}) {none_down}",

@@ -10,6 +10,10 @@ every 5 s and evaluates the generated rules every 5 s; after a warm-up its own f
 back: each rule group's evaluation time (`/api/v1/rules`), and for each panel of the fleet
 dashboard its query's time and samples (`stats=all`).
 
+Then promtool: the generated unit tests of the three fleet judgements at N replicas
+(tests/alerts/fleet_scale.py: one replica piled, all short, one killed; 12 minutes of series each)
+must pass, and their wall time is recorded (promtool evaluates every rule each minute of them).
+
     PYTHONPATH=. .venv/bin/python bench/bench_fleet_rules_cost.py --replicas 100 1000 \\
         [--save bench/results/fleet-rules-cost.json]
 """
@@ -19,6 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -27,11 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 from kvwatch.alerts.build import render_rules
 from kvwatch.dashboards.build import build
 from kvwatch.fleet.services import running_service
 from kvwatch.loadgen.local_server import free_port
+from tests.alerts.fleet_scale import scale_tests
 
 _MODEL = "m"
 _BUCKETS = ("0", "1", "2", "+Inf")
@@ -161,6 +169,22 @@ def measure(replicas: int, warmup_s: float) -> dict[str, Any]:
             "rules_evaluation_s": total, "panels": panels}  # fmt: skip
 
 
+def measure_promtool(replicas: int) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="kvwatch-promtool-"))
+    (tmp / "rules.yaml").write_text(render_rules())
+    doc = scale_tests(replicas, tmp / "rules.yaml")
+    (tmp / "test.yaml").write_text(yaml.safe_dump(doc, width=10000))
+    t0 = time.monotonic()
+    p = subprocess.run(["promtool", "test", "rules", str(tmp / "test.yaml")],
+                       capture_output=True, text=True)  # fmt: skip
+    wall = time.monotonic() - t0
+    shutil.rmtree(tmp)
+    if p.returncode != 0:
+        raise SystemExit(f"promtool failed at {replicas} replicas:\n{p.stdout[-3000:]}{p.stderr}")
+    series = sum(len(t["input_series"]) for t in doc["tests"])
+    return {"tests": len(doc["tests"]), "input_series": series, "wall_s": round(wall, 2)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -168,13 +192,14 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=75.0, help="seconds before reading (75)")
     ap.add_argument("--save", type=Path)
     ns = ap.parse_args()
-    results = [measure(n, ns.warmup) for n in ns.replicas]
+    results = [measure(n, ns.warmup) | {"promtool": measure_promtool(n)} for n in ns.replicas]
     for r in results:
         worst = max(r["panels"], key=lambda p: p["eval_s"] or 0)
         rules_ms = r["rules_evaluation_s"] * 1000
         print(f"{r['replicas']:>5} replicas, {r['series']:,} series: rules {rules_ms:.1f} ms "
               f"per evaluation; slowest panel {worst['panel']!r} {worst['eval_s'] * 1000:.1f} "
-              f"ms, {worst['samples']:,} samples")  # fmt: skip
+              f"ms, {worst['samples']:,} samples; promtool's {r['promtool']['tests']} fleet "
+              f"tests passed in {r['promtool']['wall_s']} s")  # fmt: skip
     if ns.save:
         ns.save.write_text(json.dumps(results, indent=1) + "\n")
 

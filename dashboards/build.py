@@ -33,14 +33,16 @@ from kvwatch.sidecar.contract.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from kvwatch.sidecar.contract.vocabulary import E2E, GENERATION_TOKENS, ITL, PROMPT_TOKENS, TTFT
 
 __all__ = [
-    "DASHBOARDS", "OFFLOAD_PANELS", "PREFIX_PANELS", "kv_pressure", "fleet", "build", "render",
-    "write_all",
+    "DASHBOARDS", "OFFLOAD_PANELS", "PREFIX_PANELS", "ROUTER_PANELS", "kv_pressure", "fleet",
+    "build", "render", "write_all",
 ]  # fmt: skip
 
 # Panels that only a server with --kv-offloading-size fills (vLLM's CPU backend cannot offload,
 # so the live test checks them against the body composed from 0.33's source)
 OFFLOAD_PANELS = ("KV offload traffic", "KV offload tier full")
 # the sidecar's reference needs minutes of prompt traffic that reuses prefixes
+# vllm-router's own view; filled where Prometheus scrapes the router (tests/fleet)
+ROUTER_PANELS = ("Router: requests sent per replica", "Router: replicas it can send to")
 PREFIX_PANELS = ("Prefix cache hit share and its reference", "Prompt tokens computed again")
 _NO_OFFLOAD = (
     " Empty on servers without --kv-offloading-size (vLLM's CPU backend cannot offload) and "
@@ -629,6 +631,28 @@ def _fleet_row(th: Thresholds) -> list[Any]:
             (rec(cat.REC_FLEET_CAPACITY_LOST), f"{model} lost"),
             width=8,
         ),
+        _series(
+            ROUTER_PANELS[0],
+            "vllm-router's own count of the requests its policy sent to each replica, per "
+            "second. Against the engines' shares above: the router's choice, and whether a "
+            "replica's long sessions come from it. Needs Prometheus to scrape the router.",
+            "reqps",
+            (
+                f"sum by (worker, policy) (rate({cat.ROUTER_DECISIONS}[$__rate_interval]))",
+                "{{worker}} {{policy}}",
+            ),
+            width=12,
+        ),
+        _series(
+            ROUTER_PANELS[1],
+            "1 while the router's health check passes for a replica, 0 once it fails (it "
+            "stops sending there): a replica down for the router is capacity lost for the fleet.",
+            "short",
+            (f"max by (worker) ({cat.ROUTER_WORKER_HEALTH})", "{{worker}}"),
+            width=12,
+        )
+        .min(0)
+        .max(1),
     ]
 
 

@@ -5,7 +5,7 @@ the advice and its arithmetic go out.
 
 The arithmetic is the recording's, so the advice, the page and the autoscaler say one number:
 demand = every request the engines run or queue x the mean final tokens of a finished request;
-replicas = ceil(demand / (the mean engine's KV capacity x the pressure line)).
+replicas = ceil(demand / (the mean engine's KV capacity x the pressure line) - ENGINE_SLACK).
 """
 
 from __future__ import annotations
@@ -16,7 +16,11 @@ from typing import Any
 
 from kvwatch.sizing.errors import SizingError
 
-__all__ = ["EngineShare", "FleetObserved", "FleetAdvice", "advise_fleet"]
+__all__ = ["EngineShare", "FleetObserved", "FleetAdvice", "advise_fleet", "ENGINE_SLACK"]
+
+# A thousandth of an engine, taken off before the ceiling: demand is a sum of rates over every
+# replica, and its float noise (70.0000000001 engines at 100 replicas) must not add an engine.
+ENGINE_SLACK = 0.001
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,7 @@ def _gib(b: float) -> str:
 def advise_fleet(obs: FleetObserved, pressure_kv: float) -> FleetAdvice:
     per_engine = obs.capacity_tokens / obs.engines
     demand = obs.peak_requests * obs.request_tokens
-    needed = max(1, math.ceil(demand / (per_engine * pressure_kv)))
+    needed = max(1, math.ceil(demand / (per_engine * pressure_kv) - ENGINE_SLACK))
     a = [
         f"demand at its peak = {obs.peak_requests:,.0f} requests run or queued x "
         f"{obs.request_tokens:,.0f} tokens (mean final size) = {demand:,.0f} tokens",

@@ -29,7 +29,8 @@ from kvwatch.sidecar.contract.thresholds import Thresholds
 
 __all__ = [
     "MetricType", "Metric", "METRICS", "ENGINE_GAUGES", "TARGET_LABELS", "ENGINE_LABELS",
-    "STATES", "Recording", "RECORDINGS", "Route", "Alert", "ALERTS", "alert", "alert_for_level",
+    "STATES", "Recording", "RECORDINGS", "ROUTER_DECISIONS", "ROUTER_WORKER_HEALTH", "Route",
+    "Alert", "ALERTS", "alert", "alert_for_level",
     "metric", "percentages", "human_duration", "duration_seconds", "prometheus_duration",
     "TARGET_UP", "VLLM_METRICS_PRESENT", "ENGINE_ALIVE", "SCRAPES", "SCRAPE_ERRORS",
     "EXPOSITION_PARSE_ERRORS", "REJECTED_SAMPLES",
@@ -343,6 +344,11 @@ REC_REPEAT_PREEMPTED = Recording(
 # A fleet is one model's engines, every one Prometheus has for a `model_name` (replicas behind a
 # router, each with its sidecar): judged where the fleet's data is, in recording rules per model.
 FLEET_BY = "model_name"
+# What the fleet dashboard reads of vllm-router (0.1.17, its --prometheus-port): per `worker`
+# (the replica's URL) the requests its policy sent there (`policy` label), and whether its
+# health check passes (1) or not (0). No model label: one router per model, as deployed here.
+ROUTER_DECISIONS = "vllm_router_policy_decisions_total"
+ROUTER_WORKER_HEALTH = "vllm_router_worker_health"
 REC_KV_SHORT = Recording(
     "kvwatch:vllm_kv_short:bool",
     "1 if the engine ran out of KV blocks in the last minute (usage at or above saturated_kv, or "

@@ -8,7 +8,7 @@ on the fixture (as their descriptions say) and full from a fake server that serv
 composed from vLLM 0.33's source, its counters rising scrape by scrape. The prefix-cache panels
 need minutes of prompt traffic that reuses prefixes before the sidecar has a reference: they are
 filled by a sidecar with short windows watching a fake server whose cache serves most prompt
-tokens."""
+tokens. The router panels are checked where a router runs (tests/fleet/test_fleet_live.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,13 @@ import httpx
 import pytest
 
 from kvwatch.alerts.build import render_rules
-from kvwatch.dashboards.build import DASHBOARDS, OFFLOAD_PANELS, PREFIX_PANELS, build
+from kvwatch.dashboards.build import (
+    DASHBOARDS,
+    OFFLOAD_PANELS,
+    PREFIX_PANELS,
+    ROUTER_PANELS,
+    build,
+)
 from kvwatch.loadgen.local_server import LocalVLLM
 from tests.dashboards.live import (
     annotation_queries,
@@ -205,6 +211,8 @@ def _check_all(
                 finite = [v for s in series for _, v in s.points if math.isfinite(v)]
                 if only is None and pq.panel in PREFIX_PANELS:
                     continue  # test_prefix_cache_panels_fill_from_a_sidecar_that_has_a_reference
+                if only is None and pq.panel in ROUTER_PANELS:
+                    continue  # no router here: tests/fleet/test_fleet_live.py fills them
                 if only is None and pq.panel in OFFLOAD_PANELS:
                     if finite:
                         problems.append(f"{spelling} {name}: {pq.panel} has data on CPU vLLM")

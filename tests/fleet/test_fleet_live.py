@@ -7,17 +7,21 @@ a shortage and the scale-out, a replica killed) are bench/bench_fleet.py's (docs
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from kvwatch.advise.fleet_source import fleets_from_prometheus
+from kvwatch.dashboards.build import ROUTER_PANELS, build
 from kvwatch.fleet.figures import fleet_figures
 from kvwatch.fleet.lab import Fleet, FleetSpec
 from kvwatch.fleet.workloads import PileSpec, session_pile_trace
 from kvwatch.sidecar.contract.thresholds import DEFAULT_THRESHOLDS
 from kvwatch.sizing.fleet import advise_fleet
+from tests.dashboards.live import Series, panel_queries, run_query, substitute
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -37,6 +41,7 @@ def test_round_robin_piles_long_sessions_on_one_replica_and_it_is_named(tmp_path
         figures = fleet_figures(fleet.prometheus, start, time.time())
         notes = fleet.receiver.notifications()
         (fleet_obs,) = fleets_from_prometheus(fleet.prometheus, window="5m", step="1s")
+        router = _router_panels(fleet.prometheus, start, time.time())
     assert summary["overall"]["failed"] == 0
     piled, other = sorted(figures.replicas, key=lambda r: -r.prompt_share)
     # round robin split the requests evenly and the prompt tokens not at all
@@ -55,3 +60,23 @@ def test_round_robin_piles_long_sessions_on_one_replica_and_it_is_named(tmp_path
     assert advice.judged == "imbalance", advice
     assert "cache_aware" in advice.options[0]
     assert advice.evidence[0].startswith(piled.instance), advice.evidence
+    # the fleet dashboard's router panels, from the router's own metrics: round robin sent
+    # each replica half the requests, and both passed its health check all along
+    sent = {s.labels["worker"]: s for s in router[ROUTER_PANELS[0]]}
+    assert set(sent) == {r.url for r in fleet.replicas}, sent
+    assert {s.labels["policy"] for s in sent.values()} == {"round_robin"}
+    per_s = [sum(v for _, v in s.points if math.isfinite(v)) for s in sent.values()]
+    assert min(per_s) > 0.8 * max(per_s), per_s
+    health = router[ROUTER_PANELS[1]]
+    assert len(health) == 2 and all(v == 1 for s in health for _, v in s.points), health
+
+
+def _router_panels(prom: str, start: float, end: float) -> dict[str, list[Series]]:
+    """The router panels' queries as Grafana would send them (no template variable in them)."""
+    out = {}
+    with httpx.Client(timeout=10) as client:
+        for pq in panel_queries(build("kvwatch-fleet.json")):
+            if pq.panel in ROUTER_PANELS:
+                expr = substitute(pq.expr, {}, end - start, "5s")
+                out[pq.panel] = run_query(client, prom, expr, start, end, pq.instant, 1.0)
+    return out
