@@ -607,7 +607,7 @@ def _fleet_row(th: Thresholds) -> list[Any]:
             width=8,
         ),
         _series(
-            "Router's share of requests, per engine",
+            "Share of requests, per engine",
             "Each engine's share of its model's finished requests over 5 minutes.",
             "percentunit",
             (f"{cat.REC_REQUEST_SHARE.name}{{{every}}}", engine),

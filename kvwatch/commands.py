@@ -6,12 +6,24 @@ commands loads none of the work behind them.
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any
 
 from kvwatch.common.command import handler, http_url
 
 __all__ = ["register"]
+
+
+def _promql_range(text: str) -> str:
+    """An argparse `type` for a PromQL range (`90s`, `5m`, `1h`, `7d`): it goes into queries."""
+    from kvwatch.sidecar.contract.catalogue import duration_seconds
+
+    try:
+        duration_seconds(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def register(sub: Any) -> None:
@@ -96,10 +108,13 @@ def _register_advise(sub: Any) -> None:
     )
     src.add_argument("--what-if", action="store_true", help="from figures alone")
     a.add_argument("--watch", type=float, default=30.0, help="seconds to watch --metrics (30)")
-    a.add_argument("--window", default="1h", help="PromQL range for --prometheus (1h)")
+    a.add_argument(
+        "--window", default="1h", type=_promql_range, help="PromQL range for --prometheus (1h)"
+    )
     a.add_argument(
         "--step",
         default="15s",
+        type=_promql_range,
         help="--prometheus: resolution for the peak demand (15s; your scrape interval)",
     )
     a.add_argument("--margin", type=float, default=0.10, help="share of blocks kept free (0.10)")

@@ -29,6 +29,8 @@ class _FleetView:
 
     def __init__(self, prometheus: str) -> None:
         self.prometheus = prometheus
+        self.failed = 0  # reads that failed; said at the end, not dropped
+        self.last_error = ""
         self._stop = threading.Event()
         self._th = threading.Thread(target=self._run, daemon=True)
 
@@ -48,7 +50,9 @@ class _FleetView:
                     f"{self._value(cat.REC_FLEET_ROOM.name)}  replicas needed "
                     f"{self._value(cat.REC_FLEET_REPLICAS_NEEDED.name)}"
                 )
-            except (RuntimeError, OSError, ValueError, KeyError):
+            except (CliError, OSError, ValueError, KeyError) as e:
+                self.failed += 1
+                self.last_error = str(e)[:200]
                 continue
             print(line, flush=True)
 
@@ -59,6 +63,9 @@ class _FleetView:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._th.join()
+        if self.failed:
+            print(f"(the live view could not read Prometheus {self.failed} time(s); last: "
+                  f"{self.last_error})", flush=True)  # fmt: skip
 
 
 def run_fleet_demo(ns: argparse.Namespace) -> int:

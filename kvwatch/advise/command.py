@@ -89,7 +89,8 @@ def _fleets(ns: argparse.Namespace) -> list[FleetAdvice]:
     from kvwatch.sidecar.contract.thresholds import DEFAULT_THRESHOLDS
 
     pressure = DEFAULT_THRESHOLDS.pressure_kv
-    return [advise_fleet(f, pressure) for f in fleets_from_prometheus(ns.prometheus, ns.window)]
+    fleets = fleets_from_prometheus(ns.prometheus, ns.window, ns.step)
+    return [advise_fleet(f, pressure) for f in fleets]
 
 
 def _render_fleets(fleets: list[FleetAdvice]) -> list[str]:

@@ -4,12 +4,19 @@ imbalanced or short, and each engine's share of the requests and prompt tokens."
 
 from __future__ import annotations
 
-from typing import Any
+import time
 
 import httpx
 
-from kvwatch.advise.prometheus import prometheus_query
+from kvwatch.advise.prometheus import (
+    prometheus_query,
+    prometheus_range,
+    series_by,
+    values_by,
+    values_by_labels,
+)
 from kvwatch.sidecar.contract import catalogue as cat
+from kvwatch.sidecar.contract.catalogue import duration_seconds
 from kvwatch.sidecar.contract.vocabulary import (
     KV_USAGE,
     PREEMPTIONS,
@@ -24,61 +31,48 @@ __all__ = ["fleets_from_prometheus"]
 _F = cat.FLEET_BY
 
 
-def _per_model(rows: list[dict[str, Any]]) -> dict[str, float]:
-    out = {}
-    for row in rows:
-        try:
-            v = float(row["value"][1])
-        except (KeyError, ValueError, IndexError):
-            continue
-        if v == v:
-            out[row["metric"].get(_F, "")] = v
-    return out
-
-
 def fleets_from_prometheus(base: str, window: str = "1h", step: str = "15s") -> list[FleetObserved]:
     """Every model with 2+ engines whose fleet recordings Prometheus holds (kvwatch's rules
-    loaded); [] when it has none."""
+    loaded); [] when it has none. The demand's peak is found over the window at `step` (at most
+    the rules' evaluation interval); the requests, engines and capacity are read at that step."""
     short, room = cat.REC_FLEET_SHORT.name, cat.REC_FLEET_ROOM.name
     demand, tokens = cat.REC_FLEET_DEMAND.name, cat.REC_FLEET_REQUEST_TOKENS.name
-    step_s = float(step.rstrip("s"))
+    step_s = duration_seconds(step)
+    end = time.time()
+    start = end - duration_seconds(window)
     with httpx.Client(timeout=30) as client:
 
-        def q(promql: str) -> list[dict[str, Any]]:
-            return prometheus_query(client, base, promql)
+        def q(promql: str) -> dict[str, float]:
+            return values_by(prometheus_query(client, base, promql), _F)
 
-        engines = _per_model(q(f"max_over_time({cat.REC_FLEET_REPLICAS.name}[{window}])"))
+        def over_window(promql: str) -> dict[str, dict[float, float]]:
+            return series_by(prometheus_range(client, base, promql, start, end, step_s), _F)
+
+        engines = q(f"max_over_time({cat.REC_FLEET_REPLICAS.name}[{window}])")
         models = [m for m, n in engines.items() if n >= 2]
         if not models:
             return []
-        peak = _per_model(q(f"max_over_time({demand}[{window}])"))
-        # the request count and mean size, and the engines and capacity, at the peak's step
-        at_peak = f"[{window}:{step}]"
-        requests = _per_model(q(
-            f"max_over_time((({demand} / on({_F}) {tokens}) and on({_F}) ({demand} >= on({_F}) "
-            f"group_left() max_over_time({demand}[{window}]) * 0.999)){at_peak})"
-        ))  # fmt: skip
-        size = _per_model(q(f"avg_over_time({tokens}[{window}])"))
-        capacity = _per_model(q(f"max_over_time({cat.REC_FLEET_CAPACITY.name}[{window}])"))
-        live = _per_model(q(f"max_over_time({cat.REC_FLEET_REPLICAS.name}[{window}])"))
-        imbalance = _per_model(q(
-            f"count_over_time(({short} > 0 and on({_F}) {room} > 0){at_peak}) * {step_s:g}"
-        ))  # fmt: skip
-        shortage = _per_model(q(
-            f"count_over_time(({short} > 0 and on({_F}) {room} == 0){at_peak}) * {step_s:g}"
-        ))  # fmt: skip
-        shares = _shares(q, window)
+        demands = over_window(demand)
+        requests = over_window(f"{demand} / on({_F}) {tokens}")
+        live = over_window(cat.REC_FLEET_REPLICAS.name)
+        capacity = over_window(cat.REC_FLEET_CAPACITY.name)
+        judged = f"{short} > 0 and on({_F}) {room}"
+        imbalance = q(f"count_over_time(({judged} > 0)[{window}:{step}]) * {step_s:g}")
+        shortage = q(f"count_over_time(({judged} == 0)[{window}:{step}]) * {step_s:g}")
+        shares = _shares(client, base, window)
     out = []
     for m in sorted(models):
-        if m not in peak or m not in capacity or m not in size:
-            continue
+        points = demands.get(m, {})
+        peak_t = max(points, key=lambda t: points[t], default=None)
+        if peak_t is None or peak_t not in requests.get(m, {}) or peak_t not in capacity.get(m, {}):
+            continue  # no demand recorded (no finished request yet) or no sidecar's capacity
         out.append(
             FleetObserved(
                 model=m,
-                engines=int(live.get(m, engines[m])),
-                capacity_tokens=capacity[m],
-                peak_requests=requests.get(m, peak[m] / size[m]),
-                request_tokens=peak[m] / requests[m] if m in requests else size[m],
+                engines=int(live.get(m, {}).get(peak_t, engines[m])),
+                capacity_tokens=capacity[m][peak_t],
+                peak_requests=requests[m][peak_t],
+                request_tokens=points[peak_t] / requests[m][peak_t],
                 imbalance_s=imbalance.get(m, 0.0),
                 shortage_s=shortage.get(m, 0.0),
                 window=window,
@@ -88,17 +82,11 @@ def fleets_from_prometheus(base: str, window: str = "1h", step: str = "15s") -> 
     return out
 
 
-def _shares(q: Any, window: str) -> dict[str, list[EngineShare]]:
+def _shares(client: httpx.Client, base: str, window: str) -> dict[str, list[EngineShare]]:
     by = f"instance, engine, {_F}"
 
     def rows(promql: str) -> dict[tuple[str, str, str], float]:
-        out = {}
-        for row in q(promql):
-            m = row["metric"]
-            v = float(row["value"][1])
-            if v == v:
-                out[(m.get(_F, ""), m.get("instance", ""), m.get("engine", ""))] = v
-        return out
+        return values_by_labels(prometheus_query(client, base, promql), (_F, "instance", "engine"))
 
     def share(sel: str) -> dict[tuple[str, str, str], float]:
         mine = f"sum by ({by}) (increase({sel}[{window}]))"

@@ -33,15 +33,17 @@ from kvwatch.sidecar.metrics.observe import per_first_engine
 from kvwatch.sizing.advice import Observed
 from kvwatch.sizing.kvmath import SizingError
 
-__all__ = ["observed_from_prometheus", "prometheus_query"]
+__all__ = [
+    "observed_from_prometheus", "prometheus_query", "prometheus_range", "values_by",
+    "values_by_labels", "series_by",
+]  # fmt: skip
 
 _BY = "instance, engine"
 
 
-def prometheus_query(client: httpx.Client, base: str, promql: str) -> list[dict[str, Any]]:
-    """An instant query's rows; CliError (exit 3) if unreachable, SizingError if refused."""
+def _api(client: httpx.Client, base: str, path: str, params: dict[str, Any]) -> list[Any]:
     try:
-        r = client.get(base.rstrip("/") + "/api/v1/query", params={"query": promql})
+        r = client.get(base.rstrip("/") + path, params=params)
     except httpx.TransportError as e:  # as every other source: unreachable is exit 3
         raise CliError(f"cannot reach Prometheus at {base}: {e}", EXIT_UNREACHABLE) from None
     try:
@@ -50,21 +52,69 @@ def prometheus_query(client: httpx.Client, base: str, promql: str) -> list[dict[
         raise SizingError(f"Prometheus at {base} answered HTTP {r.status_code}, not JSON") from None
     if not isinstance(body, dict) or body.get("status") != "success":
         error = body.get("error") if isinstance(body, dict) else None
-        raise SizingError(f"Prometheus rejected {promql!r}: {error}")
+        raise SizingError(f"Prometheus rejected {params['query']!r}: {error}")
     return list(body["data"]["result"])
 
 
-def _by_key(rows: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+def prometheus_query(
+    client: httpx.Client, base: str, promql: str, at: float | None = None
+) -> list[dict[str, Any]]:
+    """An instant query's rows (now, or at unix time `at`); CliError (exit 3) if unreachable,
+    SizingError if refused."""
+    params: dict[str, Any] = {"query": promql}
+    if at is not None:
+        params["time"] = at
+    return _api(client, base, "/api/v1/query", params)
+
+
+def prometheus_range(
+    client: httpx.Client, base: str, promql: str, start: float, end: float, step_s: float
+) -> list[dict[str, Any]]:
+    """A range query's series (each with `values`), errors as prometheus_query's."""
+    params = {"query": promql, "start": start, "end": end, "step": step_s}
+    return _api(client, base, "/api/v1/query_range", params)
+
+
+def _number(raw: Any) -> float | None:
+    try:
+        v = float(raw)
+    except (TypeError, ValueError):
+        return None
+    return None if v != v else v  # NaN: a ratio with no traffic
+
+
+def values_by_labels(rows: list[dict[str, Any]], labels: tuple[str, ...]) -> dict[Any, float]:
+    """Each instant row's value keyed by the tuple of these labels ('' where one is absent);
+    rows without a readable, non-NaN value are left out."""
     out = {}
     for row in rows:
-        m = row["metric"]
-        try:
-            v = float(row["value"][1])
-        except (KeyError, ValueError, IndexError):
-            continue
-        if v == v:  # not NaN
-            out[(m.get("instance", ""), m.get("engine", ""))] = v
+        value = row.get("value")
+        v = _number(value[1]) if isinstance(value, list) and len(value) == 2 else None
+        if v is not None:
+            m = row.get("metric", {})
+            out[tuple(m.get(label, "") for label in labels)] = v
     return out
+
+
+def values_by(rows: list[dict[str, Any]], label: str) -> dict[str, float]:
+    """values_by_labels keyed by one label's value."""
+    return {key[0]: v for key, v in values_by_labels(rows, (label,)).items()}
+
+
+def series_by(rows: list[dict[str, Any]], label: str) -> dict[str, dict[float, float]]:
+    """A range query's series keyed by one label: {label value: {unix time: value}}."""
+    out: dict[str, dict[float, float]] = {}
+    for row in rows:
+        points = out.setdefault(row.get("metric", {}).get(label, ""), {})
+        for t, raw in row.get("values", []):
+            v = _number(raw)
+            if v is not None:
+                points[float(t)] = v
+    return out
+
+
+def _by_key(rows: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+    return values_by_labels(rows, ("instance", "engine"))
 
 
 def _quantile(fam_sel: str, window: str) -> str:

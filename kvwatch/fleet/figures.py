@@ -7,7 +7,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kvwatch.fleet.prometheus import query
+import httpx
+
+from kvwatch.advise.prometheus import prometheus_query, values_by
 from kvwatch.sidecar.contract import catalogue as cat
 from kvwatch.sidecar.contract.vocabulary import (
     KV_USAGE,
@@ -49,65 +51,62 @@ class FleetFigures:
         return asdict(self) | {"preemptions": self.preemptions}
 
 
-def _by_instance(rows: list[dict[str, Any]]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for row in rows:
-        value = float(row["value"][1])
-        if value == value:  # NaN: no traffic
-            out[row["metric"].get("instance", "")] = value
-    return out
-
-
 def fleet_figures(prometheus: str, start: float, end: float) -> FleetFigures:
     """Figures over [start, end] (wall seconds), evaluated at `end`."""
     span = max(1, round(end - start))
     w = f"[{span}s]"
 
-    def q(promql: str) -> list[dict[str, Any]]:
-        return query(prometheus, promql, at=end)
+    with httpx.Client(timeout=10) as client:
 
-    peak = _by_instance(q(f"max by (instance) (max_over_time({promql_selector(KV_USAGE)}{w}))"))
-    mean = _by_instance(q(f"avg_over_time({cat.REC_KV_USAGE.name}{w})"))
-    short = _by_instance(q(f"avg_over_time({cat.REC_KV_SHORT.name}{w})"))
-    pre = _by_instance(q(f"sum by (instance) (increase({promql_selector(PREEMPTIONS)}{w}))"))
+        def q(promql: str) -> list[dict[str, Any]]:
+            return prometheus_query(client, prometheus, promql, at=end)
 
-    def share(sel: str) -> dict[str, float]:
-        mine = f"sum by (instance) (increase({sel}{w}))"
-        return _by_instance(q(f"{mine} / scalar(sum(increase({sel}{w})) > 0)"))
+        def per_instance(promql: str) -> dict[str, float]:
+            return values_by(q(promql), "instance")
 
-    req, prompt = share(promql_selector(REQUEST_SUCCESS)), share(promql_selector(PROMPT_TOKENS))
-    # the sidecar names vLLM by --target (a loopback URL here): its host:port is the instance
-    worst = {
-        row["metric"]["target"].removeprefix("http://"): cat.STATES[int(float(row["value"][1]))]
-        for row in q(f"max by (target) (max_over_time({cat.STATE_LEVEL.series}{w}))")
-    }
-    figures = FleetFigures(span_s=float(span))
-    for inst in sorted(set(peak) | set(pre)):
-        figures.replicas.append(
-            ReplicaFigures(
-                inst,
-                peak.get(inst, 0.0),
-                mean.get(inst, 0.0),
-                short.get(inst, 0.0),
-                pre.get(inst, 0.0),
-                req.get(inst, 0.0),
-                prompt.get(inst, 0.0),
-                worst.get(inst, "unknown"),
-            )  # fmt: skip
+        peak = per_instance(f"max by (instance) (max_over_time({promql_selector(KV_USAGE)}{w}))")
+        mean = per_instance(f"avg_over_time({cat.REC_KV_USAGE.name}{w})")
+        short = per_instance(f"avg_over_time({cat.REC_KV_SHORT.name}{w})")
+        pre = per_instance(f"sum by (instance) (increase({promql_selector(PREEMPTIONS)}{w}))")
+
+        def share(sel: str) -> dict[str, float]:
+            mine = f"sum by (instance) (increase({sel}{w}))"
+            return per_instance(f"{mine} / scalar(sum(increase({sel}{w})) > 0)")
+
+        req, prompt = share(promql_selector(REQUEST_SUCCESS)), share(promql_selector(PROMPT_TOKENS))
+        # the sidecar names vLLM by --target (a loopback URL here): its host:port is the instance
+        worst = {
+            row["metric"]["target"].removeprefix("http://"): cat.STATES[int(float(row["value"][1]))]
+            for row in q(f"max by (target) (max_over_time({cat.STATE_LEVEL.series}{w}))")
+        }
+        figures = FleetFigures(span_s=float(span))
+        for inst in sorted(set(peak) | set(pre)):
+            figures.replicas.append(
+                ReplicaFigures(
+                    inst,
+                    peak.get(inst, 0.0),
+                    mean.get(inst, 0.0),
+                    short.get(inst, 0.0),
+                    pre.get(inst, 0.0),
+                    req.get(inst, 0.0),
+                    prompt.get(inst, 0.0),
+                    worst.get(inst, "unknown"),
+                )  # fmt: skip
+            )
+        fired = 'ALERTS{alertstate="firing", alertname=~"KvwatchFleet.*"}'
+        for row in q(f"max_over_time({fired}{w})"):
+            labels = {k: v for k, v in row["metric"].items() if k not in ("__name__", "alertstate")}
+            figures.fired.setdefault(labels.pop("alertname"), []).append(labels)
+
+        def most(promql: str) -> float | None:
+            rows = q(promql)
+            return float(rows[0]["value"][1]) if rows else None
+
+        figures.replicas_needed_max = most(
+            f"max(max_over_time({cat.REC_FLEET_REPLICAS_NEEDED.name}{w}))"
         )
-    for row in q(f'max_over_time(ALERTS{{alertstate="firing", alertname=~"KvwatchFleet.*"}}{w})'):
-        labels = {k: v for k, v in row["metric"].items() if k not in ("__name__", "alertstate")}
-        figures.fired.setdefault(labels.pop("alertname"), []).append(labels)
-
-    def most(promql: str) -> float | None:
-        rows = q(promql)
-        return float(rows[0]["value"][1]) if rows else None
-
-    figures.replicas_needed_max = most(
-        f"max(max_over_time({cat.REC_FLEET_REPLICAS_NEEDED.name}{w}))"
-    )
-    figures.capacity_lost_tokens_max = most(
-        f"max(max_over_time({cat.REC_FLEET_CAPACITY_LOST.name}{w}))"
-    )
-    figures.capacity_tokens_min = most(f"min(min_over_time({cat.REC_FLEET_CAPACITY.name}{w}))")
+        figures.capacity_lost_tokens_max = most(
+            f"max(max_over_time({cat.REC_FLEET_CAPACITY_LOST.name}{w}))"
+        )
+        figures.capacity_tokens_min = most(f"min(min_over_time({cat.REC_FLEET_CAPACITY.name}{w}))")
     return figures

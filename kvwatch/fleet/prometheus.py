@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from kvwatch.advise.prometheus import prometheus_query
 from kvwatch.fleet.services import running_service
 
 __all__ = ["running_prometheus", "wait_for_series", "query", "write_file_sd"]
@@ -86,14 +87,10 @@ def running_prometheus(
 
 
 def query(url: str, promql: str, at: float | None = None) -> list[dict[str, Any]]:
-    """An instant query's result rows; raises RuntimeError with Prometheus's error."""
-    params: dict[str, Any] = {"query": promql}
-    if at is not None:
-        params["time"] = at
-    body = httpx.get(url + "/api/v1/query", params=params, timeout=10).json()
-    if body.get("status") != "success":
-        raise RuntimeError(f"Prometheus refused {promql!r}: {body.get('error')}")
-    return list(body["data"]["result"])
+    """An instant query's result rows, on a connection of its own (advise/prometheus.py's
+    reader: CliError when unreachable, SizingError, a ValueError, when refused)."""
+    with httpx.Client(timeout=10) as client:
+        return prometheus_query(client, url, promql, at)
 
 
 def wait_for_series(url: str, promql: str, timeout: float = 30.0) -> list[dict[str, Any]]:

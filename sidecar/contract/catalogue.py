@@ -493,11 +493,14 @@ def percentages(th: Thresholds) -> dict[str, str]:
     return out
 
 
-_UNITS = {"s": 1, "m": 60, "h": 3600}
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def duration_seconds(text: str) -> float:
-    """A Prometheus duration (`90s`, `2m`, `1h`) in seconds."""
+    """A Prometheus duration of one unit (`90s`, `2m`, `1h`, `7d`) in seconds; ValueError for
+    anything else (it goes into PromQL)."""
+    if len(text) < 2 or text[-1] not in _UNITS or not text[:-1].isdigit() or int(text[:-1]) < 1:
+        raise ValueError(f"not a duration like 90s, 5m, 1h or 7d: {text[:40]!r}")
     return float(text[:-1]) * _UNITS[text[-1]]
 
 
