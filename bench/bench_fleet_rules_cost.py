@@ -26,9 +26,7 @@ import math
 import shutil
 import subprocess
 import tempfile
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +36,8 @@ import yaml
 from kvwatch.alerts.build import render_rules
 from kvwatch.dashboards.build import build
 from kvwatch.fleet.services import running_service
-from kvwatch.loadgen.local_server import free_port
 from tests.alerts.fleet_scale import scale_tests
+from tests.http_server import ExpositionHandler, serving
 
 _MODEL = "m"
 _BUCKETS = ("0", "1", "2", "+Inf")
@@ -80,31 +78,14 @@ def exposition(replicas: int, t: float) -> str:
     return "\n".join(out) + "\n"
 
 
-class _FakeExporter:
-    def __init__(self, replicas: int) -> None:
-        me = self
-        self.replicas = replicas
-        self.t0 = time.time()
+def _exporter(replicas: int) -> type[ExpositionHandler]:
+    t0 = time.time()
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                body = exposition(me.replicas, time.time() - me.t0).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+    class FleetExporter(ExpositionHandler):
+        def exposition(self) -> str:
+            return exposition(replicas, time.time() - t0)
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.address = f"127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    return FleetExporter
 
 
 def _panel_queries() -> list[tuple[str, str]]:
@@ -123,47 +104,48 @@ def _panel_queries() -> list[tuple[str, str]]:
 
 
 def measure(replicas: int, warmup_s: float) -> dict[str, Any]:
-    exporter = _FakeExporter(replicas)
-    tmp = Path(tempfile.mkdtemp(prefix="kvwatch-rulecost-"))
+    with serving(_exporter(replicas)) as exporter:
+        return _measure(replicas, warmup_s, exporter.removeprefix("http://"))
+
+
+def _measure(replicas: int, warmup_s: float, exporter: str) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="kvwatch-rulecost-"))  # running_service removes it
     (tmp / "rules.yaml").write_text(render_rules())
     (tmp / "prometheus.yml").write_text(
         "global:\n  scrape_interval: 5s\n  evaluation_interval: 5s\n"
         f"rule_files: [{str(tmp / 'rules.yaml')!r}]\n"
         "scrape_configs:\n  - job_name: fleet\n    honor_labels: true\n"
-        f"    static_configs:\n      - targets: [{exporter.address!r}]\n"
+        f"    static_configs:\n      - targets: [{exporter!r}]\n"
     )
-    try:
-        with running_service("prometheus", tmp, lambda port: [
+    with running_service("prometheus", tmp, lambda port: [
             "prometheus", f"--config.file={tmp / 'prometheus.yml'}",
             f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
         ]) as prom:  # fmt: skip
-            time.sleep(warmup_s)
-            groups = httpx.get(prom + "/api/v1/rules", timeout=30).json()["data"]["groups"]
-            rules = {
-                g["name"]: {
-                    "evaluation_s": g["evaluationTime"],
-                    "slowest": sorted(
-                        ((r.get("name"), r["evaluationTime"]) for r in g["rules"]),
-                        key=lambda x: -x[1],
-                    )[:3],
-                }
-                for g in groups
+        time.sleep(warmup_s)
+        groups = httpx.get(prom + "/api/v1/rules", timeout=30).json()["data"]["groups"]
+        rules = {
+            g["name"]: {
+                "evaluation_s": g["evaluationTime"],
+                "slowest": sorted(
+                    ((r.get("name"), r["evaluationTime"]) for r in g["rules"]),
+                    key=lambda x: -x[1],
+                )[:3],
             }
-            series = httpx.get(prom + "/api/v1/query", params={"query": "count({__name__=~'.+'})"},
-                               timeout=30).json()["data"]["result"][0]["value"][1]  # fmt: skip
-            panels = []
-            for title, expr in _panel_queries():
-                r = httpx.get(prom + "/api/v1/query", params={"query": expr, "stats": "all"},
-                              timeout=60).json()  # fmt: skip
-                stats = r.get("data", {}).get("stats", {})
-                panels.append({
-                    "panel": title,
-                    "eval_s": stats.get("timings", {}).get("evalTotalTime"),
-                    "samples": stats.get("samples", {}).get("totalQueryableSamples"),
-                    "error": r.get("error"),
-                })  # fmt: skip
-    finally:
-        exporter.stop()
+            for g in groups
+        }
+        series = httpx.get(prom + "/api/v1/query", params={"query": "count({__name__=~'.+'})"},
+                           timeout=30).json()["data"]["result"][0]["value"][1]  # fmt: skip
+        panels = []
+        for title, expr in _panel_queries():
+            r = httpx.get(prom + "/api/v1/query", params={"query": expr, "stats": "all"},
+                          timeout=60).json()  # fmt: skip
+            stats = r.get("data", {}).get("stats", {})
+            panels.append({
+                "panel": title,
+                "eval_s": stats.get("timings", {}).get("evalTotalTime"),
+                "samples": stats.get("samples", {}).get("totalQueryableSamples"),
+                "error": r.get("error"),
+            })  # fmt: skip
     total = sum(g["evaluation_s"] for g in rules.values())
     return {"replicas": replicas, "series": int(series), "rule_groups": rules,
             "rules_evaluation_s": total, "panels": panels}  # fmt: skip

@@ -16,7 +16,6 @@ import math
 import os
 import re
 import time
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import httpx
@@ -39,7 +38,7 @@ from tests.dashboards.live import (
     substitute,
 )
 from tests.dashboards.preview import spans_from, write_preview
-from tests.http_server import serving
+from tests.http_server import ExpositionHandler, serving
 from tests.loadgen.test_loadgen_live import run as loadgen_run
 from tests.prometheus import running_prometheus, wait_for_series
 from tests.sidecar.running import running_sidecar
@@ -96,7 +95,7 @@ _RISING = re.compile(
 )
 
 
-class _RisingServer(BaseHTTPRequestHandler):
+class _RisingServer(ExpositionHandler):
     """FAKE vLLM /metrics: the composed 0.33 body with the counters `rising` matches raised
     scrape by scrape (`step` says by how much); shared by the fakes below."""
 
@@ -106,21 +105,13 @@ class _RisingServer(BaseHTTPRequestHandler):
     def step(self, m: re.Match[str]) -> float:
         raise NotImplementedError
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def exposition(self) -> str:
         cls = type(self)
         cls.scrapes += 1
         n = cls.scrapes
-        body = self.rising.sub(
+        return self.rising.sub(
             lambda m: f"{m[1]}{float(m[m.re.groups]) + n * self.step(m)}", _COMPOSED.read_text()
-        ).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        )
 
 
 class FakeOffloadingServer(_RisingServer):

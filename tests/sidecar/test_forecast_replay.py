@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ import pytest
 from kvwatch.loadgen.server_metrics import summarize_engines
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.observe import observe
-from tests.http_server import serving
+from tests.http_server import ExpositionHandler, serving
 from tests.receiver import alert_events, receiver
 from tests.sidecar.running import ran_out_at, running_sidecar
 
@@ -50,24 +49,13 @@ def _replayed(rows: list[dict[str, Any]]) -> Iterator[tuple[str, Callable[[], No
         start[0] = time.monotonic()
         go.set()
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def do_GET(self) -> None:  # noqa: N802
-            if self.path.split("?")[0] != "/metrics":
-                self.send_error(404)
-                return
+    class Handler(ExpositionHandler):
+        def exposition(self) -> str:
             i = 0
             if go.is_set():
                 now = time.monotonic() - start[0]
                 i = max((k for k, r in enumerate(rows) if r["t"] <= now), default=0)
-            body = rows[i]["body"].encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            return str(rows[i]["body"])
 
     with serving(Handler) as url:
         yield url, begin
