@@ -35,6 +35,11 @@ from kvwatch.twin.serve import TwinServer, kv_bytes_for_blocks, start_twin
 __all__ = ["FleetSpec", "Replica", "Fleet"]
 
 
+# Prometheus scrapes and evaluates every second: a lab's rules judge within seconds, and the
+# fleet advice reads the peak at this step.
+SCRAPE_INTERVAL = "1s"
+
+
 @dataclass(frozen=True)
 class FleetSpec:
     replicas: int = 2
@@ -45,7 +50,6 @@ class FleetSpec:
     time_scale: float = 1.0  # wall seconds per simulated second, every twin alike
     policy: str = "round_robin"
     rules_for_scale: float = 1.0  # the rules' `for:` scaled (labs: see a page in seconds)
-    scrape_interval: str = "1s"
     vllm_args: tuple[str, ...] = ()
 
 
@@ -120,7 +124,7 @@ class Fleet:
         self.prometheus = self._stack.enter_context(
             running_prometheus(
                 {"router": [self.router.metrics_address]},
-                interval=self.spec.scrape_interval,
+                interval=SCRAPE_INTERVAL,
                 rules=render_rules(for_scale=self.spec.rules_for_scale),
                 alertmanager=self.alertmanager.removeprefix("http://"),
                 discovered=self._sd,
