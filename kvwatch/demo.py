@@ -16,19 +16,18 @@ import sys
 import threading
 import time
 from contextlib import ExitStack
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from kvwatch.common.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
+from kvwatch.common.post_receiver import PostReceiver
 from kvwatch.fleet.sidecars import start_sidecar
 from kvwatch.loadgen.local_server import (
     LocalVLLM,
     ServerConfig,
     ServerStartError,
-    free_port,
     stop_process,
 )
 from kvwatch.loadgen.schedule import ramp_stages
@@ -37,43 +36,25 @@ from kvwatch.sidecar.state.views import EngineView, engines_from_json
 __all__ = ["run_demo", "AlertReceiver"]
 
 
-class AlertReceiver:
-    """A local webhook receiver for the sidecar's alerts: prints each one as it arrives."""
+class AlertReceiver(PostReceiver):
+    """A local webhook receiver for the sidecar's alerts (its `url`): prints each one as it
+    arrives; a body that is not JSON is counted in `refused`."""
 
     def __init__(self) -> None:
+        super().__init__()
+        self.url = self.base + "/hook"
         self.alerts: list[dict[str, Any]] = []
-        receiver = self
+        self.refused = 0
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                self.send_response(200)
-                self.end_headers()
-                try:
-                    alert = json.loads(body)
-                except ValueError:
-                    return
-                receiver.alerts.append(alert)
-                summary = (alert.get("annotations") or {}).get("summary", "")
-                print(
-                    f">>> webhook: {alert.get('status')} {alert.get('alertname')}: {summary}",
-                    flush=True,
-                )
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_port}/hook"
-        self._th = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    def __enter__(self) -> AlertReceiver:
-        self._th.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+    def take(self, path: str, body: bytes) -> None:
+        try:
+            alert = json.loads(body)
+            summary = (alert.get("annotations") or {}).get("summary", "")
+        except (ValueError, AttributeError):
+            self.refused += 1
+            return
+        self.alerts.append(alert)
+        print(f">>> webhook: {alert.get('status')} {alert.get('alertname')}: {summary}", flush=True)
 
 
 def _engine(state: dict[str, Any]) -> EngineView | None:

@@ -7,10 +7,9 @@ import json
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from kvwatch.loadgen.local_server import free_port
+from kvwatch.common.post_receiver import PostReceiver
 
 __all__ = ["Notification", "NotificationReceiver"]
 
@@ -28,29 +27,15 @@ class Notification:
         return {name for name, _, _ in self.alerts}
 
 
-class NotificationReceiver:
+class NotificationReceiver(PostReceiver):
     def __init__(self, echo: bool = False) -> None:
+        super().__init__()
+        self.echo = echo
         self.got: list[Notification] = []
         self.refused = 0  # bodies that were not an Alertmanager notification
         self._lock = threading.Lock()
-        me = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                me._take(self.path, body, echo)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.base = f"http://127.0.0.1:{self._server.server_port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    def _take(self, path: str, body: bytes, echo: bool) -> None:
+    def take(self, path: str, body: bytes) -> None:
         try:
             doc: dict[str, Any] = json.loads(body)
             alerts = tuple(
@@ -65,7 +50,7 @@ class NotificationReceiver:
             return
         with self._lock:
             self.got.append(note)
-        if echo:
+        if self.echo:
             group = ", ".join(f"{k}={v}" for k, v in sorted(note.group_labels.items()))
             names = ", ".join(sorted(note.names))
             print(f">>> alertmanager {path}: {note.status} [{group}] {names}", flush=True)
@@ -73,11 +58,3 @@ class NotificationReceiver:
     def notifications(self) -> list[Notification]:
         with self._lock:
             return list(self.got)
-
-    def __enter__(self) -> NotificationReceiver:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
