@@ -37,7 +37,14 @@ def test_round_robin_piles_long_sessions_on_one_replica_and_it_is_named(tmp_path
         start, end, summary = fleet.run_load(
             tmp_path / "run", "--trace", str(trace), "--trace-block-tokens", str(pile.block_tokens)
         )
-        time.sleep(12)  # the rules' last evaluations and Alertmanager's group wait
+        # the imbalance page may still be in Alertmanager's group wait; then a few more rule
+        # evaluations, in which a shortage page would have to show if one were coming
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not any(
+            "KvwatchFleetImbalance" in n.names for n in fleet.receiver.notifications()
+        ):
+            time.sleep(0.5)
+        time.sleep(4)
         figures = fleet_figures(fleet.prometheus, start, time.time())
         notes = fleet.receiver.notifications()
         (fleet_obs,) = fleets_from_prometheus(fleet.prometheus, window="5m", step="1s")
