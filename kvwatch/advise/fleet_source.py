@@ -12,6 +12,7 @@ from kvwatch.advise.prometheus import (
     prometheus_query,
     prometheus_range,
     series_by,
+    value_at,
     values_by,
     values_by_labels,
 )
@@ -64,15 +65,19 @@ def fleets_from_prometheus(base: str, window: str = "1h", step: str = "15s") -> 
     for m in sorted(models):
         points = demands.get(m, {})
         peak_t = max(points, key=lambda t: points[t], default=None)
-        if peak_t is None or peak_t not in requests.get(m, {}) or peak_t not in capacity.get(m, {}):
-            continue  # no demand recorded (no finished request yet) or no sidecar's capacity
+        if peak_t is None:
+            continue  # no demand recorded: no finished request yet to size one by
+        held = value_at(requests.get(m, {}), peak_t)
+        kv = value_at(capacity.get(m, {}), peak_t)
+        if not held or not kv:
+            continue  # no request or no sidecar's capacity by the peak: nothing to size
         out.append(
             FleetObserved(
                 model=m,
-                engines=int(live.get(m, {}).get(peak_t, engines[m])),
-                capacity_tokens=capacity[m][peak_t],
-                peak_requests=requests[m][peak_t],
-                request_tokens=points[peak_t] / requests[m][peak_t],
+                engines=int(value_at(live.get(m, {}), peak_t) or engines[m]),
+                capacity_tokens=kv,
+                peak_requests=held,
+                request_tokens=points[peak_t] / held,
                 imbalance_s=imbalance.get(m, 0.0),
                 shortage_s=shortage.get(m, 0.0),
                 window=window,
@@ -85,10 +90,10 @@ def fleets_from_prometheus(base: str, window: str = "1h", step: str = "15s") -> 
 def _shares(client: httpx.Client, base: str, window: str) -> dict[str, list[EngineShare]]:
     by = f"instance, engine, {_F}"
 
-    def rows(promql: str) -> dict[tuple[str, str, str], float]:
+    def rows(promql: str) -> dict[tuple[str, ...], float]:
         return values_by_labels(prometheus_query(client, base, promql), (_F, "instance", "engine"))
 
-    def share(sel: str) -> dict[tuple[str, str, str], float]:
+    def share(sel: str) -> dict[tuple[str, ...], float]:
         mine = f"sum by ({by}) (increase({sel}[{window}]))"
         return rows(
             f"{mine} / on({_F}) group_left() (sum by ({_F}) (increase({sel}[{window}])) > 0)"

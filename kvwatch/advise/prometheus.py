@@ -35,7 +35,7 @@ from kvwatch.sizing.kvmath import SizingError
 
 __all__ = [
     "observed_from_prometheus", "prometheus_query", "prometheus_range", "values_by",
-    "values_by_labels", "series_by",
+    "values_by_labels", "series_by", "value_at",
 ]  # fmt: skip
 
 _BY = "instance, engine"
@@ -53,7 +53,11 @@ def _api(client: httpx.Client, base: str, path: str, params: dict[str, Any]) -> 
     if not isinstance(body, dict) or body.get("status") != "success":
         error = body.get("error") if isinstance(body, dict) else None
         raise SizingError(f"Prometheus rejected {params['query']!r}: {error}")
-    return list(body["data"]["result"])
+    data = body.get("data")
+    result = data.get("result") if isinstance(data, dict) else None
+    if not isinstance(result, list):
+        raise SizingError(f"Prometheus at {base} answered {params['query']!r} without a result")
+    return [row for row in result if isinstance(row, dict)]
 
 
 def prometheus_query(
@@ -83,7 +87,14 @@ def _number(raw: Any) -> float | None:
     return None if v != v else v  # NaN: a ratio with no traffic
 
 
-def values_by_labels(rows: list[dict[str, Any]], labels: tuple[str, ...]) -> dict[Any, float]:
+def _labels(row: dict[str, Any]) -> dict[str, Any]:
+    m = row.get("metric")
+    return m if isinstance(m, dict) else {}
+
+
+def values_by_labels(
+    rows: list[dict[str, Any]], labels: tuple[str, ...]
+) -> dict[tuple[str, ...], float]:
     """Each instant row's value keyed by the tuple of these labels ('' where one is absent);
     rows without a readable, non-NaN value are left out."""
     out = {}
@@ -91,8 +102,8 @@ def values_by_labels(rows: list[dict[str, Any]], labels: tuple[str, ...]) -> dic
         value = row.get("value")
         v = _number(value[1]) if isinstance(value, list) and len(value) == 2 else None
         if v is not None:
-            m = row.get("metric", {})
-            out[tuple(m.get(label, "") for label in labels)] = v
+            m = _labels(row)
+            out[tuple(str(m.get(label, "")) for label in labels)] = v
     return out
 
 
@@ -105,16 +116,27 @@ def series_by(rows: list[dict[str, Any]], label: str) -> dict[str, dict[float, f
     """A range query's series keyed by one label: {label value: {unix time: value}}."""
     out: dict[str, dict[float, float]] = {}
     for row in rows:
-        points = out.setdefault(row.get("metric", {}).get(label, ""), {})
-        for t, raw in row.get("values", []):
-            v = _number(raw)
-            if v is not None:
-                points[float(t)] = v
+        points = out.setdefault(str(_labels(row).get(label, "")), {})
+        values = row.get("values")
+        for pair in values if isinstance(values, list) else []:
+            t, v = pair if isinstance(pair, list) and len(pair) == 2 else (None, None)
+            t, v = _number(t), _number(v)
+            if t is not None and v is not None:
+                points[t] = v
     return out
 
 
+def value_at(points: dict[float, float], t: float) -> float | None:
+    """A range series' value at t, or at its last point before t (a series can miss a step:
+    a late scrape, a rule evaluated late); None if it has none by then."""
+    if t in points:
+        return points[t]
+    before = [u for u in points if u <= t]
+    return points[max(before)] if before else None
+
+
 def _by_key(rows: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
-    return values_by_labels(rows, ("instance", "engine"))
+    return {(k[0], k[1]): v for k, v in values_by_labels(rows, ("instance", "engine")).items()}
 
 
 def _quantile(fam_sel: str, window: str) -> str:
