@@ -53,6 +53,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def _unused_port(host: str, tries: int = 5) -> int:
+    """A free port, probed once more: free_port in two processes or threads at once (a fleet's
+    replicas start side by side) can hand out the same port, and the other may listen first."""
+    for _ in range(tries):
+        port = free_port(host)
+        if port_is_free(port, host):
+            return port
+    return port
+
+
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     """True unless something listens there. SO_REUSEADDR as servers set it: TIME_WAIT is free."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -190,7 +200,7 @@ class LocalVLLM:
 
     def start(self) -> LocalVLLM:
         _check_model_dir(self.config.model, self.config.weightless)
-        port = self.config.port or free_port(self.config.host)
+        port = self.config.port or _unused_port(self.config.host)
         if not port_is_free(port, self.config.host):
             raise ServerStartError(f"port {port} on {self.config.host} is already in use")
         self.port = port
