@@ -41,9 +41,9 @@ __all__ = [
 # so the live test checks them against the body composed from 0.33's source)
 OFFLOAD_PANELS = ("KV offload traffic", "KV offload tier full")
 # the sidecar's reference needs minutes of prompt traffic that reuses prefixes
+PREFIX_PANELS = ("Prefix cache hit share and its reference", "Prompt tokens computed again")
 # vllm-router's own view; filled where Prometheus scrapes the router (tests/fleet)
 ROUTER_PANELS = ("Router: requests sent per replica", "Router: replicas it can send to")
-PREFIX_PANELS = ("Prefix cache hit share and its reference", "Prompt tokens computed again")
 _NO_OFFLOAD = (
     " Empty on servers without --kv-offloading-size (vLLM's CPU backend cannot offload) and "
     "on releases without the offloading connector's metrics."
