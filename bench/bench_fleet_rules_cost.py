@@ -37,6 +37,7 @@ from kvwatch.alerts.build import render_rules
 from kvwatch.dashboards.build import build
 from kvwatch.fleet.services import running_service
 from tests.alerts.fleet_scale import scale_tests
+from tests.dashboards.live import panel_queries, substitute
 from tests.http_server import ExpositionHandler, serving
 
 _MODEL = "m"
@@ -89,18 +90,11 @@ def _exporter(replicas: int) -> type[ExpositionHandler]:
 
 
 def _panel_queries() -> list[tuple[str, str]]:
-    doc = build("kvwatch-fleet.json")
-    out = []
-    for p in doc.get("panels", []):
-        for target in p.get("targets", []):
-            expr = target.get("expr", "")
-            expr = (
-                expr.replace('=~"$model_name"', '=~".*"')
-                .replace("$__rate_interval", "1m")
-                .replace("$__range", "1h")
-            )
-            out.append((p.get("title", ""), expr))
-    return out
+    """Every fleet-dashboard query as Grafana would send it: all models, a 1m rate window."""
+    return [
+        (pq.panel, substitute(pq.expr, {"model_name": ".*"}, 3600, "1m"))
+        for pq in panel_queries(build("kvwatch-fleet.json"))
+    ]
 
 
 def measure(replicas: int, warmup_s: float) -> dict[str, Any]:
