@@ -47,19 +47,27 @@ class ServerStartError(RuntimeError):
     """The server could not be started; the message says why and carries the log's tail."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+# Ports free_port has handed out in this process. The kernel can give bind(0) a port it gave a
+# moment ago and that is closed again; a fleet starts replicas and their sidecars side by side,
+# and two of them were handed one port (the second lost its start to "already in use").
+_HANDED: set[int] = set()
+_HANDED_LOCK = threading.Lock()
+
+
+def _bound_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
-def _unused_port(host: str, tries: int = 5) -> int:
-    """A free port, probed once more: free_port in two processes or threads at once (a fleet's
-    replicas start side by side) can hand out the same port, and the other may listen first."""
-    for _ in range(tries):
-        port = free_port(host)
-        if port_is_free(port, host):
-            return port
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on, never one this process handed out before."""
+    with _HANDED_LOCK:
+        for _ in range(100):
+            port = _bound_port(host)
+            if port not in _HANDED:
+                break
+        _HANDED.add(port)
     return port
 
 
@@ -200,7 +208,7 @@ class LocalVLLM:
 
     def start(self) -> LocalVLLM:
         _check_model_dir(self.config.model, self.config.weightless)
-        port = self.config.port or _unused_port(self.config.host)
+        port = self.config.port or free_port(self.config.host)
         if not port_is_free(port, self.config.host):
             raise ServerStartError(f"port {port} on {self.config.host} is already in use")
         self.port = port
