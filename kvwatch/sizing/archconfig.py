@@ -108,6 +108,7 @@ class Architecture:
     moe_routed_share: float = 0.0  # MoE: experts per token over routed experts (k/E); 0: dense
     mlp_width: int = 0  # the widest MLP a token passes (dense, or its experts side by side)
     vocab_size: int = 0
+    moe_layers: int = 0  # layers whose MLP is routed experts (the step model's per-layer cost)
 
     @property
     def uses_mla(self) -> bool:
@@ -278,6 +279,7 @@ def architecture_from_config(cfg: dict[str, Any], name: str = "model") -> Archit
         moe_routed_share=_routed_share(text),
         mlp_width=_mlp_width(text),
         vocab_size=int(text.get("vocab_size") or 0),
+        moe_layers=sum(_moe_layer_flags(text, len(built))),
     )
 
 
@@ -510,12 +512,9 @@ def _params(text: Mapping[str, Any], layers: tuple[Layer, ...], label: str) -> t
     shared = int(text.get("n_shared_experts") or 0) * moe_inter + int(
         text.get("shared_expert_intermediate_size") or 0
     )
-    dense_first = int(text.get("first_k_dense_replace") or 0)
-    step = int(text.get("interleave_moe_layer_step") or 1)
     total = active = 0.0
-    for i, layer in enumerate(layers):
+    for layer, moe in zip(layers, _moe_layer_flags(text, len(layers)), strict=True):
         attn = _attention_params(layer, text, hidden, heads)
-        moe = experts > 0 and i >= dense_first and (i + 1) % step == 0
         if moe:
             mlp_total = 3 * hidden * (experts * moe_inter + shared) + hidden * experts
             mlp_active = 3 * hidden * (per_tok * moe_inter + shared) + hidden * experts
@@ -526,6 +525,15 @@ def _params(text: Mapping[str, Any], layers: tuple[Layer, ...], label: str) -> t
         active += attn + mlp_active
     emb = vocab * hidden * (1 if text.get("tie_word_embeddings") else 2)
     return total + emb, active + emb
+
+
+def _moe_layer_flags(text: Mapping[str, Any], n_layers: int) -> list[bool]:
+    """Which layers route to experts: after `first_k_dense_replace` dense ones, every
+    `interleave_moe_layer_step`-th (Llama 4); none in a dense model."""
+    experts, _ = _experts(text)
+    dense_first = int(text.get("first_k_dense_replace") or 0)
+    step = int(text.get("interleave_moe_layer_step") or 1)
+    return [experts > 0 and i >= dense_first and (i + 1) % step == 0 for i in range(n_layers)]
 
 
 def _attention_params(layer: Layer, text: Mapping[str, Any], hidden: int, heads: int) -> float:

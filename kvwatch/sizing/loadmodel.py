@@ -34,7 +34,14 @@ from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvplan import KvLayout
 from kvwatch.sizing.steptime import ScheduledRequest, StepModel
 
-__all__ = ["ClosedLoop", "LoadPrediction", "Throughput", "predict_closed_loop"]
+__all__ = [
+    "ClosedLoop",
+    "LoadPrediction",
+    "Throughput",
+    "predict_closed_loop",
+    "steady_loop",
+    "decode_step_s",
+]
 
 _CONTEXT_SAMPLES = 8  # decode steps are read at this many points of a wave's progress
 
@@ -85,9 +92,24 @@ class LoadPrediction:
         return asdict(self)
 
 
-def _throughput(
-    steps: StepModel, c: int, p: int, o: int, batched_tokens: int, max_num_seqs: int, onset: int
+def decode_step_s(steps: StepModel, running: int, p: int, o: int) -> float:
+    """The mean decode step of `running` requests whose contexts grow from P to P + O."""
+    contexts = [p + (2 * i + 1) * o // (2 * _CONTEXT_SAMPLES) for i in range(_CONTEXT_SAMPLES)]
+    samples = [steps.seconds([ScheduledRequest(1, ctx)] * running) for ctx in contexts]
+    return sum(samples) / len(samples)
+
+
+def steady_loop(
+    steps: StepModel,
+    c: int,
+    p: int,
+    o: int,
+    batched_tokens: int,
+    max_num_seqs: int,
+    onset: int | None = None,
 ) -> Throughput:
+    """The steady state of C streams; `onset`: the KV onset, past which the figure is what
+    the load would get with room."""
     running = min(c, max_num_seqs)
     # decodes share the token budget with the prompts
     prefill_steps = max(1, math.ceil(running * p / max(1, batched_tokens - running)))
@@ -99,9 +121,7 @@ def _throughput(
         running - per_step
     )
     prefill_s = steps.seconds(prefill_batch)
-    contexts = [p + (2 * i + 1) * o // (2 * _CONTEXT_SAMPLES) for i in range(_CONTEXT_SAMPLES)]
-    samples = [steps.seconds([ScheduledRequest(1, ctx)] * running) for ctx in contexts]
-    decode_s = sum(samples) / len(samples)
+    decode_s = decode_step_s(steps, running, p, o)
     cycle_s = prefill_steps * prefill_s + (cycle_steps - prefill_steps) * decode_s
     return Throughput(
         concurrency=c,
@@ -112,7 +132,7 @@ def _throughput(
         cycle_steps=cycle_steps,
         cycle_s=cycle_s,
         output_tokens_per_s=running * o / cycle_s,
-        preempts=c >= onset,
+        preempts=onset is not None and c >= onset,
     )
 
 
@@ -161,10 +181,9 @@ def predict_closed_loop(
     ]
     at_c = at_fits = None
     if steps is not None:
-        cap = onset or max_num_seqs + 1
-        at_c = _throughput(steps, c, p, o, batched_tokens, max_num_seqs, cap)
+        at_c = steady_loop(steps, c, p, o, batched_tokens, max_num_seqs, onset)
         if fits >= 1:
-            at_fits = _throughput(steps, fits, p, o, batched_tokens, max_num_seqs, cap)
+            at_fits = steady_loop(steps, fits, p, o, batched_tokens, max_num_seqs, onset)
         arithmetic.append(
             f"{c:,} streams: {at_c.prefill_steps} prefill steps of {at_c.prefill_step_s * 1e3:,.1f}"
             f" ms + {at_c.cycle_steps - at_c.prefill_steps:,} decode steps of "

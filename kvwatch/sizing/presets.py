@@ -217,6 +217,31 @@ def _mistral(
     )
 
 
+def _mixtral(
+    layers: int, hidden: int, heads: int, inter: int, vocab: int, params: float, active: float
+) -> ModelPreset:
+    return ModelPreset(
+        {
+            "architectures": ["MixtralForCausalLM"],
+            "model_type": "mixtral",
+            "num_hidden_layers": layers,
+            "hidden_size": hidden,
+            "num_attention_heads": heads,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "intermediate_size": inter,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "vocab_size": vocab,
+            "sliding_window": None,
+            "max_position_embeddings": 65536 if layers > 32 else 32768,
+            "torch_dtype": "bfloat16",
+        },
+        params,
+        active,
+    )
+
+
 def _qwen2(layers: int, hidden: int, heads: int, kv: int, inter: int, params: float) -> ModelPreset:
     return ModelPreset(
         {
@@ -273,6 +298,7 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
     "llama-4-scout": _llama4(16, 1, 109e9),
     "llama-4-maverick": _llama4(128, 2, 400e9),
     "qwen2.5-7b": _qwen2(28, 3584, 28, 4, 18944, 7.62e9),
+    "qwen2.5-14b": _qwen2(48, 5120, 40, 8, 13824, 14.7e9),
     "qwen2.5-32b": _qwen2(64, 5120, 40, 8, 27648, 32.8e9),
     "qwen2.5-72b": _qwen2(80, 8192, 64, 8, 29568, 72.7e9),
     "qwen3-8b": _qwen3(36, 4096, 32, 8, 12288, 8.19e9),
@@ -289,6 +315,8 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
     "kimi-k2": _deepseek("DeepseekV3ForCausalLM", 64, 384, 1, 163840, 1.04e12, 32e9),
     "mistral-7b": _mistral(32, 4096, 32, 128, 14336, 32768, 7.25e9),
     "mistral-small-24b": _mistral(40, 5120, 32, 128, 32768, 131072, 23.6e9),
+    "mixtral-8x7b": _mixtral(32, 4096, 32, 14336, 32000, 46.7e9, 12.9e9),
+    "mixtral-8x22b": _mixtral(56, 6144, 48, 16384, 32768, 140.6e9, 39.1e9),
 }
 
 
@@ -312,25 +340,32 @@ PEER_LINK_BYTES_PER_S = {
 @dataclass(frozen=True)
 class GpuSpec:
     name: str
-    memory_bytes: float | None  # None: the CPU backend, sized by --kv-cache-memory-bytes
+    memory_bytes: float | None  # as the runtime reports it; None: the CPU backend
     bf16_flops: float | None  # dense peak; None where no figure stands for the device
     hbm_bytes_per_s: float | None
     link: str | None  # host link, for swap and offload
     platform: str  # which vLLM platform rules apply (kvplan.PLATFORMS)
     batched_tokens: int  # vLLM's API-server default max_num_batched_tokens on this device
+    fp8_flops: float | None = None  # dense fp8 peak where the card computes in fp8
+    fp4_flops: float | None = None  # dense fp4 peak (Blackwell, MI355X)
 
 
+# Memory: what the runtime reports (torch.cuda.mem_get_info's total), of which vLLM's
+# --gpu-memory-utilization is a share; the data sheets' "80 GB" and "141 GB" are smaller. vLLM's
+# own log says `total_gpu_memory (79.11GiB)` to `(79.22GiB)` on H100 80GB HBM3 (vllm#10511,
+# #11550 and others) and (79.25GiB) on A100-SXM4-80GB: 85.0e9 and 85.1e9 bytes; an H200 about
+# 139.8 GiB. The others are their nvidia-smi totals less the same ~0.4 GiB (docs/twin.md).
 GPU_PRESETS: dict[str, GpuSpec] = {
     g.name: g
     for g in (
-        GpuSpec("h100", 80e9, 989e12, 3.35e12, "pcie5", "cuda-hopper", 8192),
-        GpuSpec("h200", 141e9, 989e12, 4.8e12, "pcie5", "cuda-hopper", 8192),
-        GpuSpec("b200", 180e9, 2.25e15, 8.0e12, "pcie6", "cuda-blackwell", 16384),
-        GpuSpec("a100-40gb", 40e9, 312e12, 1.555e12, "pcie4", "cuda", 2048),
-        GpuSpec("a100", 80e9, 312e12, 2.039e12, "pcie4", "cuda", 2048),
-        GpuSpec("l40s", 48e9, 362e12, 864e9, "pcie4", "cuda", 2048),
-        GpuSpec("l4", 24e9, 121e12, 300e9, "pcie4", "cuda", 2048),
-        GpuSpec("mi300x", 192e9, 1307e12, 5.3e12, "pcie5", "rocm", 16384),
+        GpuSpec("h100", 85.0e9, 989e12, 3.35e12, "pcie5", "cuda-hopper", 8192, 1979e12),
+        GpuSpec("h200", 150.1e9, 989e12, 4.8e12, "pcie5", "cuda-hopper", 8192, 1979e12),
+        GpuSpec("b200", 191.5e9, 2.25e15, 8.0e12, "pcie6", "cuda-blackwell", 16384, 4.5e15, 9e15),
+        GpuSpec("a100-40gb", 42.3e9, 312e12, 1.555e12, "pcie4", "cuda", 2048),
+        GpuSpec("a100", 85.1e9, 312e12, 2.039e12, "pcie4", "cuda", 2048),
+        GpuSpec("l40s", 47.8e9, 362e12, 864e9, "pcie4", "cuda", 2048, 733e12),
+        GpuSpec("l4", 23.7e9, 121e12, 300e9, "pcie4", "cuda", 2048, 242e12),
+        GpuSpec("mi300x", 205.8e9, 1307e12, 5.3e12, "pcie5", "rocm", 16384, 2615e12),
         # vLLM's CPU backend: its block rules, no async scheduling; what the CPU can do
         # decides the SSM state dtype and whether fp8 KV is allowed (kvplan.PLATFORMS)
         GpuSpec("cpu", None, None, None, None, "cpu", 2048),  # x86 with AVX-512 BF16

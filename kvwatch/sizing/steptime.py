@@ -1,25 +1,37 @@
-"""How long one engine step takes on the simulated card: a stated roofline, every constant named.
+"""How long one engine step takes on a card: a stated model, every constant named and sourced.
 
-A step is memory-bound or compute-bound, whichever is slower, plus the TP group's all-reduces and
-a fixed per-step cost:
+A step runs the dense part of the model (attention, dense MLPs, embeddings, shared experts) and,
+for MoE models, the routed experts, one after the other; each part is memory-bound or
+compute-bound, whichever is slower. Around them: a fixed cost per MoE layer, the TP group's
+all-reduces, and host costs per step and per scheduled request:
 
-- memory: the weights read once per step (for MoE, the experts this step's tokens route to, out
-  of all of them) plus the KV each scheduled request reads (full attention: its whole context;
-  a sliding window: at most the window; chunked local attention: its current chunk; MLA: the
-  latent; Mamba/GDN: its fixed state), at HBM bandwidth x `hbm_efficiency`;
-- compute: 2 FLOPs per active parameter per token, plus attention's 4 x heads x head size
-  FLOPs per token per context position, at the dense bf16 peak x `mfu`;
+- dense part, memory: its weights read once per step plus the KV each scheduled request reads
+  (full attention: its whole context; a sliding window: at most the window; chunked local
+  attention: its current chunk; MLA: the latent; Mamba/GDN: its fixed state), at the card's HBM
+  bandwidth x `hbm_efficiency` (KV reads x `kv_efficiency` of that: paged attention over a long
+  context runs below the bandwidth weight GEMMs reach);
+- dense part, compute: 2 FLOPs per active non-expert parameter per token plus attention's
+  4 x heads x head size FLOPs per token per context position, at the card's peak for the
+  weights' dtype (bf16, fp8 where the card computes in it) x `mfu`;
+- experts: the experts this step's tokens route to (out of all of them) at the same bandwidth
+  x `moe_hbm_factor` (grouped GEMMs at a few tokens per expert run below it), or their FLOPs at
+  `mfu` x `moe_mfu_factor`; plus `moe_layer_s` for each MoE layer (routing, permute, combine,
+  the grouped GEMMs' fixed cost), which no bandwidth hides at small batch;
 - TP: each rank holds 1/TP of the weights, heads and FLOPs; two all-reduces of the hidden state
-  per layer, each `allreduce_latency_s` plus 2(TP-1)/TP of the bytes over the card's link;
+  per layer, each `allreduce_latency_s` (at TP 2) x (1 + `allreduce_growth` x (TP - 2)) plus
+  2(TP-1)/TP of the bytes over the card's link;
 - PP: one stage's layers per step (batches pipelined); the pipeline bubble is not simulated.
 
-Peaks are the vendors' data sheets (`kvwatch/sizing/presets.py`); the efficiencies are fitted
-to published vLLM figures, docs/twin.md names them, and `bench/calibrate_twin.py` refits them
-on a real card. Pure arithmetic.
+Peaks and bandwidths are the vendors' data sheets (`kvwatch/sizing/presets.py`); the constants
+are fitted to a corpus of public real-GPU vLLM measurements (`bench/corpus/steptime.jsonl`,
+fitted and held-out parts reported apart by `bench/bench_steptime_corpus.py`, docs/twin.md),
+and `kvwatch calibrate` fits them to a user's own server. The model stands for vLLM's V1
+engine with CUDA graphs (0.10 and later). Pure arithmetic.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from typing import Any
@@ -32,7 +44,7 @@ __all__ = [
     "StepConstants",
     "StepModel",
     "ScheduledRequest",
-    "MFU_BY_GPU",
+    "CARD_CONSTANTS",
     "StepError",
 ]
 
@@ -41,30 +53,63 @@ class StepError(ValueError):
     """The step model cannot be built for this model and card; the message says why."""
 
 
-# A prefill's share of the dense bf16 peak, fitted to Lambda's time to first token of ten prompts
-# (1,369 tokens in one batch) of Llama 3 8B with vLLM 0.6.0: 62 ms on an H100 SXM, 127 ms on an
-# A100 80GB (docs/twin.md). Hopper reaches a smaller share of its far higher peak at this size.
-# Other cards: 0.45, an assumption until calibrated.
-MFU_BY_GPU = {"h100": 0.36, "h200": 0.36, "a100": 0.55, "a100-40gb": 0.55}
-_MFU_OTHER = 0.45
+# Per-card constants where one number does not hold across cards, fitted to the corpus's fit
+# part (bench/bench_steptime_corpus.py fit, 2026-12-05; docs/twin.md): HBM efficiency, the
+# all-reduce at TP 2, and the fixed cost of a MoE layer, which is the card's MoE kernels *and*
+# the release measured on it (H200's and MI300X's figures are DeepSeek-R1 on 0.7.x nightlies,
+# H100's and A100's mostly newer and Mixtral). H200's HBM efficiency is H100's x 0.83 (the
+# measured H200/H100 speedup, 1.19x, over the bandwidth ratio, 1.43x): every H200 figure is one
+# model at TP 8, which cannot pin it apart from the MoE cost. `mfu` is the earlier fit to
+# Lambda's prefills. B200 and the cards without a row: assumptions (H100's), until measured.
+CARD_CONSTANTS: dict[str, dict[str, float]] = {
+    "h100": {"hbm_efficiency": 0.89, "mfu": 0.36, "allreduce_latency_s": 18.6e-6,
+             "moe_layer_s": 11e-6},
+    "h200": {"hbm_efficiency": 0.74, "mfu": 0.36, "allreduce_latency_s": 2.0e-6,
+             "moe_layer_s": 609e-6},
+    "a100": {"hbm_efficiency": 0.72, "mfu": 0.55, "allreduce_latency_s": 17.1e-6,
+             "moe_layer_s": 151e-6},
+    "a100-40gb": {"hbm_efficiency": 0.72, "mfu": 0.55, "allreduce_latency_s": 17.1e-6,
+                  "moe_layer_s": 151e-6},
+    "mi300x": {"hbm_efficiency": 0.39, "mfu": 0.30, "allreduce_latency_s": 6.5e-6,
+               "moe_layer_s": 468e-6},
+}  # fmt: skip
+_CARD_OTHER = {"hbm_efficiency": 0.72, "mfu": 0.45, "allreduce_latency_s": 18.6e-6,
+               "moe_layer_s": 11e-6}  # fmt: skip
 
 
 @dataclass(frozen=True)
 class StepConstants:
-    """The model's free constants; `--step NAME=VALUE` overrides any of them."""
+    """The model's free constants; `--step NAME=VALUE` or a calibration file overrides any.
+    None: the card's (CARD_CONSTANTS), or the data sheet's peak. Defaults without a card
+    are fitted to the corpus's fit part with the card constants (docs/twin.md)."""
 
-    # share of the HBM bandwidth a decode step's weight and KV reads reach: with the overhead
-    # below, fitted to Lambda's H100 SXM decode of Llama 3 8B (vLLM 0.6.0, 10-step scheduling:
-    # 7.2 ms a step at up to 10 sequences); it predicts their A100 80GB's 11.45 ms to 0.1%
-    # (docs/twin.md); bench/calibrate_twin.py refits it on a real card
-    hbm_efficiency: float = 0.72
-    # share of the dense bf16 peak a prefill reaches; None: the card's (MFU_BY_GPU)
+    # share of the HBM bandwidth the weights' reads reach; None: the card's
+    hbm_efficiency: float | None = None
+    # share of that a decode's KV reads reach (paged attention over the context)
+    kv_efficiency: float = 0.63
+    # share of the dense peak a prefill reaches; None: the card's
     mfu: float | None = None
+    # the routed experts' bandwidth and FLOP/s against the dense part's: above 1 for the
+    # bandwidth, as a step touches fewer experts than uniform routing would (routing is
+    # skewed); far below 1 for FLOP/s, as grouped GEMMs at a few hundred tokens per expert run
+    # below the dense GEMMs' share of the peak
+    moe_hbm_factor: float = 1.41
+    moe_mfu_factor: float = 0.27
+    # fixed cost of one MoE layer in a step, seconds; None: the card's
+    moe_layer_s: float | None = None
     # what every step costs beside the roofline: sampling, launch gaps, the step's host work
     # that CUDA graphs do not hide, seconds
-    step_overhead_s: float = 0.0005
-    # one all-reduce's fixed cost inside a TP group, seconds
-    allreduce_latency_s: float = 10e-6
+    step_overhead_s: float = 0.00021
+    # host work per scheduled request in a step (input preparation, sampling), seconds
+    request_overhead_s: float = 0.9e-6
+    # one all-reduce's fixed cost inside a TP group of 2, seconds; None: the card's
+    allreduce_latency_s: float | None = None
+    # its growth per rank beyond 2 (the 2(TP-1) steps of a ring, partly overlapped)
+    allreduce_growth: float = 0.55
+    # the device's bandwidth and FLOP/s where no data sheet stands (a CPU server's, from a
+    # calibration), bytes/s and FLOP/s
+    hbm_bytes_per_s: float | None = None
+    flops: float | None = None
 
     @classmethod
     def with_overrides(cls, overrides: dict[str, float]) -> StepConstants:
@@ -78,13 +123,27 @@ class StepConstants:
         bad = [
             k
             for k, v in overrides.items()
-            if isinstance(v, bool) or not (isinstance(v, int | float) and v >= 0)
+            if isinstance(v, bool) or not (isinstance(v, int | float) and 0 <= v < float("inf"))
         ]
         if bad:
-            raise StepError(f"step-time constants must be non-negative numbers: {', '.join(bad)}")
-        if overrides.get("hbm_efficiency", 1) == 0 or overrides.get("mfu", 1) == 0:
-            raise StepError("hbm_efficiency and mfu must be above 0")
+            raise StepError(
+                f"step-time constants must be finite non-negative numbers: {', '.join(bad)}"
+            )
+        zero = [k for k in _POSITIVE if overrides.get(k, 1) == 0]
+        if zero:
+            raise StepError(f"{', '.join(zero)} must be above 0")
         return replace(cls(), **{k: float(v) for k, v in overrides.items()})
+
+
+_POSITIVE = (
+    "hbm_efficiency",
+    "kv_efficiency",
+    "mfu",
+    "moe_hbm_factor",
+    "moe_mfu_factor",
+    "hbm_bytes_per_s",
+    "flops",
+)
 
 
 @dataclass(frozen=True)
@@ -116,15 +175,58 @@ class StepModel:
     constants: StepConstants = StepConstants()
 
     def __post_init__(self) -> None:
-        if self.gpu.hbm_bytes_per_s is None or self.gpu.bf16_flops is None:
-            raise StepError(f"{self.gpu.name} has no bandwidth or FLOP/s figure to simulate")
+        c = self.constants
+        if (self.gpu.hbm_bytes_per_s is None and c.hbm_bytes_per_s is None) or (
+            self.gpu.bf16_flops is None and c.flops is None
+        ):
+            raise StepError(
+                f"{self.gpu.name} has no bandwidth or FLOP/s figure to simulate; a calibration "
+                "of this server supplies them (kvwatch calibrate)"
+            )
         if self.tp < 1 or self.pp < 1:
             raise StepError("tp and pp must be at least 1")
 
+    def _card(self, name: str) -> float:
+        given = getattr(self.constants, name)
+        if given is not None:
+            return float(given)
+        return CARD_CONSTANTS.get(self.gpu.name, _CARD_OTHER)[name]
+
     @property
     def mfu(self) -> float:
-        given = self.constants.mfu
-        return given if given is not None else MFU_BY_GPU.get(self.gpu.name, _MFU_OTHER)
+        return self._card("mfu")
+
+    @property
+    def hbm_efficiency(self) -> float:
+        return self._card("hbm_efficiency")
+
+    @property
+    def allreduce_latency_s(self) -> float:
+        """One all-reduce's fixed cost at this TP size."""
+        return self._card("allreduce_latency_s") * (
+            1 + self.constants.allreduce_growth * max(0, self.tp - 2)
+        )
+
+    @property
+    def bandwidth(self) -> float:
+        """Bytes/s the weights' reads reach."""
+        peak = self.constants.hbm_bytes_per_s or self.gpu.hbm_bytes_per_s
+        assert peak is not None  # __post_init__
+        return peak * self.hbm_efficiency
+
+    @property
+    def peak_flops(self) -> float:
+        """The dense peak for the weights' dtype: fp8 checkpoints on cards that compute in
+        fp8, fp4 ones on cards that compute in fp4, bf16 otherwise."""
+        if self.constants.flops is not None:
+            return self.constants.flops
+        g, wbytes = self.gpu, self.arch.weight_bytes_per_param
+        if wbytes < 1 and g.fp4_flops:
+            return g.fp4_flops
+        if wbytes <= 1 and g.fp8_flops:
+            return g.fp8_flops
+        assert g.bf16_flops is not None  # __post_init__
+        return g.bf16_flops
 
     @cached_property
     def _kv_groups(self) -> tuple[_KvGroup, ...]:
@@ -160,68 +262,90 @@ class StepModel:
             _KvGroup(v[0], window, chunk, v[1], v[2]) for (window, chunk, _), v in sums.items()
         )
 
+    @cached_property
+    def _params_split(self) -> tuple[float, float]:
+        """(parameters outside the routed experts, all routed experts' parameters), whole model.
+
+        With `active = shared + experts_all x k/E`: experts_all = (total - active) / (1 - k/E)."""
+        a = self.arch
+        if a.params_active >= a.params_total:
+            return a.params_total, 0.0
+        share = _routed_share(a)
+        experts_all = (a.params_total - a.params_active) / (1 - share)
+        return a.params_total - experts_all, experts_all
+
     def _weights_read(self, tokens: int) -> float:
         """Bytes of weights one rank reads for a step of `tokens` tokens."""
-        a = self.arch
-        total = a.params_total * a.weight_bytes_per_param
-        if a.params_active >= a.params_total or tokens <= 0:
-            return total / (self.tp * self.pp)
-        # MoE: each token routes to k of E experts; with `active = shared + expert_all x k/E`
-        # the expert bytes are (total - active) / (1 - k/E); a step of T tokens touches
-        # 1 - (1 - k/E)^T of them in each layer
-        share = _routed_share(a)
-        expert_all = (a.params_total - a.params_active) / (1 - share)
-        shared = a.params_total - expert_all
-        touched = 1 - (1 - share) ** tokens
-        return (shared + expert_all * touched) * a.weight_bytes_per_param / (self.tp * self.pp)
+        shared, experts = self._params_split
+        return (shared + experts * self._touched(tokens)) * self._per_rank_bytes()
+
+    def _per_rank_bytes(self) -> float:
+        return self.arch.weight_bytes_per_param / (self.tp * self.pp)
+
+    def _touched(self, tokens: int) -> float:
+        """Share of the routed experts a step of T tokens reads in each MoE layer: each token
+        routes to k of E, so 1 - (1 - k/E)^T of them; all of them at T = 0 (a description)."""
+        if tokens <= 0:
+            return 1.0
+        return 1 - (1 - _routed_share(self.arch)) ** tokens
 
     def seconds(self, batch: list[ScheduledRequest]) -> float:
         """Simulated seconds of one step that computes `batch` (before the time scale)."""
         if not batch:
             return 0.0
-        c, gpu = self.constants, self.gpu
-        assert gpu.hbm_bytes_per_s is not None and gpu.bf16_flops is not None
+        c, a = self.constants, self.arch
         tokens = sum(r.new_tokens for r in batch)
+        kv_bytes = attn_flops = 0.0
         groups = self._kv_groups
-        kv_bytes = 0.0
-        attn_flops = 0.0
-        for r in batch:
+        for r, n in Counter(batch).items():  # a decode batch repeats a few shapes
             start = max(0, r.context - r.new_tokens)
             for g in groups:
                 if g.state_bytes:
-                    kv_bytes += g.state_bytes
+                    kv_bytes += n * g.state_bytes
                     continue
                 span = _span(r.context, g)
-                kv_bytes += span * g.bytes_per_token
+                kv_bytes += n * span * g.bytes_per_token
                 # causal: the i-th new token sees start + i positions (capped by the window)
                 mean_seen = min(span, (start + r.context + 1) / 2)
-                attn_flops += r.new_tokens * mean_seen * g.attn_flops_per_pos
-        weights = self._weights_read(tokens)
-        memory_s = (weights + kv_bytes) / (gpu.hbm_bytes_per_s * c.hbm_efficiency)
-        dense_flops = 2 * self.arch.params_active * tokens / (self.tp * self.pp)
-        compute_s = (dense_flops + attn_flops) / (gpu.bf16_flops * self.mfu)
-        comm_s = 0.0
+                attn_flops += n * r.new_tokens * mean_seen * g.attn_flops_per_pos
+        bw, peak = self.bandwidth, self.peak_flops * self.mfu
+        ranks = self.tp * self.pp
+        shared, experts = self._params_split
+        routed = experts * _routed_share(a) if experts else 0.0  # active expert parameters
+        dense_mem = shared * self._per_rank_bytes() / bw + kv_bytes / (bw * c.kv_efficiency)
+        dense_compute = (2 * (a.params_active - routed) * tokens / ranks + attn_flops) / peak
+        step = max(dense_mem, dense_compute)
+        if experts:
+            expert_mem = experts * self._touched(tokens) * self._per_rank_bytes()
+            expert_flops = 2 * routed * tokens / ranks
+            step += max(
+                expert_mem / (bw * c.moe_hbm_factor), expert_flops / (peak * c.moe_mfu_factor)
+            )
+            step += self._card("moe_layer_s") * a.moe_layers / self.pp
         if self.tp > 1:
-            link = PEER_LINK_BYTES_PER_S.get(gpu.name, LINK_BYTES_PER_S["pcie4"])
-            n_layers = max(1, len(self.arch.layers) // self.pp)
-            payload = tokens * self.arch.hidden_size * 2
-            per = c.allreduce_latency_s + 2 * (self.tp - 1) / self.tp * payload / link
-            comm_s = 2 * n_layers * per
-        return max(memory_s, compute_s) + comm_s + c.step_overhead_s
+            link = PEER_LINK_BYTES_PER_S.get(self.gpu.name, LINK_BYTES_PER_S["pcie4"])
+            n_layers = max(1, len(a.layers) // self.pp)
+            payload = tokens * a.hidden_size * 2
+            per = self.allreduce_latency_s + 2 * (self.tp - 1) / self.tp * payload / link
+            step += 2 * n_layers * per
+        return step + c.step_overhead_s + c.request_overhead_s * len(batch)
 
     def describe(self) -> dict[str, Any]:
         """The constants and the figures they act on, for the startup line and docs."""
         gpu = self.gpu
         return {
             "gpu": gpu.name,
-            "hbm_bytes_per_s": gpu.hbm_bytes_per_s,
-            "bf16_flops": gpu.bf16_flops,
+            "hbm_bytes_per_s": self.constants.hbm_bytes_per_s or gpu.hbm_bytes_per_s,
+            "peak_flops": self.peak_flops,
             "link_bytes_per_s": PEER_LINK_BYTES_PER_S.get(gpu.name) if self.tp > 1 else None,
             "tp": self.tp,
             "pp": self.pp,
             "weights_bytes_per_rank": self._weights_read(0),
             **{f.name: getattr(self.constants, f.name) for f in fields(self.constants)},
+            "hbm_efficiency": self.hbm_efficiency,
             "mfu": self.mfu,
+            "allreduce_latency_s": self._card("allreduce_latency_s"),
+            "moe_layer_s": self._card("moe_layer_s"),
         }
 
 

@@ -1,0 +1,107 @@
+"""What the step model predicts for a figure benchmarks measure, so it can be held to one.
+
+Benchmarks of vLLM publish whole-load figures, not steps. Each is mapped onto steps of the step
+model (`steptime.py`) the way vLLM schedules that load:
+
+- **closed batch** (`vllm bench latency`: B prompts of P tokens at once, O tokens each; the time
+  from the first prompt to the last token): the prompts' prefill in steps of at most
+  `max_num_batched_tokens`, then O - 1 decode steps of B requests, read at contexts from P to
+  P + O;
+- **fixed concurrency** (`vllm bench serve --max-concurrency C`, a closed loop): the steady
+  state of C streams (`loadmodel.py`); TPOT is a stream's cycle less its own time to first token
+  over O - 1 gaps (the others' prefills land inside its decode and count), output tokens/s is
+  C x O over the cycle;
+- **step** (a simulator's or paper's per-step time): one step of B requests at context L.
+
+Pure arithmetic; the corpus bench and `kvwatch calibrate` both predict through here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from kvwatch.sizing.errors import SizingError
+from kvwatch.sizing.loadmodel import decode_step_s, steady_loop
+from kvwatch.sizing.steptime import ScheduledRequest, StepModel
+
+__all__ = ["Load", "METRICS", "predict"]
+
+LoadKind = Literal["closed_batch", "fixed_concurrency", "step"]
+# seconds, except tokens/s; TPOT and ITL are one quantity here (a stream's mean gap)
+METRICS = ("tpot_s", "e2e_s", "ttft_s", "output_tok_s", "step_s")
+
+
+@dataclass(frozen=True)
+class Load:
+    """A measured load: what was sent, and with which engine limits."""
+
+    kind: LoadKind
+    concurrency: int  # the batch of a closed batch; streams of a fixed concurrency
+    input_len: int  # a step's context for kind "step"
+    output_len: int  # a step's new tokens per request for kind "step"
+    batched_tokens: int  # vLLM's max_num_batched_tokens
+    max_num_seqs: int
+
+    def __post_init__(self) -> None:
+        if min(self.concurrency, self.input_len, self.output_len) < 1:
+            raise SizingError("a measured load needs concurrency and lengths of at least 1")
+        if self.batched_tokens < 1 or self.max_num_seqs < 1:
+            raise SizingError("max_num_batched_tokens and max_num_seqs must be at least 1")
+
+
+def predict(steps: StepModel, load: Load, metric: str) -> float:
+    """The step model's figure for `metric` under `load` (seconds, or tokens/s)."""
+    if metric not in METRICS:
+        raise SizingError(f"unknown metric {metric!r}; known: {', '.join(METRICS)}")
+    c, p, o = load.concurrency, load.input_len, load.output_len
+    if load.kind == "step":
+        if metric != "step_s":
+            raise SizingError("a step is measured as step_s")
+        return steps.seconds([ScheduledRequest(o, p + o)] * c)
+    if load.kind == "closed_batch":
+        running = min(c, load.max_num_seqs)
+        prefill = _closed_prefill_s(steps, running, p, load.batched_tokens)
+        decode = decode_step_s(steps, running, p, o)
+        e2e = prefill + (o - 1) * decode
+        waves = math.ceil(c / running)
+        values = {
+            "e2e_s": e2e * waves,
+            "ttft_s": prefill,
+            "tpot_s": decode,
+            "output_tok_s": c * o / (e2e * waves),
+        }
+        if metric == "step_s":
+            raise SizingError("a closed batch is measured as e2e_s, ttft_s, tpot_s or tokens/s")
+        return values[metric]
+    loop = steady_loop(steps, c, p, o, load.batched_tokens, load.max_num_seqs)
+    ttft = _own_prefill_s(steps, loop.running, p, o, load.batched_tokens)
+    values = {
+        "e2e_s": loop.cycle_s,
+        "ttft_s": ttft,
+        "tpot_s": max(loop.decode_step_s, (loop.cycle_s - ttft) / max(1, o - 1)),
+        "output_tok_s": loop.output_tokens_per_s,
+    }
+    if metric == "step_s":
+        raise SizingError("a fixed concurrency is measured as tpot_s, e2e_s, ttft_s or tokens/s")
+    return values[metric]
+
+
+def _closed_prefill_s(steps: StepModel, running: int, p: int, budget: int) -> float:
+    """All prompts at once, chunked by the token budget, no decodes beside them."""
+    total = running * p
+    n = max(1, math.ceil(total / budget))
+    per_step = math.ceil(running / n)
+    if per_step >= 1 and p <= budget:
+        return n * steps.seconds([ScheduledRequest(p, p)] * per_step)
+    chunks = math.ceil(p / budget)  # one long prompt a few steps at a time
+    return running * chunks * steps.seconds([ScheduledRequest(min(p, budget), p)])
+
+
+def _own_prefill_s(steps: StepModel, running: int, p: int, o: int, budget: int) -> float:
+    """A stream's own prompt in the steady loop: its chunks, each beside the others' decodes."""
+    others = [ScheduledRequest(1, p + o // 2)] * (running - 1)
+    chunk = max(1, min(p, budget - len(others)))
+    n = math.ceil(p / chunk)
+    return n * steps.seconds([ScheduledRequest(chunk, p), *others])
