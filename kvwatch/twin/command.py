@@ -77,8 +77,9 @@ def register(sub: Any) -> None:
         default=[],
         type=parse_step,
         metavar="NAME=VALUE",
-        help="override a step-time constant: hbm_efficiency, mfu, step_overhead_s, "
-        "allreduce_latency_s (repeatable)",
+        help="override a step-time constant (repeatable): hbm_efficiency, kv_efficiency, mfu, "
+        "moe_layer_s, moe_hbm_factor, moe_mfu_factor, step_overhead_s, request_overhead_s, "
+        "allreduce_latency_s, allreduce_growth (docs/twin.md)",
     )
     t.add_argument("--port", type=int, help="port (default: a free one)")
     t.add_argument("--log", type=Path, default=Path("vllm-twin.log"), help="server log file")
