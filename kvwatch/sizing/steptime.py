@@ -24,9 +24,9 @@ all-reduces, and host costs per step and per scheduled request:
 
 Peaks and bandwidths are the vendors' data sheets (`kvwatch/sizing/presets.py`); the constants
 are fitted to a corpus of public real-GPU vLLM measurements (`bench/corpus/steptime.jsonl`,
-fitted and held-out parts reported apart by `bench/bench_steptime_corpus.py`, docs/twin.md),
-and `kvwatch calibrate` fits them to a user's own server. The model stands for vLLM's V1
-engine with CUDA graphs (0.10 and later). Pure arithmetic.
+fitted and held-out parts reported apart by `bench/bench_steptime_corpus.py`, docs/twin.md);
+`--step NAME=VALUE` overrides any. It aims at vLLM's V1 engine with CUDA graphs (0.10 and
+later); the corpus reaches back to 0.5, and docs/twin.md says where that shows. Pure arithmetic.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ _CARD_OTHER = {"hbm_efficiency": 0.72, "mfu": 0.45, "allreduce_latency_s": 18.6e
 
 @dataclass(frozen=True)
 class StepConstants:
-    """The model's free constants; `--step NAME=VALUE` or a calibration file overrides any.
+    """The model's free constants; `--step NAME=VALUE` overrides any.
     None: the card's (CARD_CONSTANTS), or the data sheet's peak. Defaults without a card
     are fitted to the corpus's fit part with the card constants (docs/twin.md)."""
 
@@ -107,7 +107,7 @@ class StepConstants:
     # its growth per rank beyond 2 (the 2(TP-1) steps of a ring, partly overlapped)
     allreduce_growth: float = 0.55
     # the device's bandwidth and FLOP/s where no data sheet stands (a CPU server's, from a
-    # calibration), bytes/s and FLOP/s
+    # measured figure), bytes/s and FLOP/s
     hbm_bytes_per_s: float | None = None
     flops: float | None = None
 
@@ -180,8 +180,8 @@ class StepModel:
             self.gpu.bf16_flops is None and c.flops is None
         ):
             raise StepError(
-                f"{self.gpu.name} has no bandwidth or FLOP/s figure to simulate; a calibration "
-                "of this server supplies them (kvwatch calibrate)"
+                f"{self.gpu.name} has no bandwidth or FLOP/s figure to simulate; give the "
+                "device's own as step constants hbm_bytes_per_s and flops"
             )
         if self.tp < 1 or self.pp < 1:
             raise StepError("tp and pp must be at least 1")

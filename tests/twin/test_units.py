@@ -91,6 +91,13 @@ def test_constants_are_checked() -> None:
             StepConstants.with_overrides(bad)
     with pytest.raises(StepError, match="no bandwidth"):
         StepModel(LLAMA8B, lookup_gpu("cpu"))
+    for bad in ({"flops": float("inf")}, {"kv_efficiency": 0.0}, {"moe_layer_s": float("nan")}):
+        with pytest.raises(StepError):
+            StepConstants.with_overrides(bad)
+    # a device without a data sheet runs on its own measured figures
+    own = StepConstants.with_overrides({"hbm_bytes_per_s": 1e11, "flops": 2e12})
+    cpu = StepModel(LLAMA8B, lookup_gpu("cpu"), constants=own)
+    assert cpu.seconds(decode(1, 1)) > 10 * StepModel(LLAMA8B, H100).seconds(decode(1, 1))
 
 
 def test_the_card_runs_one_step_at_a_time_and_counts_falling_behind() -> None:
