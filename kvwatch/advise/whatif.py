@@ -19,11 +19,12 @@ from typing import Any
 from kvwatch.sizing.advice import Observed, byte_size
 from kvwatch.sizing.archconfig import Architecture
 from kvwatch.sizing.budget import default_max_num_seqs, utilization_budget
+from kvwatch.sizing.calibration import read_calibration
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvmath import Gpu, VictimCosts, lookup_gpu, resolve_model, victim_costs
 from kvwatch.sizing.kvplan import PLATFORMS, KvPlan, Serving, capacity_line, plan
 from kvwatch.sizing.loadmodel import ClosedLoop, LoadPrediction, predict_closed_loop
-from kvwatch.sizing.steptime import StepError, StepModel
+from kvwatch.sizing.steptime import StepConstants, StepError, StepModel
 
 __all__ = ["WhatIfAnswer", "what_if", "render_what_if"]
 
@@ -41,6 +42,8 @@ class WhatIfAnswer:
     observed: Observed | None
     costs: VictimCosts | None
     load: LoadPrediction | None = None
+    step_source: str = "the step model's corpus fit (sizing/steptime.py: docs/twin.md)"
+    step_notes: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -75,6 +78,8 @@ class WhatIfAnswer:
             "params_active": self.model.params_active,
             "victim": None if self.costs is None else self.costs.to_dict(),
             "load": None if self.load is None else self.load.to_dict(),
+            "step_time_source": self.step_source,
+            "step_time_notes": list(self.step_notes),
         }
 
 
@@ -118,6 +123,7 @@ def what_if(ns: argparse.Namespace) -> WhatIfAnswer:
     p = plan(model, serving, PLATFORMS[gpu.platform], budget)
     load = (ns.concurrency, ns.prompt_len, ns.output_len)
     obs = costs = load_prediction = None
+    constants, step_source, step_notes = _calibrated(ns, model, gpu)
     if any(x is not None for x in load):
         if any(x is None for x in load):
             raise SizingError("a load needs all of --concurrency, --prompt-len and --output-len")
@@ -141,17 +147,21 @@ def what_if(ns: argparse.Namespace) -> WhatIfAnswer:
         )
         if ns.max_num_seqs is not None and ns.max_num_seqs < 1:
             raise SizingError("--max-num-seqs must be at least 1")
+        closed = ClosedLoop(
+            max(1, math.ceil(ns.concurrency)),
+            max(1, math.ceil(ns.prompt_len)),
+            max(1, math.ceil(ns.output_len)),
+        )
+        if constants is not None:
+            cal = read_calibration(ns.calibration)
+            step_notes += cal.outside(closed.concurrency, closed.prompt_len, closed.output_len)
         load_prediction = predict_closed_loop(
-            ClosedLoop(
-                max(1, math.ceil(ns.concurrency)),
-                max(1, math.ceil(ns.prompt_len)),
-                max(1, math.ceil(ns.output_len)),
-            ),
+            closed,
             p.layout,
             p.num_gpu_blocks,
             serving.max_num_batched_tokens or gpu.batched_tokens,
             ns.max_num_seqs or default_max_num_seqs(gpu),
-            _step_model(model, gpu, ns.tp, ns.pp, ns.kv_dtype),
+            _step_model(model, gpu, ns.tp, ns.pp, ns.kv_dtype, constants),
         )
         costs = victim_costs(
             model,
@@ -162,14 +172,49 @@ def what_if(ns: argparse.Namespace) -> WhatIfAnswer:
             tp=ns.tp,
             step_s=None if ns.step_ms is None else ns.step_ms / 1000,
         )
-    return WhatIfAnswer(model, gpu, serving, p, how, weights, obs, costs, load_prediction)
+    return WhatIfAnswer(
+        model, gpu, serving, p, how, weights, obs, costs, load_prediction, step_source,
+        tuple(step_notes),
+    )  # fmt: skip
 
 
-def _step_model(model: Architecture, gpu: Gpu, tp: int, pp: int, kv_dtype: str) -> StepModel | None:
-    """The twin's step model for this card; None where the card has no bandwidth or FLOP/s
-    figure (the CPU presets): the load's onset is still given, its tokens/s not."""
+def _calibrated(
+    ns: argparse.Namespace, model: Architecture, gpu: Gpu
+) -> tuple[StepConstants | None, str, list[str]]:
+    """`--calibration FILE`: its constants, where it says it came from, and what differs
+    between the deployment it measured and the one asked about."""
+    path = getattr(ns, "calibration", None)
+    if path is None:
+        return None, WhatIfAnswer.step_source, []
+    cal = read_calibration(path)
+    if cal.gpu != gpu.name:
+        raise SizingError(f"{path} calibrates {cal.gpu}, not {gpu.name}; calibrate this device")
+    notes = []
+    if cal.tp != ns.tp:
+        notes.append(
+            f"calibrated at TP {cal.tp}, asked at TP {ns.tp}: the TP terms are the model's"
+        )
+    if cal.model != model.name:
+        notes.append(f"calibrated on {cal.model}, asked for {model.name}")
+    source = f"calibration {path} ({cal.source}; times: {cal.time_base})"
+    return cal.step_constants(), source, notes
+
+
+def _step_model(
+    model: Architecture,
+    gpu: Gpu,
+    tp: int,
+    pp: int,
+    kv_dtype: str,
+    constants: StepConstants | None = None,
+) -> StepModel | None:
+    """The step model for this card; None where the card has no bandwidth or FLOP/s figure
+    and no calibration gives them (the CPU presets): the load's onset is still given, its
+    tokens/s not."""
     try:
-        return StepModel(model, gpu, tp=tp, pp=pp, kv_dtype=kv_dtype)
+        return StepModel(
+            model, gpu, tp=tp, pp=pp, kv_dtype=kv_dtype, constants=constants or StepConstants()
+        )
     except StepError:
         return None
 
@@ -188,7 +233,7 @@ def _decode_lines(p: KvPlan) -> list[str]:
     ]
 
 
-def _load_lines(x: LoadPrediction) -> list[str]:
+def _load_lines(x: LoadPrediction, source: str, notes: tuple[str, ...]) -> list[str]:
     """The closed loop's onset and tokens/s, each with its arithmetic."""
     c = x.load
     head = (
@@ -209,7 +254,10 @@ def _load_lines(x: LoadPrediction) -> list[str]:
     lines = [head, verdict, *[f"    {t}" for t in x.arithmetic]]
     t, f = x.at_concurrency, x.at_fits
     if t is None:
-        lines.append("    (no bandwidth or FLOP/s figure for this device: tokens/s not given)")
+        lines.append(
+            "    (no bandwidth or FLOP/s figure for this device: tokens/s not given; "
+            "`kvwatch calibrate` fits them from your server)"
+        )
         return lines
     lines.append(
         f"    output tokens/s at {c.concurrency:,} streams: {t.output_tokens_per_s:,.0f}"
@@ -220,7 +268,8 @@ def _load_lines(x: LoadPrediction) -> list[str]:
             f"    at {f.concurrency:,} streams, the most that run clean: "
             f"{f.output_tokens_per_s:,.0f} output tokens/s"
         )
-    lines.append("    (step times from the twin's step model, sizing/steptime.py: docs/twin.md)")
+    lines.append(f"    (step times from {source})")
+    lines += [f"    note: {n}" for n in notes]
     return lines
 
 
@@ -244,7 +293,7 @@ def render_what_if(a: WhatIfAnswer) -> list[str]:
     if notes:
         lines += ["  notes:", *[f"    {x}" for x in notes]]
     if a.load is not None:
-        lines += _load_lines(a.load)
+        lines += _load_lines(a.load, a.step_source, a.step_notes)
     v = a.costs
     if v is not None:
         lines += [

@@ -72,6 +72,8 @@ class Throughput:
     cycle_s: float
     output_tokens_per_s: float
     preempts: bool  # past the onset: the figure is what the load would get with room
+    ttft_s: float  # mean over the wave's streams: their prompts' prefill steps
+    tpot_s: float  # a stream's cycle less its TTFT over its O - 1 gaps (others' prefills count)
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,9 @@ def steady_loop(
     prefill_s = steps.seconds(prefill_batch)
     decode_s = decode_step_s(steps, running, p, o)
     cycle_s = prefill_steps * prefill_s + (cycle_steps - prefill_steps) * decode_s
+    # in step, the prompts begun in the wave's i-th prefill step see their first token when it
+    # ends: the mean over the wave is (n + 1) / 2 of its n prefill steps
+    ttft = prefill_s * (prefill_steps + 1) / 2
     return Throughput(
         concurrency=c,
         running=running,
@@ -133,6 +138,8 @@ def steady_loop(
         cycle_s=cycle_s,
         output_tokens_per_s=running * o / cycle_s,
         preempts=onset is not None and c >= onset,
+        ttft_s=ttft,
+        tpot_s=max(decode_s, (cycle_s - ttft) / max(1, o - 1)),
     )
 
 

@@ -76,11 +76,10 @@ def predict(steps: StepModel, load: Load, metric: str) -> float:
             raise SizingError("a closed batch is measured as e2e_s, ttft_s, tpot_s or tokens/s")
         return values[metric]
     loop = steady_loop(steps, c, p, o, load.batched_tokens, load.max_num_seqs)
-    ttft = _own_prefill_s(steps, loop.running, p, o, load.batched_tokens)
     values = {
         "e2e_s": loop.cycle_s,
-        "ttft_s": ttft,
-        "tpot_s": max(loop.decode_step_s, (loop.cycle_s - ttft) / max(1, o - 1)),
+        "ttft_s": loop.ttft_s,
+        "tpot_s": loop.tpot_s,
         "output_tok_s": loop.output_tokens_per_s,
     }
     if metric == "step_s":
@@ -97,11 +96,3 @@ def _closed_prefill_s(steps: StepModel, running: int, p: int, budget: int) -> fl
         return n * steps.seconds([ScheduledRequest(p, p)] * per_step)
     chunks = math.ceil(p / budget)  # one long prompt a few steps at a time
     return running * chunks * steps.seconds([ScheduledRequest(min(p, budget), p)])
-
-
-def _own_prefill_s(steps: StepModel, running: int, p: int, o: int, budget: int) -> float:
-    """A stream's own prompt in the steady loop: its chunks, each beside the others' decodes."""
-    others = [ScheduledRequest(1, p + o // 2)] * (running - 1)
-    chunk = max(1, min(p, budget - len(others)))
-    n = math.ceil(p / chunk)
-    return n * steps.seconds([ScheduledRequest(chunk, p), *others])

@@ -62,19 +62,19 @@ class StepError(ValueError):
 # model at TP 8, which cannot pin it apart from the MoE cost. `mfu` is the earlier fit to
 # Lambda's prefills. B200 and the cards without a row: assumptions (H100's), until measured.
 CARD_CONSTANTS: dict[str, dict[str, float]] = {
-    "h100": {"hbm_efficiency": 0.89, "mfu": 0.36, "allreduce_latency_s": 18.6e-6,
-             "moe_layer_s": 11e-6},
-    "h200": {"hbm_efficiency": 0.74, "mfu": 0.36, "allreduce_latency_s": 2.0e-6,
-             "moe_layer_s": 609e-6},
-    "a100": {"hbm_efficiency": 0.72, "mfu": 0.55, "allreduce_latency_s": 17.1e-6,
-             "moe_layer_s": 151e-6},
-    "a100-40gb": {"hbm_efficiency": 0.72, "mfu": 0.55, "allreduce_latency_s": 17.1e-6,
-                  "moe_layer_s": 151e-6},
-    "mi300x": {"hbm_efficiency": 0.39, "mfu": 0.30, "allreduce_latency_s": 6.5e-6,
-               "moe_layer_s": 468e-6},
+    "h100": {"hbm_efficiency": 0.77, "mfu": 0.36, "allreduce_latency_s": 17.6e-6,
+             "moe_layer_s": 57e-6},
+    "h200": {"hbm_efficiency": 0.64, "mfu": 0.36, "allreduce_latency_s": 2.0e-6,
+             "moe_layer_s": 590e-6},
+    "a100": {"hbm_efficiency": 0.72, "mfu": 0.55, "allreduce_latency_s": 18.4e-6,
+             "moe_layer_s": 192e-6},
+    "a100-40gb": {"hbm_efficiency": 0.72, "mfu": 0.55, "allreduce_latency_s": 18.4e-6,
+                  "moe_layer_s": 192e-6},
+    "mi300x": {"hbm_efficiency": 0.39, "mfu": 0.30, "allreduce_latency_s": 6.3e-6,
+               "moe_layer_s": 504e-6},
 }  # fmt: skip
-_CARD_OTHER = {"hbm_efficiency": 0.72, "mfu": 0.45, "allreduce_latency_s": 18.6e-6,
-               "moe_layer_s": 11e-6}  # fmt: skip
+_CARD_OTHER = {"hbm_efficiency": 0.77, "mfu": 0.45, "allreduce_latency_s": 17.6e-6,
+               "moe_layer_s": 57e-6}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -86,26 +86,29 @@ class StepConstants:
     # share of the HBM bandwidth the weights' reads reach; None: the card's
     hbm_efficiency: float | None = None
     # share of that a decode's KV reads reach (paged attention over the context)
-    kv_efficiency: float = 0.63
+    kv_efficiency: float = 0.51
     # share of the dense peak a prefill reaches; None: the card's
     mfu: float | None = None
     # the routed experts' bandwidth and FLOP/s against the dense part's: above 1 for the
     # bandwidth, as a step touches fewer experts than uniform routing would (routing is
     # skewed); far below 1 for FLOP/s, as grouped GEMMs at a few hundred tokens per expert run
     # below the dense GEMMs' share of the peak
-    moe_hbm_factor: float = 1.41
-    moe_mfu_factor: float = 0.27
+    moe_hbm_factor: float = 1.5
+    moe_mfu_factor: float = 0.29
     # fixed cost of one MoE layer in a step, seconds; None: the card's
     moe_layer_s: float | None = None
     # what every step costs beside the roofline: sampling, launch gaps, the step's host work
     # that CUDA graphs do not hide, seconds
-    step_overhead_s: float = 0.00021
+    step_overhead_s: float = 0.0002
     # host work per scheduled request in a step (input preparation, sampling), seconds
-    request_overhead_s: float = 0.9e-6
+    request_overhead_s: float = 0.15e-6
+    # share of the shorter of a part's memory and compute time hidden under the longer: 1 on
+    # a GPU (the roofline's max); a CPU server overlaps less (a calibration fits it)
+    overlap: float = 1.0
     # one all-reduce's fixed cost inside a TP group of 2, seconds; None: the card's
     allreduce_latency_s: float | None = None
     # its growth per rank beyond 2 (the 2(TP-1) steps of a ring, partly overlapped)
-    allreduce_growth: float = 0.55
+    allreduce_growth: float = 0.50
     # the device's bandwidth and FLOP/s where no data sheet stands (a CPU server's, from a
     # measured figure), bytes/s and FLOP/s
     hbm_bytes_per_s: float | None = None
@@ -132,6 +135,8 @@ class StepConstants:
         zero = [k for k in _POSITIVE if overrides.get(k, 1) == 0]
         if zero:
             raise StepError(f"{', '.join(zero)} must be above 0")
+        if overrides.get("overlap", 0) > 1:
+            raise StepError("overlap is a share: at most 1")
         return replace(cls(), **{k: float(v) for k, v in overrides.items()})
 
 
@@ -314,11 +319,11 @@ class StepModel:
         routed = experts * _routed_share(a) if experts else 0.0  # active expert parameters
         dense_mem = shared * self._per_rank_bytes() / bw + kv_bytes / (bw * c.kv_efficiency)
         dense_compute = (2 * (a.params_active - routed) * tokens / ranks + attn_flops) / peak
-        step = max(dense_mem, dense_compute)
+        step = self._roof(dense_mem, dense_compute)
         if experts:
             expert_mem = experts * self._touched(tokens) * self._per_rank_bytes()
             expert_flops = 2 * routed * tokens / ranks
-            step += max(
+            step += self._roof(
                 expert_mem / (bw * c.moe_hbm_factor), expert_flops / (peak * c.moe_mfu_factor)
             )
             step += self._card("moe_layer_s") * a.moe_layers / self.pp
@@ -329,6 +334,10 @@ class StepModel:
             per = self.allreduce_latency_s + 2 * (self.tp - 1) / self.tp * payload / link
             step += 2 * n_layers * per
         return step + c.step_overhead_s + c.request_overhead_s * len(batch)
+
+    def _roof(self, memory_s: float, compute_s: float) -> float:
+        """The slower of the two, plus what of the faster does not overlap it."""
+        return max(memory_s, compute_s) + (1 - self.constants.overlap) * min(memory_s, compute_s)
 
     def describe(self) -> dict[str, Any]:
         """The constants and the figures they act on, for the startup line and docs."""

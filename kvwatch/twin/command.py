@@ -81,6 +81,13 @@ def register(sub: Any) -> None:
         "moe_layer_s, moe_hbm_factor, moe_mfu_factor, step_overhead_s, request_overhead_s, "
         "allreduce_latency_s, allreduce_growth (docs/twin.md)",
     )
+    t.add_argument(
+        "--calibration",
+        type=Path,
+        metavar="FILE",
+        help="step-time constants fitted to a real server of this card (`kvwatch calibrate`); "
+        "a --step beside it wins",
+    )
     t.add_argument("--port", type=int, help="port (default: a free one)")
     t.add_argument("--log", type=Path, default=Path("vllm-twin.log"), help="server log file")
     t.add_argument("--start-timeout", type=float, default=300.0, help="seconds to wait (300)")

@@ -19,6 +19,7 @@ from kvwatch.loadgen.local_server import (
     ServerStartError,
     serve_until_stopped,
 )
+from kvwatch.sizing.calibration import read_calibration
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
 from kvwatch.sizing.steptime import StepConstants, StepError
@@ -174,6 +175,17 @@ def run_twin(ns: argparse.Namespace) -> int:
     scale = ns.time_scale if ns.time_scale is not None else time_scale_for(ns.expect_tokens_per_s)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     log = ns.log.resolve()
+    step, step_line = dict(ns.step), "step_time=the step model's corpus fit (docs/twin.md)"
+    if getattr(ns, "calibration", None) is not None:
+        try:
+            cal = read_calibration(ns.calibration)
+            gpu = lookup_gpu(ns.gpu).name
+        except SizingError as e:
+            raise CliError(str(e)) from None
+        if cal.gpu != gpu:
+            raise CliError(f"{ns.calibration} calibrates {cal.gpu}, not {gpu}")
+        step = {**cal.constants, **step}  # a --step given beside it wins
+        step_line = f"step_time=calibration {ns.calibration} ({cal.source})"
     print(f"starting vLLM with the kvwatch twin (log: {log}) ...", file=sys.stderr)
     try:
         twin = start_twin(
@@ -185,7 +197,7 @@ def run_twin(ns: argparse.Namespace) -> int:
             time_scale=scale,
             eos_probability=ns.eos_probability,
             seed=ns.seed,
-            step=dict(ns.step),
+            step=step,
             kv_cache_dtype=ns.kv_cache_dtype,
             vllm_args=extra,
             port=ns.port,
@@ -200,6 +212,7 @@ def run_twin(ns: argparse.Namespace) -> int:
     lines = (
         f"twin={s.model} on {s.gpu} TP{s.tp} PP{s.pp} (simulated; vLLM's own engine)",
         f"time_scale={s.time_scale:g}",
+        step_line,
         *(f"note=the model is {c}" for c in twin.changes),
         *((f"kv_budget={budget}",) if budget else ()),
         f"capacity={twin.capacity_line() or '(not in the log)'}",

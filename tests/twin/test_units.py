@@ -91,7 +91,8 @@ def test_constants_are_checked() -> None:
             StepConstants.with_overrides(bad)
     with pytest.raises(StepError, match="no bandwidth"):
         StepModel(LLAMA8B, lookup_gpu("cpu"))
-    for bad in ({"flops": float("inf")}, {"kv_efficiency": 0.0}, {"moe_layer_s": float("nan")}):
+    for bad in ({"flops": float("inf")}, {"kv_efficiency": 0.0}, {"moe_layer_s": float("nan")},
+                {"overlap": 1.5}):  # fmt: skip
         with pytest.raises(StepError):
             StepConstants.with_overrides(bad)
     # a device without a data sheet runs on its own measured figures

@@ -1,0 +1,179 @@
+"""`kvwatch calibrate`: fit the step model to what a user's own server measured.
+
+From a load run (`--run DIR`, `kvwatch loadgen run`'s directory): each stage that ran is one
+load; its streams in flight (Little's law over the stage: the requests' time in the server
+over the stage's span), its mean prompt and output lengths, and its mean TPOT and TTFT become
+figures for `sizing/calibration.py`. A twin's run is read in the twin's simulated seconds (the
+run's time scale), and the file says so. The calibration file goes to `--out`; `advise
+--what-if --calibration FILE` and `kvwatch twin --calibration FILE` predict with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kvwatch.common.command import CliError
+from kvwatch.sizing.budget import default_max_num_seqs
+from kvwatch.sizing.calibration import Calibration, CalibrationError, Figure, calibrate
+from kvwatch.sizing.errors import SizingError
+from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
+from kvwatch.sizing.measured import Load
+
+__all__ = ["run", "figures_from_run", "render"]
+
+_MIN_REQUESTS = 4  # a stage with fewer completed requests gives no figure
+_CLOSED = re.compile(r"Concurrency\(n=(\d+)\)")  # a closed-loop stage in spec.json
+
+
+def figures_from_run(
+    run_dir: Path, batched_tokens: int, max_num_seqs: int
+) -> tuple[list[Figure], float, list[str]]:
+    """The run's stages as figures, the time scale they were divided by, and what was skipped."""
+    from kvwatch.loadgen.rundir import read_run
+
+    try:
+        files = read_run(run_dir)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    scale = files.summary.get("time_scale")
+    scale = float(scale) if isinstance(scale, int | float) and 0 < scale < 1e6 else 1.0
+    by_stage: dict[str, list[dict[str, Any]]] = {}
+    for r in files.records:
+        if r.get("ok") and not r.get("warmup") and not r.get("probe"):
+            by_stage.setdefault(str(r.get("stage")), []).append(r)
+    streams = {
+        str(st.get("name")): int(m.group(1))
+        for st in files.spec.get("stages") or []
+        if isinstance(st, dict) and (m := _CLOSED.fullmatch(str(st.get("pattern") or "")))
+    }
+    figures: list[Figure] = []
+    skipped: list[str] = []
+    for stage, recs in by_stage.items():
+        fig, why = _stage_figures(
+            stage, recs, streams.get(stage), scale, batched_tokens, max_num_seqs
+        )
+        figures += fig
+        if why:
+            skipped.append(f"stage {stage}: {why}")
+    preempted = (files.summary.get("server") or {}).get("preemptions")
+    if isinstance(preempted, int | float) and preempted > 0:
+        skipped.append(
+            f"the server preempted {preempted:.0f} times during the run: recompute is in its "
+            "figures, which read slower than the steps alone"
+        )
+    return figures, scale, skipped
+
+
+def _number(r: dict[str, Any], key: str) -> float | None:
+    v = r.get(key)
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _stage_figures(
+    stage: str,
+    recs: list[dict[str, Any]],
+    streams: int | None,
+    scale: float,
+    batched: int,
+    max_seqs: int,
+) -> tuple[list[Figure], str | None]:
+    """A stage's steady state: a closed loop of N streams starts with N prompts at once and
+    drains at its end, neither of which is the steady load; its requests after the first N
+    sent and before the last N - 1 are. Other patterns: every request, and the streams in
+    flight by Little's law over the stage."""
+    keys = ("sent_at", "finished_at", "prompt_tokens", "output_tokens", "tpot", "ttft")
+    rows: list[list[float]] = []
+    for r in recs:
+        vals = [_number(r, k) for k in keys]
+        if all(v is not None for v in vals):
+            rows.append([float(v or 0.0) for v in vals])
+    rows.sort(key=lambda r: r[0])
+    if streams is not None and len(rows) - (2 * streams - 1) >= _MIN_REQUESTS:
+        rows = rows[streams : len(rows) - (streams - 1)]
+    elif streams is not None:
+        return [], (
+            f"{len(rows)} completed requests at {streams} streams: a steady state needs "
+            f"{2 * streams - 1 + _MIN_REQUESTS} (the first {streams} start together, the last "
+            f"{streams - 1} drain)"
+        )
+    if len(rows) < _MIN_REQUESTS:
+        return [], f"{len(rows)} completed requests with timings (needs {_MIN_REQUESTS})"
+    sent, done, prompt, out, tpots, ttfts = (list(col) for col in zip(*rows, strict=True))
+    cycle = statistics.fmean(d - s for s, d in zip(sent, done, strict=True)) / scale
+    span = max(done) - min(sent)
+    if span <= 0:
+        return [], "no time between its first send and last answer"
+    conc = streams or max(1, round(sum(d - s for s, d in zip(sent, done, strict=True)) / span))
+    p = max(1, round(statistics.fmean(prompt)))
+    o = max(2, round(statistics.fmean(out)))
+    load = Load("fixed_concurrency", conc, p, o, batched_tokens=batched, max_num_seqs=max_seqs)
+    tpot = statistics.median(tpots) / scale  # a stall or two must not move a stage
+    ttft = statistics.median(ttfts) / scale
+    label = f"{stage}: {conc} stream{'s' if conc > 1 else ''} of {p:,} + {o:,} tokens"
+    figures = [Figure(label, load, "tpot_s", tpot), Figure(label, load, "ttft_s", ttft)]
+    if streams is not None and cycle > 0:  # a closed loop's steady tokens/s: N x O per cycle
+        figures.append(Figure(label, load, "output_tok_s", conc * o / cycle))
+    return figures, None
+
+
+def run(ns: argparse.Namespace) -> int:
+    try:
+        arch = resolve_model(ns.model)
+        gpu = lookup_gpu(ns.gpu)
+    except SizingError as e:
+        raise CliError(str(e)) from None
+    batched = ns.max_num_batched_tokens or gpu.batched_tokens * ns.tp
+    max_seqs = ns.max_num_seqs or default_max_num_seqs(gpu)
+    figures, scale, skipped = figures_from_run(ns.run, batched, max_seqs)
+    base = "wall" if scale == 1.0 else f"the twin's simulated seconds (time scale {scale:g})"
+    try:
+        cal = calibrate(arch, gpu, ns.tp, ns.kv_dtype, figures, f"run {ns.run}", base)
+    except CalibrationError as e:
+        raise CliError(str(e)) from None
+    cal = Calibration(**{**cal.__dict__, "created": datetime.now(UTC).isoformat(timespec="seconds"),
+                         "notes": cal.notes + skipped})  # fmt: skip
+    doc = cal.to_dict()
+    if ns.out:
+        try:
+            ns.out.write_text(json.dumps(doc, indent=1) + "\n")
+        except OSError as e:
+            raise CliError(f"cannot write {ns.out}: {e.strerror or e}") from None
+    if ns.json:
+        print(json.dumps(doc, indent=1))
+    else:
+        for line in render(cal):
+            print(line)
+    return 0
+
+
+def render(cal: Calibration) -> list[str]:
+    e = cal.error
+    lines = [
+        f"calibration of {cal.model} on {cal.gpu} TP{cal.tp} from {cal.source} "
+        f"(times: {cal.time_base})",
+        f"  {len(cal.figures)} figures; the fit is a median {e['median_abs']:.1%} off, "
+        f"at most {e['max_abs']:.1%}",
+        "  constants:",
+        *[f"    {k} = {v:.4g}" for k, v in cal.constants.items()],
+    ]
+    if cal.not_pinned:
+        lines.append("  not pinned by these loads (left at the model's defaults):")
+        lines += [f"    {k}: {why}" for k, why in cal.not_pinned.items()]
+    lines.append("  figures (measured -> predicted):")
+    for f in cal.figures:
+        lines.append(
+            f"    {f['label']}, {f['metric']}: {_value(f['metric'], f['measured'])} -> "
+            f"{_value(f['metric'], f['predicted'])} ({f['error']:+.1%})"
+        )
+    lines += [f"  note: {n}" for n in cal.notes]
+    return lines
+
+
+def _value(metric: str, v: float) -> str:
+    return f"{v:,.0f} tokens/s" if metric == "output_tok_s" else f"{v * 1e3:,.2f} ms"
