@@ -228,7 +228,7 @@ def _register_calibrate(sub: Any) -> None:
         help="fit the step-time model to what your own server measured",
         description="Fit the step-time model's constants (docs/twin.md) to a load your own "
         "vLLM served: each stage of a `kvwatch loadgen run` directory (e.g. --sweep "
-        "concurrency=1,4,16) is one load, its mean TPOT and TTFT the figures. Writes a "
+        "concurrency=1,4,16) is one load, its TPOT, TTFT and tokens/s the figures. Writes a "
         "calibration file with the constants, every figure and its prediction, the fit's error "
         "and the range of loads seen; constants the loads cannot pin (e.g. the cost per "
         "request when the server never ran above batch 8) are named and left at the model's "
@@ -240,7 +240,9 @@ def _register_calibrate(sub: Any) -> None:
         type=Path,
         metavar="DIR",
         required=True,
-        help="a `kvwatch loadgen run` directory (a twin's is read in its time)",
+        action="append",
+        help="a `kvwatch loadgen run` directory (a twin's is read in its time); repeat it to "
+        "add loads, e.g. a second prompt length, which pins the cost of reading the context",
     )
     c.add_argument(
         "--model", required=True, help="the served model: a config.json, model directory or preset"
@@ -267,7 +269,7 @@ def _register_calibrate(sub: Any) -> None:
     )
     c.add_argument("--out", type=Path, metavar="FILE", help="write the calibration here")
     c.add_argument("--json", action="store_true", help="print the calibration as JSON")
-    c.set_defaults(func=handler("kvwatch.advise.calibrate:run"))  # fmt: skip
+    c.set_defaults(func=handler("kvwatch.advise.calibrate:run"))
 
 
 def _register_report(sub: Any) -> None:

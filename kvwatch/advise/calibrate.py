@@ -1,6 +1,6 @@
 """`kvwatch calibrate`: fit the step model to what a user's own server measured.
 
-From a load run (`--run DIR`, `kvwatch loadgen run`'s directory): each stage that ran is one
+From load runs (`--run DIR`, repeatable; `kvwatch loadgen run`'s directories): each stage is one
 load; its streams in flight (Little's law over the stage: the requests' time in the server
 over the stage's span), its mean prompt and output lengths, and its mean TPOT and TTFT become
 figures for `sizing/calibration.py`. A twin's run is read in the twin's simulated seconds (the
@@ -130,10 +130,21 @@ def run(ns: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     batched = ns.max_num_batched_tokens or gpu.batched_tokens * ns.tp
     max_seqs = ns.max_num_seqs or default_max_num_seqs(gpu)
-    figures, scale, skipped = figures_from_run(ns.run, batched, max_seqs)
+    figures: list[Figure] = []
+    skipped: list[str] = []
+    scales = set()
+    for run_dir in ns.run:
+        more, scale, why = figures_from_run(run_dir, batched, max_seqs)
+        figures += more
+        skipped += [f"{run_dir}: {w}" for w in why]
+        scales.add(scale)
+    if len(scales) > 1:
+        raise CliError("the runs were made at different time scales; calibrate them apart")
+    scale = scales.pop()
     base = "wall" if scale == 1.0 else f"the twin's simulated seconds (time scale {scale:g})"
+    source = "run " + ", ".join(str(r) for r in ns.run)
     try:
-        cal = calibrate(arch, gpu, ns.tp, ns.kv_dtype, figures, f"run {ns.run}", base)
+        cal = calibrate(arch, gpu, ns.tp, ns.kv_dtype, figures, source, base)
     except CalibrationError as e:
         raise CliError(str(e)) from None
     cal = Calibration(**{**cal.__dict__, "created": datetime.now(UTC).isoformat(timespec="seconds"),

@@ -24,8 +24,8 @@ def test_a_calibration_predicts_loads_it_never_saw(
     vllm_server: object, tiny_model: Path, tmp_path: Path
 ) -> None:
     url = vllm_server.base_url  # type: ignore[attr-defined]
-    calib = ("--sweep", "concurrency=1,4,8", "--requests", "24",
-             "--input-len", "64", "--output-len", "32")  # fmt: skip
+    calib = (("--sweep", "concurrency=1,4,8", "--requests", "24",
+              "--input-len", "64", "--output-len", "32"),)  # fmt: skip
     reruns = {"6 streams": (6, 64, 30), "12 streams": (12, 64, 40)}
     out = prove(url, tmp_path, str(tiny_model), "cpu", calib, reruns, 32)
     cal = out["calibration"]
