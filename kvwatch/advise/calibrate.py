@@ -14,6 +14,7 @@ import argparse
 import json
 import re
 import statistics
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -147,8 +148,9 @@ def run(ns: argparse.Namespace) -> int:
         cal = calibrate(arch, gpu, ns.tp, ns.kv_dtype, figures, source, base)
     except CalibrationError as e:
         raise CliError(str(e)) from None
-    cal = Calibration(**{**cal.__dict__, "created": datetime.now(UTC).isoformat(timespec="seconds"),
-                         "notes": cal.notes + skipped})  # fmt: skip
+    cal = replace(
+        cal, created=datetime.now(UTC).isoformat(timespec="seconds"), notes=cal.notes + skipped
+    )
     doc = cal.to_dict()
     if ns.out:
         try:

@@ -19,7 +19,7 @@ from typing import Any
 from kvwatch.sizing.advice import Observed, byte_size
 from kvwatch.sizing.archconfig import Architecture
 from kvwatch.sizing.budget import default_max_num_seqs, utilization_budget
-from kvwatch.sizing.calibration import read_calibration
+from kvwatch.sizing.calibration import Calibration, read_calibration
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvmath import Gpu, VictimCosts, lookup_gpu, resolve_model, victim_costs
 from kvwatch.sizing.kvplan import PLATFORMS, KvPlan, Serving, capacity_line, plan
@@ -123,7 +123,7 @@ def what_if(ns: argparse.Namespace) -> WhatIfAnswer:
     p = plan(model, serving, PLATFORMS[gpu.platform], budget)
     load = (ns.concurrency, ns.prompt_len, ns.output_len)
     obs = costs = load_prediction = None
-    constants, step_source, step_notes = _calibrated(ns, model, gpu)
+    cal, step_source, step_notes = _calibrated(ns, model, gpu)
     if any(x is not None for x in load):
         if any(x is None for x in load):
             raise SizingError("a load needs all of --concurrency, --prompt-len and --output-len")
@@ -152,8 +152,7 @@ def what_if(ns: argparse.Namespace) -> WhatIfAnswer:
             max(1, math.ceil(ns.prompt_len)),
             max(1, math.ceil(ns.output_len)),
         )
-        if constants is not None:
-            cal = read_calibration(ns.calibration)
+        if cal is not None:
             step_notes += cal.outside(closed.concurrency, closed.prompt_len, closed.output_len)
         load_prediction = predict_closed_loop(
             closed,
@@ -161,7 +160,9 @@ def what_if(ns: argparse.Namespace) -> WhatIfAnswer:
             p.num_gpu_blocks,
             serving.max_num_batched_tokens or gpu.batched_tokens,
             ns.max_num_seqs or default_max_num_seqs(gpu),
-            _step_model(model, gpu, ns.tp, ns.pp, ns.kv_dtype, constants),
+            _step_model(
+                model, gpu, ns.tp, ns.pp, ns.kv_dtype, None if cal is None else cal.step_constants()
+            ),
         )
         costs = victim_costs(
             model,
@@ -180,7 +181,7 @@ def what_if(ns: argparse.Namespace) -> WhatIfAnswer:
 
 def _calibrated(
     ns: argparse.Namespace, model: Architecture, gpu: Gpu
-) -> tuple[StepConstants | None, str, list[str]]:
+) -> tuple[Calibration | None, str, list[str]]:
     """`--calibration FILE`: its constants, where it says it came from, and what differs
     between the deployment it measured and the one asked about."""
     path = getattr(ns, "calibration", None)
@@ -197,7 +198,7 @@ def _calibrated(
     if cal.model != model.name:
         notes.append(f"calibrated on {cal.model}, asked for {model.name}")
     source = f"calibration {path} ({cal.source}; times: {cal.time_base})"
-    return cal.step_constants(), source, notes
+    return cal, source, notes
 
 
 def _step_model(

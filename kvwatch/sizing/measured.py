@@ -91,8 +91,7 @@ def _closed_prefill_s(steps: StepModel, running: int, p: int, budget: int) -> fl
     """All prompts at once, chunked by the token budget, no decodes beside them."""
     total = running * p
     n = max(1, math.ceil(total / budget))
-    per_step = math.ceil(running / n)
-    if per_step >= 1 and p <= budget:
-        return n * steps.seconds([ScheduledRequest(p, p)] * per_step)
+    if p <= budget:
+        return n * steps.seconds([ScheduledRequest(p, p)] * math.ceil(running / n))
     chunks = math.ceil(p / budget)  # one long prompt a few steps at a time
     return running * chunks * steps.seconds([ScheduledRequest(min(p, budget), p)])
