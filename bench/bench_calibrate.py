@@ -133,8 +133,9 @@ def twin() -> None:
         "step_overhead_s": round(base.constants.step_overhead_s * 1.4, 7),
     }
     step = [x for k, v in hidden.items() for x in ("--step", f"{k}={v}")]
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
+    work = Path(tempfile.mkdtemp(prefix="kvwatch-calibrate-twin-"))  # kept: the runs to refit
+    print(f"  runs in {work}")
+    if True:
         server = start_twin(
             "llama-3.1-8b", "h100", work / "vllm.log", time_scale=2.0, status_dir=work,
             step=hidden,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,25 +90,25 @@ class Calibration:
 
 def _candidates(arch: Architecture, gpu: GpuSpec, tp: int) -> list[Bound]:
     """What a server's figures may fit: a device without a data sheet fits its own bandwidth
-    and FLOP/s; a card its efficiencies; host costs always; MoE and TP terms where present."""
-    out = [
-        Bound("step_overhead_s", 0.5e-3, 1e-6, 0.5),
-        Bound("request_overhead_s", 5e-6, 1e-8, 0.05),
-        Bound("kv_efficiency", 0.5, 0.02, 1.0),  # KV reads cannot outrun the weights
-    ]
+    and FLOP/s; a card its efficiencies; host costs always; MoE and TP terms where present.
+    In the order `_unpinned` gives an effect two constants share to the first."""
     if gpu.hbm_bytes_per_s is None or gpu.bf16_flops is None:
-        out += [
+        out = [
             Bound("hbm_bytes_per_s", 20e9, 1e7, 1e14),
             Bound("flops", 2e11, 1e8, 1e16),
             Bound("overlap", 0.5, 0.01, 1.0),
         ]
     else:
-        out += [Bound("hbm_efficiency", 0.7, 0.05, 1.0), Bound("mfu", 0.4, 0.02, 1.0)]
+        out = [Bound("hbm_efficiency", 0.7, 0.05, 1.0), Bound("mfu", 0.4, 0.02, 1.0)]
+    out.append(Bound("kv_efficiency", 0.5, 0.02, 1.0))  # KV reads cannot outrun the weights
     if arch.moe_layers:
         out.append(Bound("moe_layer_s", 50e-6, 1e-7, 5e-3))
     if tp > 1:
         out.append(Bound("allreduce_latency_s", 20e-6, 1e-7, 1e-3))
-    return out
+    return out + [
+        Bound("request_overhead_s", 5e-6, 1e-8, 0.05),
+        Bound("step_overhead_s", 0.5e-3, 1e-6, 0.5),
+    ]
 
 
 def _required(gpu: GpuSpec) -> set[str]:
@@ -145,21 +146,7 @@ def calibrate(
         first = fit(bounds, predictions, measured, max_iterations=1200)
     except (StepError, ValueError) as e:
         raise CalibrationError(f"cannot fit {source}: {e}") from None
-    not_pinned: dict[str, str] = {}
-    for b in bounds:
-        # at a plausible size (its start), not at the fit's value: a constant the fit pushed
-        # to a bound moves nothing there, yet the figures may well say what it is
-        size = max(first.values[b.name], b.start)
-        at = {**first.values, b.name: size}
-        base = predictions(at)
-        shifted = predictions({**at, b.name: size * 2 if b.name != "overlap" else size / 2})
-        move = max(abs(math.log(s / p)) for s, p in zip(shifted, base, strict=True))
-        if move < _PIN_SHIFT:
-            not_pinned[b.name] = (
-                f"doubling it moves no figure by {_PIN_SHIFT:.0%} (loads seen: "
-                f"{_span(figures, 'concurrency')} streams, prompts of "
-                f"{_span(figures, 'input_len')} tokens)"
-            )
+    not_pinned = _unpinned(bounds, first.values, predictions, figures)
     keep = [b for b in bounds if b.name not in not_pinned or b.name in _required(gpu)]
     final = fit(keep, predictions, measured, max_iterations=1500) if keep else first
     values = {k: v for k, v in final.values.items() if k in {b.name for b in keep}}
@@ -186,6 +173,49 @@ def calibrate(
         error={"median_abs": s["median_abs"], "max_abs": s["max_abs"], "mean": s["mean"]},
         notes=notes,
     )
+
+
+def _unpinned(
+    bounds: list[Bound],
+    fitted: dict[str, float],
+    predictions: Callable[[dict[str, float]], list[float]],
+    figures: list[Figure],
+) -> dict[str, str]:
+    """The constants these figures cannot tell: each one's effect on the figures (doubling it,
+    at a plausible size) less what the constants before it in `bounds` already explain. A
+    constant that moves no figure by 2% is not measured; one that moves them only as another
+    does (one model's weights over the bandwidth and the fixed cost of a step both add to
+    every step) cannot be told apart from it, and the first in `bounds` keeps the effect."""
+    columns: list[tuple[str, list[float]]] = []  # the pinned ones, orthogonalised
+    out: dict[str, str] = {}
+    seen = (
+        f"loads seen: {_span(figures, 'concurrency')} streams, prompts of "
+        f"{_span(figures, 'input_len')} tokens"
+    )
+    for b in bounds:
+        # at a plausible size (its start), not at the fit's value: a constant the fit pushed
+        # to a bound moves nothing there, yet the figures may well say what it is
+        size = max(fitted[b.name], b.start)
+        at = {**fitted, b.name: size}
+        base = predictions(at)
+        shifted = predictions({**at, b.name: size * 2 if b.name != "overlap" else size / 2})
+        col = [math.log(x / y) for x, y in zip(shifted, base, strict=True)]
+        if max(map(abs, col)) < _PIN_SHIFT:
+            out[b.name] = f"doubling it moves no figure by {_PIN_SHIFT:.0%} ({seen})"
+            continue
+        rest = list(col)
+        for _, q in columns:
+            dot = sum(x * y for x, y in zip(rest, q, strict=True))
+            rest = [x - dot * y for x, y in zip(rest, q, strict=True)]
+        if max(map(abs, rest)) < _PIN_SHIFT:
+            like = max(
+                columns, key=lambda c: abs(sum(x * y for x, y in zip(col, c[1], strict=True)))
+            )[0]
+            out[b.name] = f"it moves the figures as {like} does ({seen}); {like} takes both"
+            continue
+        norm = math.sqrt(sum(x * x for x in rest))
+        columns.append((b.name, [x / norm for x in rest]))
+    return out
 
 
 def _range(figures: list[Figure], name: str) -> list[float]:

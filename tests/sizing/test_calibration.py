@@ -49,8 +49,11 @@ def test_hidden_constants_moved_40_percent_come_back_within_5_percent() -> None:
     }
     figs = _figures(StepConstants.with_overrides(hidden), (1, 8, 32, 128), (512, 4096))
     cal = calibrate(LLAMA, H100, 1, "auto", figs, "synthetic")
-    for k, v in hidden.items():
-        assert cal.constants[k] == pytest.approx(v, rel=0.05), k
+    for k in ("hbm_efficiency", "kv_efficiency", "mfu"):
+        assert cal.constants[k] == pytest.approx(hidden[k], rel=0.05), k
+    # one model's weights over the bandwidth and the fixed cost of a step add to every step
+    # alike: the figures cannot tell them apart, so the bandwidth's efficiency takes both
+    assert "as hbm_efficiency does" in cal.not_pinned["step_overhead_s"]
     assert cal.error["max_abs"] < 0.02
     assert cal.seen["concurrency"] == [1, 128]
     assert cal.outside(512, 512, 256) == ["concurrency 512 is outside the 1-128 calibrated on"]
