@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import statistics
 from dataclasses import replace
@@ -72,8 +73,11 @@ def figures_from_run(
 
 
 def _number(r: dict[str, Any], key: str) -> float | None:
+    """A finite, non-negative number of a record (a hand-edited run may hold anything)."""
     v = r.get(key)
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    return float(v) if math.isfinite(v) and v >= 0 else None
 
 
 def _stage_figures(

@@ -126,9 +126,10 @@ def calibrate(
     time_base: str = "wall",
 ) -> Calibration:
     """Fit this deployment's constants to its figures; keep the ones the figures pin."""
-    if len(figures) < 2:
+    loads = {(f.load.concurrency, f.load.input_len) for f in figures}
+    if len(loads) < 2:
         raise CalibrationError(
-            f"{len(figures)} usable figure(s) from {source}: a calibration needs loads at two "
+            f"{len(loads)} usable load(s) from {source}: a calibration needs loads at two "
             "concurrencies or more (e.g. loadgen run --sweep concurrency=1,4,16)"
         )
 

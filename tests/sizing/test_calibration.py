@@ -70,7 +70,7 @@ def test_what_the_loads_cannot_pin_is_named_and_left_at_its_default() -> None:
 
 
 def test_one_load_cannot_calibrate() -> None:
-    figs = _figures(StepConstants(), (8,), (512,))[:1]
+    figs = _figures(StepConstants(), (8,), (512,))  # TPOT and TTFT of one load: not enough
     with pytest.raises(CalibrationError, match="needs loads at two concurrencies"):
         calibrate(LLAMA, H100, 1, "auto", figs, "one stage")
 
@@ -160,3 +160,35 @@ def test_calibrate_says_in_one_line_what_it_cannot_read(tmp_path: Path) -> None:
     p = _kvwatch("calibrate", "--run", str(tmp_path), "--model", "llama-3.1-8b", "--gpu",
                  "h100", "--tp", "0")  # fmt: skip
     assert p.returncode == 2 and "must be at least 1" in p.stderr
+
+
+def test_hostile_run_files_give_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """A hand-edited run directory: timings that are text, NaN, negative or missing, and a
+    stage that claims a billion streams; calibrate skips what it cannot use and says why."""
+    run = tmp_path / "run"
+    run.mkdir()
+    stages = [{"name": "s", "pattern": "Concurrency(n=1000000000)"},
+              {"name": "t", "pattern": "Concurrency(n=2)"}]  # fmt: skip
+    (run / "spec.json").write_text(json.dumps({"stages": stages}))
+    (run / "summary.json").write_text(json.dumps({"overall": {}, "time_scale": "fast"}))
+    rows = []
+    for i, tpot in enumerate(["x", float("nan"), -1.0, None, 0.01, 0.01, 0.01, 0.01, 0.01]):
+        for stage in ("s", "t"):
+            rows.append(
+                {
+                    "stage": stage,
+                    "ok": True,
+                    "sent_at": i,
+                    "finished_at": i + 1.5,
+                    "prompt_tokens": 64,
+                    "output_tokens": 32,
+                    "tpot": tpot,
+                    "ttft": 0.05,
+                }
+            )
+    (run / "requests.jsonl").write_text(
+        "\n".join(json.dumps(r) for r in rows).replace("NaN", "NaN") + "\n"
+    )
+    p = _kvwatch("calibrate", "--run", str(run), "--model", "llama-3.1-8b", "--gpu", "h100")
+    assert p.returncode == 2, p.stdout
+    assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
