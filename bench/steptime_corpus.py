@@ -23,6 +23,7 @@ from kvwatch.sizing.budget import utilization_budget
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvmath import lookup_gpu, lookup_model
 from kvwatch.sizing.kvplan import PLATFORMS, Serving, layout_for
+from kvwatch.sizing.loadmodel import ClosedLoop, predict_closed_loop
 from kvwatch.sizing.measured import Load, predict
 from kvwatch.sizing.steptime import StepConstants, StepModel
 
@@ -109,8 +110,8 @@ def preset_for(model: str) -> str | None:
     return None
 
 
-def kv_fit(arch: Architecture, gpu: str, tp: int, kv: str, tokens: int, batched: int) -> int:
-    """How many requests of `tokens` tokens the KV cache holds at once on this deployment
+def kv_fit(arch: Architecture, gpu: str, tp: int, kv: str, p: int, o: int, batched: int) -> int:
+    """How many requests of P + O tokens the KV cache holds at once on this deployment
     (vLLM's default 0.9 of the card, as the releases in the corpus had): past it, a closed
     batch runs in waves, as vLLM admits only what fits."""
     spec = lookup_gpu(gpu)
@@ -118,10 +119,10 @@ def kv_fit(arch: Architecture, gpu: str, tp: int, kv: str, tokens: int, batched:
         budget = utilization_budget(arch, spec, 0.9, tp, 1, batched, 256)
     except SizingError:
         return 1
-    layout = layout_for(arch, Serving(tokens, kv_dtype=kv, tp=tp), PLATFORMS[spec.platform])
-    return max(
-        1, (budget.kv_bytes // layout.bytes_per_block - 1) // layout.blocks_per_request(tokens)
-    )
+    layout = layout_for(arch, Serving(p + o, kv_dtype=kv, tp=tp), PLATFORMS[spec.platform])
+    blocks = budget.kv_bytes // layout.bytes_per_block
+    fit = predict_closed_loop(ClosedLoop(1, p, o), layout, blocks, batched, 10**6, None)
+    return max(1, fit.fits_concurrency)
 
 
 def _load(row: dict[str, Any], gpu: str, arch: Architecture) -> tuple[Load, str, float]:
@@ -140,7 +141,7 @@ def _load(row: dict[str, Any], gpu: str, arch: Architecture) -> tuple[Load, str,
     if _v0(row):  # no chunked prefill: whole prompts up to max_model_len in one step
         batched = max(batched, 32768, p + o)
     kv = "fp8" if str(row.get("kv_dtype") or "").startswith("fp8") else "auto"
-    fits = kv_fit(arch, gpu, int(row["tp"]), kv, p + o, batched)
+    fits = kv_fit(arch, gpu, int(row["tp"]), kv, p, o, batched)
     load = Load(
         kinds[kind],  # type: ignore[arg-type]
         c,

@@ -220,26 +220,16 @@ def _mistral(
 def _mixtral(
     layers: int, hidden: int, heads: int, inter: int, vocab: int, params: float, active: float
 ) -> ModelPreset:
-    return ModelPreset(
-        {
-            "architectures": ["MixtralForCausalLM"],
-            "model_type": "mixtral",
-            "num_hidden_layers": layers,
-            "hidden_size": hidden,
-            "num_attention_heads": heads,
-            "num_key_value_heads": 8,
-            "head_dim": 128,
-            "intermediate_size": inter,
-            "num_local_experts": 8,
-            "num_experts_per_tok": 2,
-            "vocab_size": vocab,
-            "sliding_window": None,
-            "max_position_embeddings": 65536 if layers > 32 else 32768,
-            "torch_dtype": "bfloat16",
-        },
-        params,
-        active,
-    )
+    """Mistral's shapes with 8 experts, 2 per token."""
+    base = _mistral(layers, hidden, heads, 128, inter, vocab, params).config
+    moe = {
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "max_position_embeddings": 65536 if layers > 32 else 32768,
+    }
+    return ModelPreset(base | moe, params, active)
 
 
 def _qwen2(layers: int, hidden: int, heads: int, kv: int, inter: int, params: float) -> ModelPreset:
