@@ -139,6 +139,7 @@ def _register_advise(sub: Any) -> None:
         "gpt-oss-120b, gemma-3-27b, deepseek-v3, qwen3-next-80b-a3b, ...; docs/sizing.md). "
         "With the other sources: the served model, so blocks follow its KV groups",
     )
+    _layers_flag(m)
     m.add_argument(
         "--gpu",
         help=(
@@ -222,6 +223,18 @@ def _register_advise(sub: Any) -> None:
     a.set_defaults(func=handler("kvwatch.advise.command:run_advise"))
 
 
+def _layers_flag(group: Any) -> None:
+    group.add_argument(
+        "--layers",
+        choices=("auto", "vllm", "kvwatch"),
+        default="auto",
+        help="where a config's KV layers come from: vllm (vLLM's own model classes, built on "
+        "the meta device in a child process: any architecture vLLM serves), kvwatch (kvwatch's "
+        "arithmetic: the architectures it knows, others refused) or auto (vllm where vLLM is "
+        "installed, for a config.json; presets use the arithmetic, held equal to vLLM)",
+    )
+
+
 def _register_calibrate(sub: Any) -> None:
     c = sub.add_parser(
         "calibrate",
@@ -254,6 +267,7 @@ def _register_calibrate(sub: Any) -> None:
         "sheet: its bandwidth and FLOP/s are fitted)",
     )
     c.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel size (1)")
+    _layers_flag(c)
     c.add_argument("--kv-dtype", default="auto", help="the server's KV dtype (auto)")
     c.add_argument(
         "--max-num-batched-tokens",

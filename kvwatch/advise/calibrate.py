@@ -129,7 +129,7 @@ def _stage_figures(
 
 def run(ns: argparse.Namespace) -> int:
     try:
-        arch = resolve_model(ns.model)
+        arch = resolve_model(ns.model, ns.layers)
         gpu = lookup_gpu(ns.gpu)
     except SizingError as e:
         raise CliError(str(e)) from None

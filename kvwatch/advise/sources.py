@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from kvwatch.common.command import EXIT_UNREACHABLE, CliError
 from kvwatch.sidecar.state.views import EngineView, engines_from_json, servers_from_json
 from kvwatch.sizing.advice import Observed, kv_bytes_per_token_from, several_groups_note
-from kvwatch.sizing.kvmath import SizingError
+from kvwatch.sizing.kvmath import LayerSource, SizingError
 from kvwatch.sizing.levers import ServerInfo
 
 __all__ = ["observed_from_source", "observed_from_engines"]
@@ -53,7 +53,7 @@ def observed_from_source(ns: argparse.Namespace) -> tuple[list[tuple[str, Observ
         items = observed_from_engines(engines, f"metrics {ns.metrics}")
         server = ServerInfo(version=version)
     if ns.model:
-        items = [(name, _with_model(obs, ns.model)) for name, obs in items]
+        items = [(name, _with_model(obs, ns.model, ns.layers)) for name, obs in items]
     return items, server
 
 
@@ -130,14 +130,14 @@ async def _watch_metrics(
             await asyncio.sleep(1.0)
 
 
-def _with_model(obs: Observed, model: str) -> Observed:
+def _with_model(obs: Observed, model: str, layers: LayerSource) -> Observed:
     """The engine's KV groups from its model, checked against the server's own figures."""
     from dataclasses import replace
 
     from kvwatch.sizing.kvmath import resolve_model
     from kvwatch.sizing.kvplan import layout_for_engine
 
-    arch = resolve_model(model)
+    arch = resolve_model(model, layers)
     layout = layout_for_engine(
         arch,
         obs.block_size,

@@ -57,6 +57,7 @@ class WhatIfAnswer:
             "model": self.model.name,
             "architecture": self.model.architecture,
             "layers": self.model.kinds(),
+            "layers_source": self.model.layers_source,
             "gpu": self.gpu.name,
             "platform": self.gpu.platform,
             "serving": asdict(self.serving),
@@ -88,7 +89,7 @@ def what_if(ns: argparse.Namespace) -> WhatIfAnswer:
         raise SizingError("a what-if needs --model (a preset like llama-3.1-8b, or a config.json)")
     if not ns.gpu:
         raise SizingError("a what-if needs --gpu (h100, h200, b200, a100, ..., or cpu)")
-    model, gpu = resolve_model(ns.model), lookup_gpu(ns.gpu)
+    model, gpu = resolve_model(ns.model, ns.layers), lookup_gpu(ns.gpu)
     max_len = ns.max_model_len or model.max_position_embeddings
     if not max_len:
         raise SizingError(
@@ -282,6 +283,7 @@ def render_what_if(a: WhatIfAnswer) -> list[str]:
         f"  model: {m.architecture} ({kinds}; {m.params_total / 1e9:,.1f}B parameters"
         + (f", {m.params_active / 1e9:,.1f}B active" if m.params_active < m.params_total else "")
         + ")",
+        f"  layers from: {m.layers_source}",
         f"  KV budget: {p.kv_cache_memory_bytes:,} B = {byte_size(p.kv_cache_memory_bytes)} "
         f"({a.budget})",
         f"  vLLM would print: {capacity_line(p, device)}",

@@ -24,7 +24,9 @@ __all__ = [
     "StateLayer",
     "Layer",
     "Architecture",
+    "BuiltModel",
     "architecture_from_config",
+    "known_arithmetic",
     "read_config",
 ]
 
@@ -59,9 +61,11 @@ class StateLayer:
     ssm: `ssm_heads` x `ssm_a` x `ssm_b`, heads split across TP ranks (Mamba2 also extends its
     groups to cover the head shards, `mamba_groups`). `checkpoint_blocks`: Mamba2's mixer keeps
     one more block per request when prefix caching aligns its state (vLLM's mamba_mixer2).
+    kind "vllm": the state vLLM's own spec gave for one unsharded rank (`vllm_layers.py`):
+    `conv_channels` conv elements and `ssm_b` state elements, of the mixer `mixer`.
     """
 
-    kind: Literal["mamba2", "gdn"]
+    kind: Literal["mamba2", "gdn", "vllm"]
     conv_channels: int  # before group extension (Mamba2: intermediate; GDN: the whole conv)
     conv_len: int
     ssm_heads: int
@@ -70,9 +74,15 @@ class StateLayer:
     mamba_groups: int = 0
     mamba_state: int = 0
     checkpoint_blocks: int = 0
+    mixer: str = ""
 
     def shapes(self, tp: int) -> tuple[int, int]:
         """(conv elements, ssm elements) per request on one TP rank."""
+        if self.kind == "vllm" and tp != 1:
+            raise SizingError(
+                f"vLLM's specs give a {self.mixer} state for one unsharded rank; how it splits "
+                f"across {tp} TP ranks is the model's own: size it at --tp 1"
+            )
         channels = self.conv_channels
         if self.kind == "mamba2":
             groups = self.mamba_groups
@@ -109,6 +119,7 @@ class Architecture:
     mlp_width: int = 0  # the widest MLP a token passes (dense, or its experts side by side)
     vocab_size: int = 0
     moe_layers: int = 0  # layers whose MLP is routed experts (the step model's per-layer cost)
+    layers_source: str = "kvwatch arithmetic"  # or "vllm <version> model classes"
 
     @property
     def uses_mla(self) -> bool:
@@ -137,7 +148,7 @@ def _kind_name(x: Layer) -> str:
     if isinstance(x, MlaLayer):
         return "mla"
     if isinstance(x, StateLayer):
-        return x.kind
+        return x.mixer or x.kind
     return "none"
 
 
@@ -187,19 +198,13 @@ _KNOWN = {
     "GraniteMoeHybridForCausalLM",
     "NemotronHForCausalLM",
 }
-# Fields that change the KV layout; an architecture kvwatch does not know may not carry them.
-_LAYOUT_FIELDS = (
-    "layer_types",
-    "sliding_window",
-    "sliding_window_pattern",
-    "attention_chunk_size",
-    "kv_lora_rank",
-    "layers_block_type",
-    "hybrid_override_pattern",
-    "attn_type_list",
-    "linear_num_value_heads",
-    "mamba_n_heads",
-)
+# model types whose config carries no `architectures` list, read as the architecture above
+_KNOWN_TYPES = {
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3",
+    "granite", "granitemoe", "olmo", "olmo2", "gemma2", "gemma3", "gemma3_text", "cohere2",
+    "gpt_oss", "llama4", "llama4_text", "deepseek_v2", "deepseek_v3", "kimi_k2", "qwen3_next",
+    "granitemoehybrid", "nemotron_h",
+}  # fmt: skip
 
 
 def _int(cfg: Mapping[str, Any], key: str, arch: str, default: int | None = None) -> int:
@@ -228,37 +233,52 @@ def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def architecture_from_config(cfg: dict[str, Any], name: str = "model") -> Architecture:
-    """The model vLLM would build from this config.json, as KV layers and parameter counts."""
+@dataclass(frozen=True)
+class BuiltModel:
+    """What vLLM's own model classes said of a config (`vllm_layers.py`): its KV layers, in
+    vLLM's order, and the shape and parameter count of the model it built."""
+
+    layers: tuple[Layer, ...]
+    hidden_size: int
+    attention_heads: int
+    params: int
+    source: str  # "vllm <version> model classes"
+
+
+def architecture_from_config(
+    cfg: dict[str, Any], name: str = "model", built: BuiltModel | None = None
+) -> Architecture:
+    """The model vLLM would build from this config.json, as KV layers and parameter counts.
+    Its layers are kvwatch's reading of the config, or vLLM's own (`built`) where given."""
     archs = cfg.get("architectures") or []
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else ""
     text = _text_config(cfg)
     model_type = str(text.get("model_type") or cfg.get("model_type") or "")
     label = arch or model_type or name
-    if arch not in _KNOWN:
-        odd = [k for k in _LAYOUT_FIELDS if text.get(k) not in (None, 0, [], False)]
-        if odd:
-            raise SizingError(
-                f"{label}: kvwatch does not model this architecture's KV layout (its config "
-                f"sets {', '.join(odd)}); known: {', '.join(sorted(_KNOWN))}"
-            )
     notes: list[str] = []
-    if arch and arch not in _KNOWN:
-        notes.append(
-            f"{arch} is not among the architectures checked against vLLM; its "
-            "config names no sliding window, MLA or recurrent state, so every layer "
-            "is sized as full attention"
-        )
-    layers = _int(text, "num_hidden_layers", label)
-    hidden = _int(text, "hidden_size", label)
-    heads = _int(text, "num_attention_heads", label)
-    if not (layers and hidden and heads):
-        raise SizingError(
-            f"{label}: num_hidden_layers, hidden_size and num_attention_heads must be positive"
-        )
-    kinds = _layer_kinds(text, arch, model_type, layers, label, notes)
-    built = tuple(_build_layer(k, text, label, heads, hidden) for k in kinds)
-    total, active = _params(text, built, label)
+    if built is None:
+        known_arithmetic(arch, model_type, label)
+        n_layers = _int(text, "num_hidden_layers", label)
+        hidden = _int(text, "hidden_size", label)
+        heads = _int(text, "num_attention_heads", label)
+        if not (n_layers and hidden and heads):
+            raise SizingError(
+                f"{label}: num_hidden_layers, hidden_size and num_attention_heads must be positive"
+            )
+        kinds = _layer_kinds(text, arch, model_type, n_layers, label, notes)
+        layers = tuple(_build_layer(k, text, label, heads, hidden) for k in kinds)
+    else:
+        layers, hidden, heads = built.layers, built.hidden_size, built.attention_heads
+    try:
+        total, active = _params(text, layers, label)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, SizingError):
+        if built is None:
+            raise
+        total = active = float(built.params)
+    if built is not None and built.params and total:
+        # vLLM's count is exact (the built model's tensors); the config's MoE fields say
+        # how much of it a token passes
+        active, total = active / total * built.params, float(built.params)
     dtype = str(text.get("torch_dtype") or text.get("dtype") or "bfloat16")
     dbytes = {"float32": 4, "float16": 2, "bfloat16": 2}.get(dtype, 2)
     quant = cfg.get("quantization_config")
@@ -267,7 +287,7 @@ def architecture_from_config(cfg: dict[str, Any], name: str = "model") -> Archit
     return Architecture(
         name=name,
         architecture=label,
-        layers=built,
+        layers=layers,
         hidden_size=hidden,
         attention_heads=heads,
         params_total=total,
@@ -279,7 +299,23 @@ def architecture_from_config(cfg: dict[str, Any], name: str = "model") -> Archit
         moe_routed_share=_routed_share(text),
         mlp_width=_mlp_width(text),
         vocab_size=int(text.get("vocab_size") or 0),
-        moe_layers=sum(_moe_layer_flags(text, len(built))),
+        moe_layers=sum(_moe_layer_flags(text, len(layers))),
+        layers_source=built.source if built is not None else "kvwatch arithmetic",
+    )
+
+
+def known_arithmetic(arch: str, model_type: str, label: str) -> None:
+    """A SizingError, in one short line, for a config whose architecture kvwatch's own
+    arithmetic has not been held to vLLM for: its fields may look dense and not be."""
+    if arch in _KNOWN or (not arch and model_type in _KNOWN_TYPES):
+        return
+    if not (arch or model_type):
+        raise SizingError(
+            f"{label}: config.json names no architecture (neither architectures nor model_type)"
+        )
+    raise SizingError(
+        f"{label}: not an architecture kvwatch's arithmetic knows; install vLLM "
+        "(kvwatch[gpu]) to size it from vLLM's model classes, or use a known --model preset"
     )
 
 

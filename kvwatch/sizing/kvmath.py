@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from kvwatch.sizing.archconfig import (
     Architecture,
@@ -27,11 +27,18 @@ from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvplan import PLATFORMS, KvLayout, Serving, layout_for
 from kvwatch.sizing.presets import GPU_ALIASES, GPU_PRESETS, LINK_BYTES_PER_S, MODEL_PRESETS
 from kvwatch.sizing.presets import GpuSpec as Gpu
+from kvwatch.sizing.vllm_layers import read_vllm_layers, vllm_installed
+
+LayerSource = Literal["auto", "vllm", "kvwatch"]
+LAYER_SOURCES: tuple[str, ...] = ("auto", "vllm", "kvwatch")
 
 __all__ = [
     "Gpu",
     "SizingError",
     "VictimCosts",
+    "LAYER_SOURCES",
+    "LayerSource",
+    "architecture_for",
     "model_from_config",
     "lookup_model",
     "lookup_gpu",
@@ -48,13 +55,45 @@ def _key(name: str) -> str:
     return name.lower().replace("_", "-").replace(" ", "-")
 
 
-def lookup_model(name: str) -> Architecture:
+def lookup_model(name: str, layers: LayerSource = "kvwatch") -> Architecture:
     key = _key(name)
     if key not in MODEL_PRESETS:
         raise SizingError(f"unknown model {name!r}; known: {', '.join(sorted(MODEL_PRESETS))}")
     p = MODEL_PRESETS[key]
-    arch = architecture_from_config(p.config, key)
+    # a preset is a known architecture, held to vLLM by the oracle and the sweep: "auto"
+    # reads it with kvwatch's arithmetic, "vllm" asks vLLM all the same
+    arch = architecture_for(p.config, key, "kvwatch" if layers == "auto" else layers)
     return _with_params(arch, p.params_total, p.params_active)
+
+
+def architecture_for(cfg: dict[str, Any], name: str, layers: LayerSource) -> Architecture:
+    """A config's model with its layers from `layers`: "kvwatch" (the arithmetic), "vllm"
+    (vLLM's own model classes; an error where vLLM is not installed) or "auto" (vLLM's where
+    it is installed, else the arithmetic). Where vLLM is installed but cannot build the model
+    here, "auto" falls back on the arithmetic for an architecture it knows, and says so."""
+    if layers not in LAYER_SOURCES:
+        raise SizingError(f"layers from {layers!r}? one of: {', '.join(LAYER_SOURCES)}")
+    if layers == "kvwatch" or (layers == "auto" and vllm_installed() is None):
+        return architecture_from_config(cfg, name)
+    try:
+        found = read_vllm_layers(cfg, _label(cfg, name))
+    except SizingError as e:
+        if layers == "vllm":
+            raise
+        try:
+            arch = architecture_from_config(cfg, name)
+        except SizingError:
+            raise e from None
+        note = f"vLLM could not build it here, so kvwatch's arithmetic sized it: {e}"
+        return replace(arch, notes=(*arch.notes, note))
+    return architecture_from_config(cfg, name, found.as_built())
+
+
+def _label(cfg: dict[str, Any], name: str) -> str:
+    archs = cfg.get("architectures")
+    if isinstance(archs, list) and archs and isinstance(archs[0], str):
+        return archs[0][:80]
+    return name
 
 
 def _with_params(arch: Architecture, total: float, active: float | None) -> Architecture:
@@ -69,17 +108,17 @@ def lookup_gpu(name: str) -> Gpu:
     return GPU_PRESETS[key]
 
 
-def model_from_config(path: Path) -> Architecture:
+def model_from_config(path: Path, layers: LayerSource = "kvwatch") -> Architecture:
     """A model from its Hugging Face `config.json` (a file or the model directory)."""
     file = path / "config.json" if path.is_dir() else path
     name = file.parent.name or "model"
-    return architecture_from_config(read_config(path), name)
+    return architecture_for(read_config(path), name, layers)
 
 
-def resolve_model(spec: str) -> Architecture:
+def resolve_model(spec: str, layers: LayerSource = "kvwatch") -> Architecture:
     """`--model`: a config.json or model directory if one is there, else a preset name."""
     p = Path(spec)
-    return model_from_config(p) if p.exists() else lookup_model(spec)
+    return model_from_config(p, layers) if p.exists() else lookup_model(spec, layers)
 
 
 def kv_bytes_per_token(arch: Architecture, kv_dtype: str = "auto", tp: int = 1) -> float:

@@ -179,11 +179,19 @@ class TestConfigRules:
         (tmp_path / "config.json").write_text(json.dumps(mm))
         assert model_from_config(tmp_path).kinds() == {"full": 3}
 
-    def test_unknown_architecture_with_layout_fields_is_refused(self) -> None:
-        with pytest.raises(SizingError, match="FancyForCausalLM.*sets sliding_window"):
-            _arch(architectures=["FancyForCausalLM"], sliding_window=512)
-        plain = _arch(architectures=["FancyForCausalLM"])
-        assert plain.kinds() == {"full": 4} and "not among" in plain.notes[0]
+    def test_an_unknown_architecture_is_refused_in_one_short_line(self) -> None:
+        """Fields that look dense are no proof: Falcon's `multi_query` leaves one KV head,
+        Jamba's attention comes by period and offset. Unknown means refused, with the way to
+        an exact answer, whatever the config sets."""
+        for extra in ({}, {"sliding_window": 512}, {"multi_query": True}):
+            with pytest.raises(SizingError) as e:
+                _arch(architectures=["FancyForCausalLM"], **extra)
+            msg = str(e.value)
+            assert msg.startswith("FancyForCausalLM: not an architecture") and "vLLM" in msg
+            assert len(msg) < 200 and "\n" not in msg
+        with pytest.raises(SizingError, match="fancy: not an architecture"):
+            _arch(architectures=[], model_type="fancy")
+        assert _arch(architectures=[], model_type="llama").kinds() == {"full": 4}
 
     def test_hybrid_without_layer_map_is_refused(self) -> None:
         with pytest.raises(SizingError, match="GraniteMoeHybridForCausalLM.*layer_types"):
@@ -225,9 +233,14 @@ class TestBadFigures:
     def test_config_without_fields(self, tmp_path: Path) -> None:
         f = tmp_path / "config.json"
         f.write_text(json.dumps({"hidden_size": 64}))
+        with pytest.raises(SizingError, match="names no architecture"):
+            model_from_config(f)
+        f.write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
         with pytest.raises(SizingError, match="lacks num_hidden_layers"):
             model_from_config(f)
-        f.write_text(json.dumps({"num_hidden_layers": "8", "hidden_size": 64}))
+        f.write_text(
+            json.dumps({"model_type": "llama", "num_hidden_layers": "8", "hidden_size": 64})
+        )
         with pytest.raises(SizingError, match="num_hidden_layers must be a non-negative integer"):
             model_from_config(f)
         f.write_text("{oops")
