@@ -42,6 +42,7 @@ class AttentionLayer:
     head_size: int
     head_size_v: int
     window: int | None = None
+    pinned_bytes: int = 0  # bytes per element where the model file ignores --kv-cache-dtype
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class StateLayer:
     mamba_state: int = 0
     checkpoint_blocks: int = 0
     mixer: str = ""
+    fixed_bytes: int = 0  # state in a dtype its model file pins (kind "vllm", one rank)
 
     def shapes(self, tp: int) -> tuple[int, int]:
         """(conv elements, ssm elements) per request on one TP rank."""
@@ -358,7 +360,12 @@ def _layer_kinds(
         types = text.get("layer_types") or text.get("layers_block_type")
         if not isinstance(types, list):
             raise SizingError(f"{label}: config.json lacks layer_types (which layers are Mamba)")
-        return [_hybrid_kind(t, label) for t in _sized(types, n, "layer_types", label)]
+        # transformers names Granite 4's Mamba layers "linear_attention" (older configs say
+        # "mamba"); vLLM's granitemoehybrid.py builds a Mamba2 mixer for either
+        return [
+            "mamba2" if t == "linear_attention" else _hybrid_kind(t, label)
+            for t in _sized(types, n, "layer_types", label)
+        ]
     if arch == "NemotronHForCausalLM" or model_type == "nemotron_h":
         pattern = text.get("hybrid_override_pattern")
         if not isinstance(pattern, str):

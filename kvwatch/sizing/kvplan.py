@@ -396,7 +396,9 @@ def _layer_specs(
     for layer in arch.layers:
         if isinstance(layer, AttentionLayer):
             heads = max(1, layer.kv_heads // tp)  # vLLM's get_num_kv_heads: floor, at least 1
-            per_tok = heads * (layer.head_size + layer.head_size_v) * r.kv_bytes
+            per_tok = (
+                heads * (layer.head_size + layer.head_size_v) * (layer.pinned_bytes or r.kv_bytes)
+            )
             attn_1tok = attn_1tok or per_tok
             kind: GroupKind = layer.kind
             window = layer.window
@@ -409,7 +411,7 @@ def _layer_specs(
             specs.append(_Spec("mla", r.block_size, per_tok * r.block_size))
         elif isinstance(layer, StateLayer):
             conv, ssm = layer.shapes(tp)
-            page = conv * arch.dtype_bytes + ssm * r.state_dtype_bytes
+            page = conv * arch.dtype_bytes + ssm * r.state_dtype_bytes + layer.fixed_bytes
             blocks = 2 + layer.checkpoint_blocks if r.mamba_align else 1
             specs.append(_Spec("state", r.block_size, page, None, blocks))
         else:

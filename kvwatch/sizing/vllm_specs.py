@@ -58,20 +58,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# Set on the cache config before the model is built, so each layer's spec says which dtype it
+# follows: the KV cache's (these), the model's, or one its model file pins (Falcon's attention
+# keeps the model dtype whatever --kv-cache-dtype says; Kimi's delta-attention state is float32)
+PROBE_KV = "fp8_e4m3"
+PROBE_STATE = {"bfloat16": "float16", "float16": "bfloat16", "float32": "float16"}
+
+
 def _case(config: dict[str, Any], work: Path) -> dict[str, Any]:
-    import torch
-    from vllm.config import set_current_vllm_config
-    from vllm.config.vllm import get_layers_from_vllm_config
-    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
-    from vllm.distributed.parallel_state import (
-        destroy_distributed_environment,
-        destroy_model_parallel,
-    )
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
-    from vllm.model_executor.model_loader.utils import initialize_model
-    from vllm.model_executor.models.utils import extract_layer_index
-    from vllm.utils.torch_utils import set_default_torch_dtype
 
     config, changes = _served(config)
     (work / "config.json").write_text(json.dumps(config))
@@ -83,7 +78,37 @@ def _case(config: dict[str, Any], work: Path) -> dict[str, Any]:
         max_model_len=1024,
         max_num_batched_tokens=1024,
     )
+    try:
+        out = _build(args, probe=True)
+    except Exception:  # a build that refuses the probe dtypes: without them, roles by order
+        out = _build(args, probe=False)
+    out["model"]["changes"] = changes
+    return out
+
+
+def _build(args: Any, probe: bool) -> dict[str, Any]:
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.config.vllm import get_layers_from_vllm_config
+    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+    from vllm.distributed.parallel_state import (
+        destroy_distributed_environment,
+        destroy_model_parallel,
+    )
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+    from vllm.model_executor.model_loader.utils import initialize_model
+    from vllm.model_executor.models.utils import extract_layer_index
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
     vc = args.create_engine_config()
+    model_dtype = str(vc.model_config.dtype).replace("torch.", "")
+    probes: dict[str, str] = {}
+    if probe:
+        cc = vc.cache_config
+        probes = {"kv": PROBE_KV, "state": PROBE_STATE.get(model_dtype, "float16")}
+        cc.cache_dtype = PROBE_KV
+        cc.mamba_cache_dtype = "auto"
+        cc.mamba_ssm_cache_dtype = probes["state"]
     layers: list[dict[str, Any]] = []
     try:
         with set_current_vllm_config(vc):
@@ -115,11 +140,12 @@ def _case(config: dict[str, Any], work: Path) -> dict[str, Any]:
                 "num_layers": int(mc.get_total_num_hidden_layers()),
                 "num_attention_heads": int(mc.get_num_attention_heads(vc.parallel_config)),
                 "vocab_size": int(mc.get_vocab_size()),
-                "changes": changes,
+                "dtype": model_dtype,
+                "probes": probes,
             }
     finally:
-        destroy_model_parallel()
-        destroy_distributed_environment()
+        destroy_model_parallel()  # type: ignore[no-untyped-call]
+        destroy_distributed_environment()  # type: ignore[no-untyped-call]
     return {"layers": layers, "model": facts}
 
 
@@ -146,6 +172,14 @@ def _served(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return out, changes
 
 
+def _one_line(e: BaseException) -> str:
+    """An error in one line: pydantic's say what failed on their second line."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    if type(e).__name__.endswith("ValidationError") and len(lines) > 2:
+        lines = [lines[0], lines[1]]
+    return f"{type(e).__name__}: {' / '.join(lines)}"[:300]
+
+
 def main() -> None:
     cases = json.loads(sys.stdin.read())
     import vllm
@@ -161,7 +195,7 @@ def main() -> None:
                 if isinstance(e, KeyboardInterrupt):
                     raise
                 traceback.print_exc(file=sys.stderr)
-                result = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
+                result = {"error": _one_line(e)}
         print(MARK + json.dumps(dict(id=case["id"], **result)), flush=True)
     sys.stdout.flush()
     os._exit(0)  # vLLM's teardown is slow and says nothing we need
