@@ -70,6 +70,19 @@ def _fix(arch: str, d: dict[str, Any]) -> None:
         d["num_key_value_heads"] = heads  # nvidia/Nemotron-4 gives its KV heads
 
 
+# Constructor arguments where a config class's defaults cannot shrink to MAX_LAYERS, or would
+# not show what the family does (KV sharing needs shared layers)
+_KWARGS: dict[str, dict[str, Any]] = {
+    "Zamba2ForCausalLM": {
+        "layers_block_type": ["mamba", "mamba", "hybrid", "mamba", "mamba", "hybrid", "mamba",
+                              "mamba"],
+        "num_hidden_layers": MAX_LAYERS,
+    },  # fmt: skip
+    "Gemma3nForCausalLM": {"num_kv_shared_layers": 3},
+    "Gemma4ForCausalLM": {"num_kv_shared_layers": 2},
+}
+
+
 def tiny_configs(archs: list[str]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """arch -> a config from its config class's defaults; arch -> why there is none."""
     from transformers import CONFIG_MAPPING
@@ -90,9 +103,13 @@ def tiny_configs(archs: list[str]) -> tuple[dict[str, dict[str, Any]], dict[str,
             continue
         cls = CONFIG_MAPPING[mt]
         try:
-            default = cls()
-            n = getattr(default, "num_hidden_layers", None)
-            cfg = cls(num_hidden_layers=min(n, MAX_LAYERS)) if isinstance(n, int) else default
+            kwargs = _KWARGS.get(arch, {})
+            if "num_hidden_layers" in kwargs:
+                cfg = cls(**kwargs)
+            else:
+                n = getattr(cls(**kwargs), "num_hidden_layers", None)
+                cfg = cls(num_hidden_layers=min(n, MAX_LAYERS), **kwargs) if isinstance(n, int) \
+                    else cls(**kwargs)  # fmt: skip
         except Exception as e:  # a config class that cannot build from its own defaults
             missing[arch] = f"its config class fails on its defaults: {type(e).__name__}"
             continue
@@ -158,7 +175,7 @@ def classify(arch: str, config: dict[str, Any] | None, answer: dict[str, Any] | 
     """One architecture's class, from its config and vLLM's answer for it."""
     from kvwatch.sizing.archconfig import architecture_from_config
     from kvwatch.sizing.errors import SizingError
-    from kvwatch.sizing.vllm_layers import layers_from_specs, signature
+    from kvwatch.sizing.vllm_layers import layers_from_answer, signature
 
     if config is None or answer is None:
         return Row(arch, "no config class", "-", "-", missing or "")
@@ -171,7 +188,8 @@ def classify(arch: str, config: dict[str, Any] | None, answer: dict[str, Any] | 
         why = str(answer["error"])[:160]
         return Row(arch, "vLLM cannot build it here", said, f"cannot build: {why}")
     try:
-        layers, shared = layers_from_specs(answer["layers"], arch)
+        found = layers_from_answer(answer, arch)
+        layers, shared = found.layers, found.shared
         theirs = signature(layers)
         path = f"sized: {_kinds(theirs)}" + (f" ({shared} layers share KV)" if shared else "")
     except SizingError as e:

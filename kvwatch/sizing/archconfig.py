@@ -66,7 +66,7 @@ class StateLayer:
     `conv_channels` conv elements and `ssm_b` state elements, of the mixer `mixer`.
     """
 
-    kind: Literal["mamba2", "gdn", "vllm"]
+    kind: Literal["mamba1", "mamba2", "gdn", "short_conv", "vllm"]
     conv_channels: int  # before group extension (Mamba2: intermediate; GDN: the whole conv)
     conv_len: int
     ssm_heads: int
@@ -122,6 +122,7 @@ class Architecture:
     vocab_size: int = 0
     moe_layers: int = 0  # layers whose MLP is routed experts (the step model's per-layer cost)
     layers_source: str = "kvwatch arithmetic"  # or "vllm <version> model classes"
+    state_dtype: str | None = None  # the SSM state dtype the config pins for "auto"
 
     @property
     def uses_mla(self) -> bool:
@@ -199,13 +200,48 @@ _KNOWN = {
     "Qwen3NextForCausalLM",
     "GraniteMoeHybridForCausalLM",
     "NemotronHForCausalLM",
+    # added with the registry sweep (bench/bench_arch_sweep.py), each equal to vLLM's specs
+    "GemmaForCausalLM",
+    "Glm4ForCausalLM",
+    "Glm4MoeForCausalLM",
+    "Ernie4_5ForCausalLM",
+    "Ernie4_5_MoeForCausalLM",
+    "HyperCLOVAXForCausalLM",
+    "MiniMaxM2ForCausalLM",
+    "Ministral3ForCausalLM",
+    "Exaone4ForCausalLM",
+    "OlmoeForCausalLM",
+    "StableLmForCausalLM",
+    "GraniteMoeSharedForCausalLM",
+    "GraniteSWAForCausalLM",
+    "GraniteMoeSWAForCausalLM",
+    "FalconForCausalLM",
+    "JambaForCausalLM",
+    "FalconH1ForCausalLM",
+    "Zamba2ForCausalLM",
+    "Lfm2ForCausalLM",
+    "Lfm2MoeForCausalLM",
+    "Gemma3nForCausalLM",
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
 }
+# vLLM's model files that take the head size from hidden_size / heads, whatever head_dim says
+_HEAD_FROM_HIDDEN = {
+    "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM", "GraniteMoeSWAForCausalLM",
+    "OlmoeForCausalLM", "StableLmForCausalLM", "FalconForCausalLM", "JambaForCausalLM",
+    "Lfm2ForCausalLM", "Lfm2MoeForCausalLM",
+}  # fmt: skip
 # model types whose config carries no `architectures` list, read as the architecture above
 _KNOWN_TYPES = {
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3",
     "granite", "granitemoe", "olmo", "olmo2", "gemma2", "gemma3", "gemma3_text", "cohere2",
     "gpt_oss", "llama4", "llama4_text", "deepseek_v2", "deepseek_v3", "kimi_k2", "qwen3_next",
-    "granitemoehybrid", "nemotron_h",
+    "granitemoehybrid", "nemotron_h", "gemma", "glm4", "glm4_moe", "ernie4_5", "ernie4_5_moe",
+    "minimax_m2", "ministral3", "exaone4", "olmoe", "stablelm", "granitemoeshared", "falcon",
+    "jamba", "falcon_h1", "zamba2", "lfm2", "lfm2_moe", "gemma3n_text", "qwen3_5_text",
+    "qwen3_5_moe_text",
 }  # fmt: skip
 
 
@@ -268,7 +304,7 @@ def architecture_from_config(
                 f"{label}: num_hidden_layers, hidden_size and num_attention_heads must be positive"
             )
         kinds = _layer_kinds(text, arch, model_type, n_layers, label, notes)
-        layers = tuple(_build_layer(k, text, label, heads, hidden) for k in kinds)
+        layers = tuple(_build_layer(k, text, label, heads, hidden, arch) for k in kinds)
     else:
         layers, hidden, heads = built.layers, built.hidden_size, built.attention_heads
     try:
@@ -300,10 +336,22 @@ def architecture_from_config(
         notes=tuple(notes),
         moe_routed_share=_routed_share(text),
         mlp_width=_mlp_width(text),
-        vocab_size=int(text.get("vocab_size") or 0),
+        vocab_size=_size(text.get("vocab_size") or 0),
         moe_layers=sum(_moe_layer_flags(text, len(layers))),
         layers_source=built.source if built is not None else "kvwatch arithmetic",
+        state_dtype=_state_dtype(text, model_type),
     )
+
+
+def _state_dtype(text: Mapping[str, Any], model_type: str) -> str | None:
+    """vLLM's models/config.py: NemotronH's "auto" SSM state is the config's
+    `mamba_ssm_cache_dtype`, float32 when absent; Qwen3.5's is its `mamba_ssm_dtype`."""
+    if model_type == "nemotron_h":
+        return str(text.get("mamba_ssm_cache_dtype") or "float32")
+    if model_type.startswith("qwen3_5"):
+        v = text.get("mamba_ssm_dtype")
+        return str(v) if v else None
+    return None
 
 
 def known_arithmetic(arch: str, model_type: str, label: str) -> None:
@@ -347,7 +395,10 @@ def _layer_kinds(
     """One of full / sliding / chunked / mla / mamba2 / gdn / none per decoder layer."""
     if text.get("kv_lora_rank"):
         return ["mla"] * n
-    if model_type == "qwen3_next" or arch == "Qwen3NextForCausalLM":
+    if model_type in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text") or arch in (
+        "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
+        "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
+    ):  # fmt: skip
         types = text.get("layer_types")
         if not isinstance(types, list):
             interval = _int(text, "full_attention_interval", label, 4) or 4
@@ -366,6 +417,9 @@ def _layer_kinds(
             "mamba2" if t == "linear_attention" else _hybrid_kind(t, label)
             for t in _sized(types, n, "layer_types", label)
         ]
+    special = _family_kinds(text, arch, model_type, n, label)
+    if special is not None:
+        return special
     if arch == "NemotronHForCausalLM" or model_type == "nemotron_h":
         pattern = text.get("hybrid_override_pattern")
         if not isinstance(pattern, str):
@@ -392,16 +446,64 @@ def _layer_kinds(
         types = _transformers_layer_types(text, model_type, n, label, notes)
     if types:
         _refused_mix(text, model_type, types, label)
-        return [
+        kinds = [
             "sliding" if t == "sliding_attention" else "full"
             for t in _sized(types, n, "layer_types", label)
         ]
+        return _shared_kv(text, model_type, kinds, label)
     return ["sliding"] * n  # a model-wide window: vLLM applies it to every layer
+
+
+def _shared_kv(text: Mapping[str, Any], model_type: str, kinds: list[str], label: str) -> list[str]:
+    """Gemma 3n: the last `num_kv_shared_layers` layers read earlier layers' KV (vLLM's
+    gemma3n.py), so vLLM allocates none for them."""
+    if model_type not in ("gemma3n", "gemma3n_text"):
+        return kinds
+    shared = _int(text, "num_kv_shared_layers", label, 0)
+    first = len(kinds) - shared
+    if shared and first < 2:
+        raise SizingError(f"{label}: num_kv_shared_layers {shared} leaves no layers to share")
+    return [k if i < first else "none" for i, k in enumerate(kinds)]
+
+
+def _family_kinds(
+    text: Mapping[str, Any], arch: str, model_type: str, n: int, label: str
+) -> list[str] | None:
+    """Layer kinds of the hybrid families whose layout is their own (vLLM's model files):
+    Jamba's attention by period and offset, Falcon-H1's attention and Mamba2 side by side in
+    every layer (vLLM lists the attention layers first), Zamba2's shared attention blocks
+    (one KV cache per hybrid layer, listed first) beside a Mamba2 mixer in every layer, LFM2's
+    short convolutions. None for every other family."""
+    if arch == "JambaForCausalLM" or model_type == "jamba":
+        period = _int(text, "attn_layer_period", label, 8)
+        offset = _int(text, "attn_layer_offset", label, 4)
+        if not period:
+            raise SizingError(f"{label}: attn_layer_period must be positive")
+        return ["full" if i % period == offset else "mamba1" for i in range(n)]
+    if arch == "FalconH1ForCausalLM" or model_type == "falcon_h1":
+        return ["full"] * n + ["mamba2_h1"] * n
+    if arch == "Zamba2ForCausalLM" or model_type == "zamba2":
+        types = text.get("layers_block_type")
+        if not isinstance(types, list):
+            raise SizingError(f"{label}: config.json lacks layers_block_type (which are hybrid)")
+        hybrid = sum(1 for t in _sized(types, n, "layers_block_type", label) if t == "hybrid")
+        return ["zamba_attention"] * hybrid + ["mamba2_zamba"] * n
+    if arch in ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM") or model_type in ("lfm2", "lfm2_moe"):
+        types = text.get("layer_types")
+        if not isinstance(types, list):
+            raise SizingError(f"{label}: config.json lacks layer_types (which layers convolve)")
+        return [
+            "full" if t == "full_attention" else "short_conv"
+            for t in _sized(types, n, "layer_types", label)
+        ]
+    return None
 
 
 # transformers' default `sliding_window_pattern` where config.json gives neither it nor
 # layer_types: every pattern-th layer is full (configuration_gemma2/gemma3/cohere2.py)
-_DEFAULT_PATTERN = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4}
+_DEFAULT_PATTERN = {
+    "gemma2": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4, "exaone4": 4, "gemma3n_text": 5,
+}  # fmt: skip
 
 
 def _transformers_layer_types(
@@ -464,7 +566,9 @@ def _hybrid_kind(t: Any, label: str) -> str:
     return kinds[t]
 
 
-def _build_layer(kind: str, text: Mapping[str, Any], label: str, heads: int, hidden: int) -> Layer:
+def _build_layer(
+    kind: str, text: Mapping[str, Any], label: str, heads: int, hidden: int, arch: str = ""
+) -> Layer:
     if kind == "none":
         return None
     if kind == "mla":
@@ -486,6 +590,41 @@ def _build_layer(kind: str, text: Mapping[str, Any], label: str, heads: int, hid
         )
         conv = _int(text, "linear_conv_kernel_dim", label)
         return StateLayer("gdn", kd * kh * 2 + vd * vh, conv - 1, vh, vd, kd)
+    if kind == "mamba1":  # Jamba's MambaMixer: (K-1, I) conv, (I, d_state) state
+        inner = _int(text, "mamba_expand", label, 2) * hidden
+        return StateLayer(
+            "mamba1",
+            conv_channels=inner,
+            conv_len=_int(text, "mamba_d_conv", label, 4) - 1,
+            ssm_heads=inner,
+            ssm_a=1,
+            ssm_b=_int(text, "mamba_d_state", label, 16),
+        )
+    if kind == "short_conv":  # LFM2's ShortConv: a (L_cache - 1, conv dim) state only
+        dim = hidden if text.get("model_type") == "lfm2_moe" else _int(text, "conv_dim", label)
+        return StateLayer(
+            "short_conv",
+            conv_channels=dim,
+            conv_len=_int(text, "conv_L_cache", label, 3) - 1,
+            ssm_heads=0,
+            ssm_a=0,
+            ssm_b=0,
+        )
+    if kind == "mamba2_h1":  # Falcon-H1's MambaMixer2
+        inner = text.get("mamba_d_ssm") or _int(text, "mamba_expand", label, 2) * hidden
+        heads2 = _int(text, "mamba_n_heads", label)
+        head_dim = text.get("mamba_d_head")
+        head_dim = head_dim if isinstance(head_dim, int) else int(inner) // max(heads2, 1)
+        return _mamba2(text, label, int(inner), heads2, head_dim, "mamba_n_groups",
+                       "mamba_d_state", "mamba_d_conv")  # fmt: skip
+    if kind == "mamba2_zamba":  # Zamba2's MambaMixer2
+        inner = _int(text, "mamba_expand", label, 2) * hidden
+        heads2 = _int(text, "n_mamba_heads", label)
+        return _mamba2(text, label, inner, heads2, inner // max(heads2, 1), "mamba_ngroups",
+                       "mamba_d_state", "mamba_d_conv")  # fmt: skip
+    if kind == "zamba_attention":  # Zamba2's shared block: MHA, 2 x hidden / heads a head
+        size = _int(text, "attention_head_dim", label, 2 * hidden // heads)
+        return AttentionLayer("full", heads, size, size)
     if kind == "mamba2":
         # the mixer's intermediate size: expand x hidden (Granite 4), heads x head dim (NemotronH)
         if "mamba_expand" in text or "mamba_d_head" in text:
@@ -504,11 +643,21 @@ def _build_layer(kind: str, text: Mapping[str, Any], label: str, heads: int, hid
             checkpoint_blocks=1,
         )
     head = text.get("head_dim")
-    if not isinstance(head, int) or head <= 0:
+    if not isinstance(head, int) or head <= 0 or arch in _HEAD_FROM_HIDDEN:
         head = hidden // heads
     kv = text.get("num_key_value_heads")
     if kv is None:
         kv = text.get("num_kv_heads", heads)
+    pinned = 0
+    if arch == "FalconForCausalLM":
+        # vLLM's falcon.py: the new decoder's num_kv_heads, else one head for multi-query,
+        # else one per query head; its attention is built without the cache config, so its
+        # KV keeps the model's dtype whatever --kv-cache-dtype says
+        if text.get("new_decoder_architecture"):
+            kv = _int(text, "num_kv_heads", label, heads)
+        else:
+            kv = 1 if text.get("multi_query", True) else heads
+        pinned = _DTYPE_BYTES.get(str(text.get("torch_dtype") or "bfloat16"), 2)
     if isinstance(kv, bool) or not isinstance(kv, int) or kv <= 0:
         raise SizingError(f"{label}: num_key_value_heads must be a positive integer, not {kv!r}")
     window = None
@@ -518,24 +667,52 @@ def _build_layer(kind: str, text: Mapping[str, Any], label: str, heads: int, hid
             window += 1  # vLLM's commandr.py: a Cohere2 layer sees [pos - W, pos], W + 1 tokens
     elif kind == "chunked":
         window = _int(text, "attention_chunk_size", label)
-    return AttentionLayer(kind, kv, head, head, window)  # type: ignore[arg-type]
+    return AttentionLayer(kind, kv, head, head, window, pinned)  # type: ignore[arg-type]
+
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def _mamba2(
+    text: Mapping[str, Any], label: str, inner: int, heads: int, head_dim: int,
+    groups_key: str, state_key: str, conv_key: str,
+) -> StateLayer:  # fmt: skip
+    state = _int(text, state_key, label)
+    return StateLayer(
+        "mamba2",
+        conv_channels=inner,
+        conv_len=_int(text, conv_key, label, 4) - 1,
+        ssm_heads=heads,
+        ssm_a=head_dim,
+        ssm_b=state,
+        mamba_groups=_int(text, groups_key, label, 1),
+        mamba_state=state,
+        checkpoint_blocks=1,
+    )
+
+
+def _size(v: Any, default: int = 0) -> int:
+    """A count from config.json for the parameter estimate: a per-layer list counts as its
+    largest entry (Gemma 3n's intermediate_size), anything not a count as `default`."""
+    if isinstance(v, list):
+        v = max((x for x in v if isinstance(x, int) and not isinstance(x, bool)), default=None)
+    if isinstance(v, bool) or not isinstance(v, int | float) or v != v or v < 0:
+        return default
+    return int(min(v, 1 << 40))
 
 
 def _experts(text: Mapping[str, Any]) -> tuple[int, int]:
     """(routed experts, experts per token); (0, 0) for a dense model."""
-    experts = int(
-        text.get("num_local_experts")
-        or text.get("n_routed_experts")
-        or text.get("num_experts")
-        or 0
+    experts = _size(
+        text.get("num_local_experts") or text.get("n_routed_experts") or text.get("num_experts")
     )
-    return experts, int(text.get("num_experts_per_tok") or text.get("experts_per_token") or 0)
+    return experts, _size(text.get("num_experts_per_tok") or text.get("experts_per_token") or 0)
 
 
 def _mlp_width(text: Mapping[str, Any]) -> int:
-    dense = int(text.get("intermediate_size_mlp") or text.get("intermediate_size") or 0)
+    dense = _size(text.get("intermediate_size_mlp") or text.get("intermediate_size") or 0)
     experts, per_tok = _experts(text)
-    routed = per_tok * int(text.get("moe_intermediate_size") or 0) if experts else 0
+    routed = per_tok * _size(text.get("moe_intermediate_size") or 0) if experts else 0
     return max(dense, routed)
 
 
@@ -546,14 +723,14 @@ def _routed_share(text: Mapping[str, Any]) -> float:
 
 def _params(text: Mapping[str, Any], layers: tuple[Layer, ...], label: str) -> tuple[float, float]:
     """Total and active parameters, from the shapes (SwiGLU MLPs, untied unless said)."""
-    hidden = int(text["hidden_size"])
-    heads = int(text["num_attention_heads"])
-    vocab = int(text.get("vocab_size") or 32000)
-    inter = int(text.get("intermediate_size") or 4 * hidden)
+    hidden = _size(text.get("hidden_size"))
+    heads = _size(text.get("num_attention_heads"), 1)
+    vocab = _size(text.get("vocab_size") or 32000)
+    inter = _size(text.get("intermediate_size") or 4 * hidden)
     experts, per_tok = _experts(text)
-    moe_inter = int(text.get("moe_intermediate_size") or inter)
-    shared = int(text.get("n_shared_experts") or 0) * moe_inter + int(
-        text.get("shared_expert_intermediate_size") or 0
+    moe_inter = _size(text.get("moe_intermediate_size") or inter)
+    shared = _size(text.get("n_shared_experts")) * moe_inter + _size(
+        text.get("shared_expert_intermediate_size")
     )
     total = active = 0.0
     for layer, moe in zip(layers, _moe_layer_flags(text, len(layers)), strict=True):
@@ -562,7 +739,7 @@ def _params(text: Mapping[str, Any], layers: tuple[Layer, ...], label: str) -> t
             mlp_total = 3 * hidden * (experts * moe_inter + shared) + hidden * experts
             mlp_active = 3 * hidden * (per_tok * moe_inter + shared) + hidden * experts
         else:
-            dense_inter = int(text.get("intermediate_size_mlp") or inter)
+            dense_inter = _size(text.get("intermediate_size_mlp") or inter)
             mlp_total = mlp_active = 3 * hidden * dense_inter
         total += attn + mlp_total
         active += attn + mlp_active
@@ -574,8 +751,12 @@ def _moe_layer_flags(text: Mapping[str, Any], n_layers: int) -> list[bool]:
     """Which layers route to experts: after `first_k_dense_replace` dense ones, every
     `interleave_moe_layer_step`-th (Llama 4); none in a dense model."""
     experts, _ = _experts(text)
-    dense_first = int(text.get("first_k_dense_replace") or 0)
-    step = int(text.get("interleave_moe_layer_step") or 1)
+    period = text.get("expert_layer_period")
+    if isinstance(period, int) and period > 0:  # Jamba: every period-th layer from the offset
+        offset = _size(text.get("expert_layer_offset") or 0)
+        return [experts > 0 and i % period == offset for i in range(n_layers)]
+    dense_first = _size(text.get("first_k_dense_replace") or 0)
+    step = _size(text.get("interleave_moe_layer_step"), 1) or 1
     return [experts > 0 and i >= dense_first and (i + 1) % step == 0 for i in range(n_layers)]
 
 
@@ -583,10 +764,10 @@ def _attention_params(layer: Layer, text: Mapping[str, Any], hidden: int, heads:
     if isinstance(layer, AttentionLayer):
         return hidden * layer.head_size * (2 * heads + 2 * layer.kv_heads)
     if isinstance(layer, MlaLayer):
-        rope = int(text.get("qk_rope_head_dim") or 0)
-        nope = int(text.get("qk_nope_head_dim") or 0)
-        v = int(text.get("v_head_dim") or nope)
-        lora = int(text.get("kv_lora_rank") or 0)
+        rope = _size(text.get("qk_rope_head_dim") or 0)
+        nope = _size(text.get("qk_nope_head_dim") or 0)
+        v = _size(text.get("v_head_dim") or nope)
+        lora = _size(text.get("kv_lora_rank") or 0)
         q_lora = text.get("q_lora_rank")
         q = (
             hidden * q_lora + q_lora * heads * (nope + rope)

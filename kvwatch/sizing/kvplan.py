@@ -372,7 +372,8 @@ def _resolve(arch: Architecture, serving: Serving, platform: Platform) -> _Resol
             f"{arch.architecture}: vLLM needs the hybrid KV cache manager for "
             "recurrent-state layers"
         )
-    state = serving.mamba_ssm_cache_dtype or platform.ssm_state_dtype
+    # the serving flag, else the platform's rule, else what the model's config pins for "auto"
+    state = serving.mamba_ssm_cache_dtype or platform.ssm_state_dtype or arch.state_dtype
     if state is not None and state not in _STATE_DTYPE_BYTES:
         raise SizingError(f"unknown Mamba state dtype {state!r}")
     return _Resolved(
