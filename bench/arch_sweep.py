@@ -1,6 +1,7 @@
 """Every text-generation architecture in vLLM's registry, sized both ways and compared.
 
-For each architecture vLLM registers (`_TEXT_GENERATION_MODELS`, the release in `.venv`), a
+For each text architecture vLLM registers (`_TEXT_GENERATION_MODELS` and the text part of
+`_TRANSFORMERS_SUPPORTED_MODELS`, the release in `.venv`), a
 tiny config from transformers' config class defaults (at most 8 layers; vLLM's own config
 classes where it has one): vLLM's model classes build it on the meta device and list each
 layer's KV spec (`kvwatch/sizing/vllm_specs.py`, no engine start), and kvwatch's arithmetic
@@ -37,7 +38,8 @@ CLASSES = ("equal", "refused", "WRONG", "vLLM cannot build it here", "no config 
 
 
 def registry_architectures() -> list[str]:
-    """vLLM's text-generation architectures, read from its registry's source (no import)."""
+    """vLLM's text-generation architectures, read from its registry's source (no import):
+    its own model files, then those it serves through the Transformers backend."""
     import importlib.util
 
     spec = importlib.util.find_spec("vllm")
@@ -45,7 +47,11 @@ def registry_architectures() -> list[str]:
     text = (Path(spec.origin).parent / "model_executor" / "models" / "registry.py").read_text()
     start = text.index("_TEXT_GENERATION_MODELS = {")
     body = text[start : text.index("\n}\n", start)]
-    return re.findall(r'^\s+"(\w+)": \(', body, flags=re.M)
+    own = re.findall(r'^\s+"(\w+)": \(', body, flags=re.M)
+    # and the text models vLLM serves through its Transformers backend
+    start = text.index("_TRANSFORMERS_SUPPORTED_MODELS = {")
+    body = text[start : text.index("# Multimodal models", start)]
+    return own + [a for a in re.findall(r'^\s+"(\w+)": \(', body, flags=re.M) if a not in own]
 
 
 # Fields a published checkpoint's config.json carries and transformers' defaults leave out,
@@ -74,8 +80,16 @@ def _fix(arch: str, d: dict[str, Any]) -> None:
 # not show what the family does (KV sharing needs shared layers)
 _KWARGS: dict[str, dict[str, Any]] = {
     "Zamba2ForCausalLM": {
-        "layers_block_type": ["mamba", "mamba", "hybrid", "mamba", "mamba", "hybrid", "mamba",
-                              "mamba"],
+        "layers_block_type": [
+            "mamba",
+            "mamba",
+            "hybrid",
+            "mamba",
+            "mamba",
+            "hybrid",
+            "mamba",
+            "mamba",
+        ],
         "num_hidden_layers": MAX_LAYERS,
     },  # fmt: skip
     "Gemma3nForCausalLM": {"num_kv_shared_layers": 3},
@@ -219,9 +233,33 @@ def sweep(workers: int = 2, only: list[str] | None = None) -> tuple[str, list[Ro
     if only is not None:
         archs = [a for a in archs if a in only]
     configs, missing = tiny_configs(archs)
-    answers = run_specs(configs, workers)
-    rows = [classify(a, configs.get(a), answers.get(a), missing.get(a)) for a in archs]
+    cases = dict(configs)
+    for arch, config in configs.items():
+        for tag, variant in variants(arch, config).items():
+            cases[f"{arch} [{tag}]"] = variant
+    answers = run_specs(cases, workers)
+    rows = []
+    for a in archs:
+        rows.append(classify(a, configs.get(a), answers.get(a), missing.get(a)))
+        rows += [classify(name, cases[name], answers.get(name)) for name in sorted(cases)
+                 if name.startswith(f"{a} [")]  # fmt: skip
     return str(vllm.__version__), rows
+
+
+def variants(arch: str, config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Second readings of one family where its defaults leave a layout field unexercised: a
+    model-wide sliding window where the class has one but its default is off (vLLM applies
+    it to every layer unless layer_types says otherwise), and Falcon's other KV-head rules."""
+    out: dict[str, dict[str, Any]] = {}
+    if "sliding_window" in config and not config["sliding_window"]:
+        out["sliding_window 64"] = dict(config, sliding_window=64, use_sliding_window=True)
+    if arch == "FalconForCausalLM":
+        out["multi_query off"] = dict(config, multi_query=False, new_decoder_architecture=False)
+        out["new decoder, 2 KV heads"] = dict(
+            config, new_decoder_architecture=True, num_kv_heads=2, num_attention_heads=8,
+            hidden_size=512,
+        )  # fmt: skip
+    return out
 
 
 def rows_to_json(version: str, rows: list[Row]) -> dict[str, Any]:

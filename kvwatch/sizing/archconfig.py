@@ -226,6 +226,18 @@ _KNOWN = {
     "Qwen3_5MoeForCausalLM",
     "Qwen3_5ForConditionalGeneration",
     "Qwen3_5MoeForConditionalGeneration",
+    # served through vLLM's Transformers backend: generic heads, head size and layer_types
+    "PhiForCausalLM",
+    "Starcoder2ForCausalLM",
+    "SmolLM3ForCausalLM",
+    "Olmo3ForCausalLM",
+    "GlmForCausalLM",
+    "ArceeForCausalLM",
+    "SeedOssForCausalLM",
+    "GPTNeoXForCausalLM",
+    "FlexOlmoForCausalLM",
+    "Jais2ForCausalLM",
+    "MellumForCausalLM",
 }
 # vLLM's model files that take the head size from hidden_size / heads, whatever head_dim says
 _HEAD_FROM_HIDDEN = {
@@ -241,7 +253,8 @@ _KNOWN_TYPES = {
     "granitemoehybrid", "nemotron_h", "gemma", "glm4", "glm4_moe", "ernie4_5", "ernie4_5_moe",
     "minimax_m2", "ministral3", "exaone4", "olmoe", "stablelm", "granitemoeshared", "falcon",
     "jamba", "falcon_h1", "zamba2", "lfm2", "lfm2_moe", "gemma3n_text", "qwen3_5_text",
-    "qwen3_5_moe_text",
+    "qwen3_5_moe_text", "phi", "starcoder2", "smollm3", "olmo3", "glm", "arcee", "seed_oss",
+    "gpt_neox", "flex_olmo", "jais2", "mellum",
 }  # fmt: skip
 
 
@@ -503,6 +516,7 @@ def _family_kinds(
 # layer_types: every pattern-th layer is full (configuration_gemma2/gemma3/cohere2.py)
 _DEFAULT_PATTERN = {
     "gemma2": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4, "exaone4": 4, "gemma3n_text": 5,
+    "olmo3": 4,
 }  # fmt: skip
 
 

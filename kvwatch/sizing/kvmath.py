@@ -27,7 +27,7 @@ from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvplan import PLATFORMS, KvLayout, Serving, layout_for
 from kvwatch.sizing.presets import GPU_ALIASES, GPU_PRESETS, LINK_BYTES_PER_S, MODEL_PRESETS
 from kvwatch.sizing.presets import GpuSpec as Gpu
-from kvwatch.sizing.vllm_layers import read_vllm_layers, vllm_installed
+from kvwatch.sizing.vllm_layers import read_vllm_layers, signature, vllm_installed
 
 LayerSource = Literal["auto", "vllm", "kvwatch"]
 LAYER_SOURCES: tuple[str, ...] = ("auto", "vllm", "kvwatch")
@@ -86,7 +86,24 @@ def architecture_for(cfg: dict[str, Any], name: str, layers: LayerSource) -> Arc
             raise e from None
         note = f"vLLM could not build it here, so kvwatch's arithmetic sized it: {e}"
         return replace(arch, notes=(*arch.notes, note))
-    return architecture_from_config(cfg, name, found.as_built())
+    theirs = architecture_from_config(cfg, name, found.as_built())
+    try:
+        mine = architecture_from_config(cfg, name)
+    except SizingError:
+        return theirs
+    if signature(mine.layers) != signature(theirs.layers):
+        note = (
+            f"kvwatch's arithmetic reads this config's layers otherwise than {found.source}; "
+            "vLLM's are used"
+        )
+        return replace(theirs, notes=(*theirs.notes, note))
+    # the same layers: the arithmetic's, which also know how each splits across TP ranks
+    return replace(
+        mine,
+        params_total=theirs.params_total,
+        params_active=theirs.params_active,
+        layers_source=f"kvwatch arithmetic, equal to {found.source}",
+    )
 
 
 def _label(cfg: dict[str, Any], name: str) -> str:

@@ -267,6 +267,11 @@ def layers_from_specs(
     keyed.sort(key=lambda t: (t[0], t[1]))
     if not keyed:
         raise SizingError(f"{label}: vLLM's model classes give it no KV cache layers")
+    if all(isinstance(x, StateLayer) for _, _, x in keyed):
+        raise SizingError(
+            f"{label}: attention-free (recurrent state only): vLLM sizes it per request, not "
+            "in token blocks, and kvwatch does not size such models"
+        )
     return tuple(layer for _, _, layer in keyed), shared
 
 
