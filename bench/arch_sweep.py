@@ -93,6 +93,11 @@ _KWARGS: dict[str, dict[str, Any]] = {
         "num_hidden_layers": MAX_LAYERS,
     },  # fmt: skip
     "Gemma3nForCausalLM": {"num_kv_shared_layers": 3},
+    # Granite 4.0-H's pattern (its defaults are Mamba only: attention-free, refused both ways)
+    "GraniteMoeHybridForCausalLM": {
+        "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 2,
+        "num_hidden_layers": MAX_LAYERS,
+    },
     "Gemma4ForCausalLM": {"num_kv_shared_layers": 2},
 }
 

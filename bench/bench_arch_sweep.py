@@ -24,8 +24,9 @@ OUT = Path(__file__).parent / "results" / "arch-sweep.json"
 
 
 def table(version: str, rows: list[Row]) -> str:
+    base = sum(" [" not in r.architecture for r in rows)
     lines = [
-        f"vLLM {version}: {len(rows)} text-generation architectures; "
+        f"vLLM {version}: {base} text architectures and {len(rows) - base} variants; "
         + ", ".join(f"{c} {sum(r.cls == c for r in rows)}" for c in CLASSES),
         "",
         "| architecture | class | kvwatch arithmetic | vLLM's specs (the `--layers vllm` path) |",

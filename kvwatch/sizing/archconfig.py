@@ -27,6 +27,7 @@ __all__ = [
     "BuiltModel",
     "architecture_from_config",
     "known_arithmetic",
+    "refuse_attention_free",
     "read_config",
 ]
 
@@ -320,6 +321,7 @@ def architecture_from_config(
         layers = tuple(_build_layer(k, text, label, heads, hidden, arch) for k in kinds)
     else:
         layers, hidden, heads = built.layers, built.hidden_size, built.attention_heads
+    refuse_attention_free(layers, label)
     try:
         total, active = _params(text, layers, label)
     except (KeyError, TypeError, ValueError, ZeroDivisionError, SizingError):
@@ -365,6 +367,19 @@ def _state_dtype(text: Mapping[str, Any], model_type: str) -> str | None:
         v = text.get("mamba_ssm_dtype")
         return str(v) if v else None
     return None
+
+
+def refuse_attention_free(layers: tuple[Layer, ...], label: str) -> None:
+    """A model of recurrent state only (Mamba, or a hybrid config with no attention layer
+    left): vLLM sizes its cache per request with its own block size, which kvwatch's
+    block arithmetic has not been held to; refused rather than sized."""
+    if any(isinstance(x, StateLayer) for x in layers) and not any(
+        isinstance(x, AttentionLayer | MlaLayer) for x in layers
+    ):
+        raise SizingError(
+            f"{label}: attention-free (recurrent state only): vLLM sizes it per request, not "
+            "in token blocks, and kvwatch does not size such models"
+        )
 
 
 def known_arithmetic(arch: str, model_type: str, label: str) -> None:

@@ -24,7 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvwatch.sizing.archconfig import AttentionLayer, BuiltModel, Layer, MlaLayer, StateLayer
+from kvwatch.sizing.archconfig import (
+    AttentionLayer,
+    BuiltModel,
+    Layer,
+    MlaLayer,
+    StateLayer,
+    refuse_attention_free,
+)
 from kvwatch.sizing.errors import SizingError
 
 __all__ = [
@@ -38,7 +45,7 @@ __all__ = [
 ]
 
 _MARK = "KVWATCH-SPECS "
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # the builder's answer format: bump when vllm_specs.py changes it
 # spec fields kvwatch's block arithmetic reads, and the values of the rest it assumes: a spec
 # whose other fields differ would be sized wrong, so it is refused
 _ATTENTION_ASSUMED: dict[str, Any] = {
@@ -267,12 +274,9 @@ def layers_from_specs(
     keyed.sort(key=lambda t: (t[0], t[1]))
     if not keyed:
         raise SizingError(f"{label}: vLLM's model classes give it no KV cache layers")
-    if all(isinstance(x, StateLayer) for _, _, x in keyed):
-        raise SizingError(
-            f"{label}: attention-free (recurrent state only): vLLM sizes it per request, not "
-            "in token blocks, and kvwatch does not size such models"
-        )
-    return tuple(layer for _, _, layer in keyed), shared
+    layers = tuple(layer for _, _, layer in keyed)
+    refuse_attention_free(layers, label)
+    return layers, shared
 
 
 def _odd(spec: Mapping[str, Any], assumed: Mapping[str, Any]) -> list[str]:

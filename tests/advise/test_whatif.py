@@ -75,7 +75,7 @@ def test_cpu_equals_what_vllm_printed(
 ) -> None:
     _, item = what_if_json(
         "--model", str(ARCH / config), "--gpu", "cpu", "--kv-cache-memory-bytes", "10485760",
-        "--max-model-len", "1024", "--max-num-batched-tokens", "512",
+        "--max-model-len", "1024", "--max-num-batched-tokens", "512", "--layers", "kvwatch",
     )  # fmt: skip
     w = item["what_if"]
     assert (w["num_gpu_blocks"], w["kv_cache_size_tokens"]) == (blocks, tokens)
