@@ -5,8 +5,10 @@ anywhere, and webhook receiver configs with every field of every wrong type. 10^
 
 from __future__ import annotations
 
+import json
 import os
 import random
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -156,3 +158,82 @@ def test_calibration_files_load_or_say_why_in_one_line(doc: Any) -> None:
     t = m.seconds([ScheduledRequest(1, 100)] * 4)
     assert t > 0 and t == t  # finite and positive: a step that takes no time would be untruth
     cal.outside(8, 512, 128)
+
+
+_ARCH_DIR = Path(__file__).resolve().parent / "data" / "architectures"
+_CONFIGS = [json.loads(p.read_text()) for p in sorted(_ARCH_DIR.glob("*/config.json"))]
+
+
+@st.composite
+def _config_doc(draw: st.DrawFn) -> Any:
+    """A real tiny config (every family the arithmetic knows) with some fields replaced by
+    anything: a wrong type, a list, a negative count, a missing key."""
+    doc = dict(draw(st.sampled_from(_CONFIGS)))
+    for key in draw(st.lists(st.sampled_from(sorted(doc)), max_size=3)):
+        if draw(st.booleans()):
+            doc.pop(key, None)
+        else:
+            doc[key] = draw(_ANY)
+    return doc
+
+
+@settings(
+    max_examples=max(1, EXAMPLES // 5), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(_config_doc())
+def test_model_configs_size_or_say_why_in_one_line(doc: Any) -> None:
+    """A config.json of any content is sized by the arithmetic or refused in one line
+    (a list where a count was expected once raised a TypeError); never another exception."""
+    from kvwatch.sizing.archconfig import architecture_from_config
+    from kvwatch.sizing.errors import SizingError
+    from kvwatch.sizing.kvplan import PLATFORMS, Serving, plan
+
+    try:
+        arch = architecture_from_config(doc)
+        p = plan(arch, Serving(1024), PLATFORMS["cuda"], 2**30)
+    except SizingError as e:
+        assert "\n" not in str(e) and str(e)
+        return
+    assert p.num_gpu_blocks >= 0 and arch.params_total >= 0
+
+
+@st.composite
+def _specs_answer(draw: st.DrawFn) -> Any:
+    """What the spec builder prints (or a cache file holds), with fields replaced by anything."""
+    spec = {"type": draw(st.sampled_from(["FullAttentionSpec", "SlidingWindowSpec",
+                                          "MLAAttentionSpec", "MambaSpec", "RSWASpec"])),
+            "num_kv_heads": 2, "head_size": 64, "dtype": "uint8", "kv_quant_mode": 1,
+            "sliding_window": 64, "shapes": [[3, 64], [2, 8, 8]],
+            "dtypes": ["bfloat16", "float16"], "mamba_type": "MAMBA2"}  # fmt: skip
+    doc: dict[str, Any] = {
+        "vllm": "0.32.0",
+        "layers": [{"name": f"model.layers.{i}.attn", "index": i, "spec": dict(spec)}
+                   for i in range(draw(st.integers(0, 3)))],  # fmt: skip
+        "model": {"params": 10, "hidden_size": 128, "num_layers": 2, "num_attention_heads": 2,
+                  "dtype": "bfloat16", "probes": {"kv": "fp8_e4m3", "state": "float16"}},
+    }  # fmt: skip
+    targets: list[dict[str, Any]] = [doc, doc["model"], *doc["layers"],
+                                     *[x["spec"] for x in doc["layers"]]]  # fmt: skip
+    for _ in range(draw(st.integers(0, 3))):
+        target = draw(st.sampled_from(targets))
+        target[draw(st.sampled_from(sorted(target)))] = draw(_ANY)
+    return doc if draw(st.integers(0, 19)) else draw(_ANY)
+
+
+@settings(
+    max_examples=max(1, EXAMPLES // 5), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(_specs_answer())
+def test_vllm_spec_answers_size_or_say_why_in_one_line(doc: Any) -> None:
+    """vLLM's spec builder's answer, or a cache file of it edited by anyone, gives layers the
+    block arithmetic sizes, or one SizingError line; never another exception."""
+    from kvwatch.sizing.errors import SizingError
+    from kvwatch.sizing.vllm_layers import layers_from_answer, signature
+
+    try:
+        found = layers_from_answer(doc, "m")
+        signature(found.layers)
+    except SizingError as e:
+        assert "\n" not in str(e) and str(e)
+        return
+    assert found.layers and found.params > 0

@@ -246,6 +246,10 @@ _HEAD_FROM_HIDDEN = {
     "OlmoeForCausalLM", "StableLmForCausalLM", "FalconForCausalLM", "JambaForCausalLM",
     "Lfm2ForCausalLM", "Lfm2MoeForCausalLM",
 }  # fmt: skip
+# bounds past any model served today: a config beyond them is broken, not big
+_MAX_LAYERS = 4096
+_MAX_WIDTH = 1 << 20
+
 # model types whose config carries no `architectures` list, read as the architecture above
 _KNOWN_TYPES = {
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3",
@@ -306,7 +310,8 @@ def architecture_from_config(
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else ""
     text = _text_config(cfg)
     model_type = str(text.get("model_type") or cfg.get("model_type") or "")
-    label = arch or model_type or name
+    # a label for messages: one line, short, whatever the config holds
+    label = " ".join((arch or model_type or name).split())[:80] or "model"
     notes: list[str] = []
     if built is None:
         known_arithmetic(arch, model_type, label)
@@ -316,6 +321,11 @@ def architecture_from_config(
         if not (n_layers and hidden and heads):
             raise SizingError(
                 f"{label}: num_hidden_layers, hidden_size and num_attention_heads must be positive"
+            )
+        if n_layers > _MAX_LAYERS or hidden > _MAX_WIDTH or heads > _MAX_WIDTH:
+            raise SizingError(
+                f"{label}: {n_layers} layers of {hidden} over {heads} heads is no model "
+                f"(at most {_MAX_LAYERS} layers, {_MAX_WIDTH} wide)"
             )
         kinds = _layer_kinds(text, arch, model_type, n_layers, label, notes)
         layers = tuple(_build_layer(k, text, label, heads, hidden, arch) for k in kinds)
@@ -640,11 +650,16 @@ def _build_layer(
             ssm_b=0,
         )
     if kind == "mamba2_h1":  # Falcon-H1's MambaMixer2
-        inner = text.get("mamba_d_ssm") or _int(text, "mamba_expand", label, 2) * hidden
+        inner = _opt_int(text, "mamba_d_ssm", label) or (
+            _int(text, "mamba_expand", label, 2) * hidden
+        )
         heads2 = _int(text, "mamba_n_heads", label)
-        head_dim = text.get("mamba_d_head")
-        head_dim = head_dim if isinstance(head_dim, int) else int(inner) // max(heads2, 1)
-        return _mamba2(text, label, int(inner), heads2, head_dim, "mamba_n_groups",
+        head_dim = (
+            inner // max(heads2, 1)
+            if text.get("mamba_d_head") in (None, "auto")
+            else _int(text, "mamba_d_head", label)
+        )
+        return _mamba2(text, label, inner, heads2, head_dim, "mamba_n_groups",
                        "mamba_d_state", "mamba_d_conv")  # fmt: skip
     if kind == "mamba2_zamba":  # Zamba2's MambaMixer2
         inner = _int(text, "mamba_expand", label, 2) * hidden
@@ -674,6 +689,8 @@ def _build_layer(
     head = text.get("head_dim")
     if not isinstance(head, int) or head <= 0 or arch in _HEAD_FROM_HIDDEN:
         head = hidden // heads
+    if head <= 0:
+        raise SizingError(f"{label}: hidden_size {hidden} over {heads} heads leaves no head")
     kv = text.get("num_key_value_heads")
     if kv is None:
         kv = text.get("num_kv_heads", heads)

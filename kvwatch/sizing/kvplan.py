@@ -521,6 +521,8 @@ def layout_for(arch: Architecture, serving: Serving, platform: Platform) -> KvLa
     specs = {i: s for i, s in enumerate(_layer_specs(arch, serving, r, platform)) if s}
     if not specs:
         raise SizingError(f"{arch.architecture}: no layer keeps a KV cache")
+    if any(s.page_bytes <= 0 for s in specs.values()):
+        raise SizingError(f"{arch.architecture}: a layer's KV page would hold no bytes")
     groups = _groups(specs)
     notes = list(r.notes)
     stages = _stages(len(arch.layers), serving.pp) if serving.pp > 1 else [None]
