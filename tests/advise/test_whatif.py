@@ -132,3 +132,18 @@ def test_sliding_window_models_say_what_the_pool_holds_once_requests_decode() ->
         llama["what_if"]["max_concurrency"], rel=1e-3
     )  # full attention: the two are one figure
     assert "once every request decodes" not in what_if("--model", "llama-3.1-8b", *args)[1]
+
+
+def test_an_unknown_architecture_is_refused_in_one_short_line(tmp_path: Path) -> None:
+    """No figure for an architecture the arithmetic does not know (vLLM's own layers are the
+    way to one: `--layers vllm`, tests/sizing/test_vllm_layers.py)."""
+    cfg = json.loads((ARCH / "llama" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(
+        json.dumps(dict(cfg, architectures=["OddForCausalLM"], multi_query=True))
+    )
+    rc, out, err = what_if("--model", str(tmp_path), "--gpu", "h100", "--layers", "kvwatch")
+    assert rc == 2 and out == "" and "Traceback" not in err
+    (line,) = err.strip().splitlines()
+    assert "OddForCausalLM" in line and "vLLM" in line and len(line) < 200
+    _, item = what_if_json("--model", "llama-3.1-8b", "--gpu", "h100")
+    assert item["what_if"]["layers_source"] == "kvwatch arithmetic"
