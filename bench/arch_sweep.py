@@ -258,6 +258,8 @@ def variants(arch: str, config: dict[str, Any]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     if "sliding_window" in config and not config["sliding_window"]:
         out["sliding_window 64"] = dict(config, sliding_window=64, use_sliding_window=True)
+    if arch == "Lfm2ForCausalLM":  # LFM2's published configs list the attention layers only
+        out["full_attn_idxs only"] = {k: v for k, v in config.items() if k != "layer_types"}
     if arch == "FalconForCausalLM":
         out["multi_query off"] = dict(config, multi_query=False, new_decoder_architecture=False)
         out["new decoder, 2 KV heads"] = dict(

@@ -528,6 +528,11 @@ def _family_kinds(
         return ["zamba_attention"] * hybrid + ["mamba2_zamba"] * n
     if arch in ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM") or model_type in ("lfm2", "lfm2_moe"):
         types = text.get("layer_types")
+        idxs = text.get("full_attn_idxs")
+        if not isinstance(types, list) and model_type != "lfm2_moe":
+            # transformers' Lfm2Config: attention at `full_attn_idxs`, every layer without it
+            full = set(idxs) if isinstance(idxs, list) else set(range(n))
+            types = ["full_attention" if i in full else "conv" for i in range(n)]
         if not isinstance(types, list):
             raise SizingError(f"{label}: config.json lacks layer_types (which layers convolve)")
         return [

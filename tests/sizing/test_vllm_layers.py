@@ -208,6 +208,9 @@ class TestFamilies:
             "Lfm2ForCausalLM", "lfm2", conv_dim=256, conv_L_cache=3,
             layer_types=["conv", "conv", "full_attention"] * 2 + ["conv", "conv"]))  # fmt: skip
         assert lfm.kinds() == {"short_conv": 6, "full": 2}
+        by_index = architecture_from_config(_cfg("Lfm2ForCausalLM", "lfm2", conv_dim=256,
+                                                 full_attn_idxs=[2, 5]))  # fmt: skip
+        assert by_index.layers == lfm.layers
         conv = lfm.layers[0]
         assert isinstance(conv, StateLayer) and conv.shapes(2) == (2 * 128, 0)
         g = architecture_from_config(_cfg("Gemma3nForCausalLM", "gemma3n_text", head_dim=64,
