@@ -196,6 +196,7 @@ class LocalVLLM:
         self.stop_grace_s = stop_grace_s
         self.port: int | None = None
         self.proc: subprocess.Popen[bytes] | None = None
+        self.log_offset = 0  # where this start's lines begin: the log is appended to
         self._sigterm_before: signal._HANDLER | None = None  # see sigterm_interrupts
 
     @property
@@ -216,6 +217,7 @@ class LocalVLLM:
         self.port = port
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
+            self.log_offset = log.tell()
             self.proc = subprocess.Popen(
                 self.config.command(port),
                 stdout=log,

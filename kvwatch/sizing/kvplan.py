@@ -331,6 +331,7 @@ class _Resolved:
 
 def _resolve(arch: Architecture, serving: Serving, platform: Platform) -> _Resolved:
     """The settings vLLM ends up with: block size, KV dtype, in-flight tokens, manager."""
+    _refused_parallel(arch, serving)
     notes: list[str] = []
     kv = KV_DTYPE_BYTES[serving.kv_dtype] or arch.dtype_bytes
     bs = platform.block_size(arch, serving.block_size, serving.kv_dtype)
@@ -385,6 +386,23 @@ def _resolve(arch: Architecture, serving: Serving, platform: Platform) -> _Resol
         mamba_align=serving.enable_prefix_caching,
         notes=tuple(notes),
     )
+
+
+def _refused_parallel(arch: Architecture, serving: Serving) -> None:
+    """What vLLM refuses before it plans: attention heads that TP does not divide
+    (`ModelConfig.verify_with_parallel_config`), and a pipeline with a stage of no layers
+    (`get_pp_indices` would give it none)."""
+    heads = arch.attention_heads
+    if heads and heads % serving.tp:
+        raise SizingError(
+            f"vLLM refuses it: {arch.architecture}'s {heads} attention heads are not divisible "
+            f"by tensor-parallel size {serving.tp}"
+        )
+    if serving.pp > 1 and len(arch.layers) < serving.pp:
+        raise SizingError(
+            f"{arch.architecture} has {len(arch.layers)} layers: pipeline-parallel size "
+            f"{serving.pp} would leave a stage without one"
+        )
 
 
 def _layer_specs(

@@ -68,8 +68,12 @@ class TwinServer:
         return self._from_log(_BUDGET, 1)
 
     def _from_log(self, pattern: re.Pattern[str], group: int) -> str | None:
+        """The first match among this start's lines: a log shared with an earlier twin
+        (appended to) holds that twin's lines first."""
         try:
-            text = self.server.log_path.read_text(errors="replace")
+            with open(self.server.log_path, "rb") as f:
+                f.seek(self.server.log_offset)
+                text = f.read().decode(errors="replace")
         except OSError:
             return None
         found = pattern.search(text)
@@ -126,6 +130,11 @@ def start_twin(
     if card.memory_bytes is None:
         raise SizingError(f"--gpu {gpu}: the twin simulates GPUs; serve-local runs vLLM on the CPU")
     arch = resolve_model(model)
+    # what vLLM refuses for this TP/PP (heads TP does not divide, a stage with no layers) is
+    # refused here: the twin runs one unsharded process, where vLLM would never see it
+    from kvwatch.sizing.kvplan import PLATFORMS, Serving, layout_for
+
+    layout_for(arch, Serving(max_model_len=1, tp=tp, pp=pp), PLATFORMS[card.platform])
     StepConstants.with_overrides(step or {})  # refused here, not in vLLM's engine process
     served = twin_model_dir(model)
     own_dir = None if status_dir else Path(tempfile.mkdtemp(prefix="kvwatch-twin-"))

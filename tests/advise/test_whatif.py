@@ -105,6 +105,10 @@ def test_a_load_on_a_sliding_window_model_counts_windows() -> None:
         (("--model", "llama-3.1-8b", "--gpu", "cpu", "--kv-cache-memory-bytes", "99999999",
           "--block-size", "16"), "multiple of 32"),
         (("--model", "nope", "--gpu", "h100"), "unknown model"),
+        # what vLLM refuses before it plans (accepted until now: "0.0 GB of weights")
+        (("--model", "llama-3.1-8b", "--gpu", "h100", "--tp", "3"), "not divisible"),
+        (("--model", "llama-3.1-8b", "--gpu", "h100", "--tp", "1000"), "not divisible"),
+        (("--model", "llama-3.1-8b", "--gpu", "h100", "--pp", "64"), "stage without"),
         (("--gpu", "h100",), "needs --model"),
     ],
 )  # fmt: skip

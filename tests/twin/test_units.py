@@ -173,3 +173,22 @@ def test_the_demo_refuses_a_twin_it_cannot_name(tmp_path: Path) -> None:
         )  # fmt: skip
         assert p.returncode == 2 and why in p.stderr, p.stderr
         assert "Traceback" not in p.stderr
+
+
+def test_a_second_twin_in_the_same_log_reads_its_own_lines(tmp_path: Path) -> None:
+    """The log is appended to: a second twin printed the first one's capacity (431,392 tokens
+    where its vLLM logged 761,680). Lines are read from where this start began."""
+    from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig
+    from kvwatch.twin.serve import TwinServer
+    from kvwatch.twin.settings import TwinSettings
+
+    log = tmp_path / "vllm-twin.log"
+    first = "GPU KV cache size: 431,392 tokens, Maximum concurrency for 8,192 tokens: 52.66x\n"
+    log.write_text(first + "kvwatch twin: KV budget 80 GB\n")
+    server = LocalVLLM(ServerConfig(model=str(tmp_path)), log_path=log)
+    server.log_offset = log.stat().st_size
+    with open(log, "a") as f:
+        f.write("GPU KV cache size: 761,680 tokens, Maximum concurrency for 8,192 tokens: 93x\n")
+    twin = TwinServer(server, TwinSettings(model="qwen3-8b", gpu="h200"), ())
+    assert "761,680" in (twin.capacity_line() or "")
+    assert twin.budget_line() is None  # this start logged none: not the first twin's
