@@ -174,7 +174,7 @@ def render_rules(th: Thresholds = DEFAULT_THRESHOLDS, for_scale: float = 1.0) ->
     return _HEADER + body
 
 
-def render_prometheus_rule(th: Thresholds = DEFAULT_THRESHOLDS) -> str:
+def render_prometheus_rule(th: Thresholds = DEFAULT_THRESHOLDS, for_scale: float = 1.0) -> str:
     doc = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
@@ -186,16 +186,18 @@ def render_prometheus_rule(th: Thresholds = DEFAULT_THRESHOLDS) -> str:
                 "role": "alert-rules",
             },
         },
-        "spec": {"groups": rule_groups(th)},
+        "spec": {"groups": rule_groups(th, for_scale=for_scale)},
     }
     return _HEADER + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=10000)
 
 
-def write_all(out_dir: Path, th: Thresholds = DEFAULT_THRESHOLDS) -> list[Path]:
+def write_all(
+    out_dir: Path, th: Thresholds = DEFAULT_THRESHOLDS, for_scale: float = 1.0
+) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {
-        RULES_FILE: render_rules(th),
-        K8S_FILE: render_prometheus_rule(th),
+        RULES_FILE: render_rules(th, for_scale),
+        K8S_FILE: render_prometheus_rule(th, for_scale),
         ALERTMANAGER_FILE: render_alertmanager(),
         KEDA_FILE: render_scaled_object(),
     }

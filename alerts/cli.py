@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import CliError, os_error
+from kvwatch.common.command import CliError, os_error, positive_finite
 from kvwatch.sidecar.contract.threshold_option import add_threshold_option, thresholds_from
 from kvwatch.sidecar.contract.thresholds import Thresholds
 
@@ -51,7 +51,7 @@ def register(sub: Any) -> None:
     )
     a.add_argument(
         "--for-scale",
-        type=float,
+        type=positive_finite,
         default=1.0,
         help="multiply every `for:` (e.g. 0.01 in a lab to see alerts fire in seconds)",
     )
@@ -77,14 +77,16 @@ def _alerts(ns: argparse.Namespace) -> int:
         th = replace(th, runbook_base_url=ns.runbook_base_url)
     if ns.print_:
         text = (
-            render_rules(th, ns.for_scale) if ns.print_ == "rules" else render_prometheus_rule(th)
+            render_rules(th, ns.for_scale)
+            if ns.print_ == "rules"
+            else render_prometheus_rule(th, ns.for_scale)
         )
         sys.stdout.write(text)
         return 0
     if ns.chart is not None and not (ns.chart / "Chart.yaml").is_file():
         raise CliError(f"--chart {ns.chart}: no Chart.yaml there (deploy/helm/vllm-kvwatch is one)")
     try:
-        written = write_all(ns.out, th)
+        written = write_all(ns.out, th, ns.for_scale)
         if ns.chart is not None:
             written += _write_chart(ns.chart, th)
     except OSError as e:

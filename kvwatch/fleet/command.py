@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import handler
+from kvwatch.common.command import handler, positive_finite
 
 __all__ = ["register"]
 
@@ -47,14 +47,14 @@ def register(sub: Any) -> None:
     )
     f.add_argument(
         "--time-scale",
-        type=float,
+        type=positive_finite,
         default=1.0,
         help="wall seconds per simulated second for every twin (1); raise it when this "
         "machine's cores cannot keep N twins in real time",
     )
     f.add_argument(
         "--rules-for-scale",
-        type=float,
+        type=positive_finite,
         default=1.0,
         help="scale the rules' `for:` (1; a lab uses e.g. 0.05 to see pages in seconds)",
     )

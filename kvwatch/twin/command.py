@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import handler
+from kvwatch.common.command import handler, positive_finite, positive_int
 
 __all__ = ["register", "parse_step"]
 
@@ -46,20 +46,20 @@ def register(sub: Any) -> None:
     t.add_argument(
         "--gpu", required=True, help="h100, h200, b200, a100, a100-40gb, l40s, l4, mi300x"
     )
-    t.add_argument("--tp", type=int, default=1, help="simulated tensor-parallel ranks (1)")
-    t.add_argument("--pp", type=int, default=1, help="simulated pipeline stages (1)")
+    t.add_argument("--tp", type=positive_int, default=1, help="simulated tensor-parallel ranks (1)")
+    t.add_argument("--pp", type=positive_int, default=1, help="simulated pipeline stages (1)")
     t.add_argument(
         "--kv-cache-dtype", default="auto", help="auto (the model's), fp8, ... (passed to vLLM)"
     )
     t.add_argument(
         "--time-scale",
-        type=float,
+        type=positive_finite,
         help="wall seconds per simulated second (default 1, or from --expect-tokens-per-s): "
         "raise it when this machine's CPU cannot keep up with the card",
     )
     t.add_argument(
         "--expect-tokens-per-s",
-        type=float,
+        type=positive_finite,
         metavar="N",
         help="the token rate the load will ask of the card; picks the time scale that keeps "
         "this machine's API server within what it sustains (docs/twin.md)",

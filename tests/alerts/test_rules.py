@@ -105,3 +105,28 @@ class TestPromtool:
             text=True,
         )
         assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_for_scale_reaches_every_file_written_and_bad_scales_are_refused(
+    tmp_path: Path,
+) -> None:
+    """`alerts --out DIR --for-scale 0.01` wrote unscaled rules (only --print scaled them), and
+    nan/inf gave a traceback."""
+    import sys
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "kvwatch", "alerts", *args],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+
+    for scale, out in (("1", tmp_path / "one"), ("0.01", tmp_path / "lab")):
+        assert run("--out", str(out), "--for-scale", scale).returncode == 0
+
+    def fors(path: Path) -> list[str]:
+        return re.findall(r"^\s+for: (\S+)", path.read_text(), flags=re.M)
+
+    for name in (RULES_FILE, K8S_FILE):
+        one, lab = fors(tmp_path / "one" / name), fors(tmp_path / "lab" / name)
+        assert one and len(one) == len(lab) and one != lab, name
+    for bad in ("nan", "inf", "0", "-1"):
+        p = run("--print", "rules", "--for-scale", bad)
+        assert p.returncode == 2 and "Traceback" not in p.stderr and "--for-scale" in p.stderr

@@ -192,3 +192,24 @@ def test_a_second_twin_in_the_same_log_reads_its_own_lines(tmp_path: Path) -> No
     twin = TwinServer(server, TwinSettings(model="qwen3-8b", gpu="h200"), ())
     assert "761,680" in (twin.capacity_line() or "")
     assert twin.budget_line() is None  # this start logged none: not the first twin's
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("twin", "--model", "llama-3.1-8b", "--gpu", "h100", "--time-scale", "inf"),
+        ("twin", "--model", "llama-3.1-8b", "--gpu", "h100", "--tp", "0"),
+        ("fleet", "--time-scale", "nan"),
+        ("fleet", "--rules-for-scale", "nan"),
+    ],
+)
+def test_scales_and_sizes_are_refused_where_they_enter(args: tuple[str, ...]) -> None:
+    """`twin --time-scale inf` started and the first request killed the engine; nan reached
+    the fleet's rules. One helper per kind (kvwatch/common/command.py) refuses them at parse."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "kvwatch", *args], capture_output=True,
+                       text=True, timeout=60)  # fmt: skip
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "must be" in p.stderr.strip().splitlines()[-1]
