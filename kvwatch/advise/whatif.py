@@ -18,7 +18,7 @@ from typing import Any
 
 from kvwatch.sizing.advice import Observed, byte_size
 from kvwatch.sizing.archconfig import Architecture
-from kvwatch.sizing.budget import default_max_num_seqs, utilization_budget
+from kvwatch.sizing.budget import default_max_num_seqs, given_kv_bytes, utilization_budget
 from kvwatch.sizing.calibration import Calibration, read_calibration
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvmath import Gpu, VictimCosts, lookup_gpu, resolve_model, victim_costs
@@ -107,9 +107,8 @@ def what_if(ns: argparse.Namespace) -> WhatIfAnswer:
     )
     weights = model.weight_bytes / (ns.tp * ns.pp)
     if ns.kv_cache_memory_bytes is not None:
-        if ns.kv_cache_memory_bytes <= 0:
-            raise SizingError("--kv-cache-memory-bytes must be positive")
-        budget, how = int(ns.kv_cache_memory_bytes), "--kv-cache-memory-bytes (exact)"
+        budget = given_kv_bytes(int(ns.kv_cache_memory_bytes), gpu)
+        how = "--kv-cache-memory-bytes (exact)"
     else:
         b = utilization_budget(
             model,

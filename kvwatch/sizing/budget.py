@@ -17,7 +17,14 @@ from kvwatch.sizing.archconfig import Architecture
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.presets import GpuSpec
 
-__all__ = ["Budget", "utilization_budget", "default_max_num_seqs", "activation_peak_bytes"]
+__all__ = [
+    "Budget",
+    "utilization_budget",
+    "default_max_num_seqs",
+    "activation_peak_bytes",
+    "given_kv_bytes",
+    "human_readable_int",
+]
 
 
 @dataclass(frozen=True)
@@ -73,3 +80,36 @@ def utilization_budget(
         "CUDA graphs, so a little less in practice"
     )
     return Budget(kv, weights, act, how)
+
+
+def human_readable_int(text: str) -> int:
+    """vLLM's reading of `--kv-cache-memory-bytes` (`utils/argparse_utils.py`): a whole number,
+    or one with a decimal (k, m, g, t) or binary (K, M, G, T) suffix."""
+    import re
+
+    value = text.strip()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value)
+    if m:
+        number, suffix = m.groups()
+        if suffix.islower():
+            return int(float(number) * float(1000 ** ("kmgt".index(suffix) + 1)))
+        if "." in number:
+            raise SizingError(f"{text!r}: vLLM takes no decimals with a binary suffix")
+        return int(number) * (1 << (10 * "KMGT".index(suffix) + 10))
+    try:
+        return int(value)
+    except ValueError:
+        raise SizingError(f"{text[:40]!r} is not a byte count vLLM reads") from None
+
+
+def given_kv_bytes(kv_bytes: int, gpu: GpuSpec) -> int:
+    """`--kv-cache-memory-bytes` as given, refused where no card could hold it: vLLM would fail
+    to allocate it on the card (and the twin, which allocates nothing, would come up with it)."""
+    if kv_bytes <= 0:
+        raise SizingError("--kv-cache-memory-bytes must be positive")
+    if gpu.memory_bytes is not None and kv_bytes > gpu.memory_bytes:
+        raise SizingError(
+            f"--kv-cache-memory-bytes {kv_bytes:,} is more than the {gpu.name}'s "
+            f"{gpu.memory_bytes / 1e9:.1f} GB; vLLM could not allocate it"
+        )
+    return kv_bytes

@@ -19,6 +19,7 @@ from kvwatch.loadgen.local_server import (
     ServerStartError,
     serve_until_stopped,
 )
+from kvwatch.sizing.budget import given_kv_bytes, human_readable_int
 from kvwatch.sizing.calibration import read_calibration
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
@@ -105,6 +106,18 @@ def kv_bytes_for_blocks(model: str, gpu: str, blocks: int, max_model_len: int) -
     return blocks * layout.bytes_per_block
 
 
+def _passed_value(args: tuple[str, ...], flag: str) -> str | None:
+    """The value of `flag` among arguments passed through to vLLM (`--flag V` or `--flag=V`;
+    the last one, as argparse takes it)."""
+    found = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            found = args[i + 1]
+        elif a.startswith(flag + "="):
+            found = a.split("=", 1)[1]
+    return found
+
+
 def start_twin(
     model: str,
     gpu: str,
@@ -135,6 +148,10 @@ def start_twin(
     from kvwatch.sizing.kvplan import PLATFORMS, Serving, layout_for
 
     layout_for(arch, Serving(max_model_len=1, tp=tp, pp=pp), PLATFORMS[card.platform])
+    given = _passed_value(vllm_args, "--kv-cache-memory-bytes")
+    if given is not None:
+        # the twin allocates nothing, so vLLM would plan any budget: 1 PB made 477M blocks
+        given_kv_bytes(human_readable_int(given), card)
     StepConstants.with_overrides(step or {})  # refused here, not in vLLM's engine process
     served = twin_model_dir(model)
     own_dir = None if status_dir else Path(tempfile.mkdtemp(prefix="kvwatch-twin-"))

@@ -109,6 +109,8 @@ def test_a_load_on_a_sliding_window_model_counts_windows() -> None:
         (("--model", "llama-3.1-8b", "--gpu", "h100", "--tp", "3"), "not divisible"),
         (("--model", "llama-3.1-8b", "--gpu", "h100", "--tp", "1000"), "not divisible"),
         (("--model", "llama-3.1-8b", "--gpu", "h100", "--pp", "64"), "stage without"),
+        (("--model", "llama-3.1-8b", "--gpu", "h100", "--kv-cache-memory-bytes",
+          "200000000000"), "more than the h100"),
         (("--gpu", "h100",), "needs --model"),
     ],
 )  # fmt: skip

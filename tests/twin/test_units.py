@@ -213,3 +213,18 @@ def test_scales_and_sizes_are_refused_where_they_enter(args: tuple[str, ...]) ->
                        text=True, timeout=60)  # fmt: skip
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "must be" in p.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("given", ["200G", "200000000000", "1000T", "0"])
+def test_the_twin_refuses_more_kv_than_the_card_holds(tmp_path: Path, given: str) -> None:
+    """200 GB on an 80 GB H100 came up (the twin allocates nothing); 1 PB made vLLM plan 477M
+    blocks until host memory ran out. vLLM's own reading of the value (suffixes) is used."""
+    from kvwatch.sizing.budget import human_readable_int
+    from kvwatch.sizing.errors import SizingError
+    from kvwatch.twin.serve import start_twin
+
+    assert human_readable_int("25.6k") == 25_600 and human_readable_int("1K") == 1024
+    for args in (("--kv-cache-memory-bytes", given), (f"--kv-cache-memory-bytes={given}",)):
+        with pytest.raises(SizingError, match="more than the h100|must be positive"):
+            start_twin("llama-3.1-8b", "h100", tmp_path / "log", vllm_args=args)
+    assert not (tmp_path / "log").exists()  # refused before anything started
