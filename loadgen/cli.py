@@ -8,7 +8,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import EXIT_UNREACHABLE, CliError, handler, http_url
+from kvwatch.common.command import (
+    EXIT_UNREACHABLE,
+    CliError,
+    handler,
+    http_url,
+    positive_finite,
+    positive_int,
+)
 
 __all__ = ["register"]
 
@@ -139,8 +146,8 @@ def _register_run(lsub: Any) -> None:
         metavar="rate=A,B,...|concurrency=A,B,...",
         help="one stage per value, each --duration/--requests long",
     )
-    g.add_argument("--duration", type=float, help="seconds per stage")
-    g.add_argument("--requests", type=int, help="requests per stage")
+    g.add_argument("--duration", type=positive_finite, help="seconds per stage")
+    g.add_argument("--requests", type=positive_int, help="requests per stage")
     g.add_argument(
         "--warmup",
         type=float,

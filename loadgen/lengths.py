@@ -53,6 +53,9 @@ def parse_length(spec: str) -> LengthDist:
             f"length {spec!r}: use N, fixed:N, uniform:LO,HI, normal:MEAN,SD or "
             "lognormal:MEDIAN,SIGMA"
         )
+    if not all(math.isfinite(x) for x in nums):
+        # nan became a length of 1 and inf a traceback, or a think time that never ends
+        raise DatasetError(f"length {spec!r}: numbers must be finite")
     if nums[0] <= 0 or (kind == "uniform" and nums[1] < nums[0]) or (len(nums) > 1 and nums[1] < 0):
         raise DatasetError(f"length {spec!r}: lengths must be positive (and LO <= HI)")
     return LengthDist(kind, *nums)

@@ -111,3 +111,28 @@ class TestDatasets:
         b.write_bytes(b"\xff\xfe\x00")
         with pytest.raises(DatasetError, match="not UTF-8"):
             load_dataset(b, None)
+
+
+@pytest.mark.parametrize("spec", ["nan", "inf", "uniform:1,inf", "lognormal:nan,0.5", "-inf"])
+def test_lengths_that_are_not_finite_are_refused(spec: str) -> None:
+    """`--input-len nan` became a length of 1, `inf` a traceback and `--think-time inf` a run
+    that never ended."""
+    from kvwatch.loadgen.lengths import DatasetError, parse_length
+
+    with pytest.raises(DatasetError):
+        parse_length(spec)
+
+
+@pytest.mark.parametrize("args", [("--requests", "-3"), ("--requests", "0"), ("--duration", "0"),
+                                  ("--duration", "nan")])  # fmt: skip
+def test_counts_and_durations_are_refused_where_they_enter(args: tuple[str, ...]) -> None:
+    """`--requests -3` replayed 7 of 10 trace rows; 0 or -3 sent nothing and exited 0."""
+    import subprocess
+    import sys
+
+    p = subprocess.run(
+        [sys.executable, "-m", "kvwatch", "loadgen", "run", "--url", "http://127.0.0.1:9",
+         "--rate", "1", *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert p.returncode == 2 and args[0] in p.stderr and "Traceback" not in p.stderr
