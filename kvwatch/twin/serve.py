@@ -148,6 +148,12 @@ def start_twin(
     from kvwatch.sizing.kvplan import PLATFORMS, Serving, layout_for
 
     layout_for(arch, Serving(max_model_len=1, tp=tp, pp=pp), PLATFORMS[card.platform])
+    for flag, why in (("--host", "the twin listens on 127.0.0.1 only"),
+                      ("--port", "give kvwatch twin --port, which it waits on")):  # fmt: skip
+        if _passed_value(vllm_args, flag) is not None or flag in vllm_args:
+            # vLLM took them: --host 0.0.0.0 listened on every interface under a 127.0.0.1
+            # URL, and --port N left the start waiting on another port for 300 s
+            raise SizingError(f"{flag} cannot be passed through to the twin's vLLM: {why}")
     given = _passed_value(vllm_args, "--kv-cache-memory-bytes")
     if given is not None:
         # the twin allocates nothing, so vLLM would plan any budget: 1 PB made 477M blocks

@@ -228,3 +228,14 @@ def test_the_twin_refuses_more_kv_than_the_card_holds(tmp_path: Path, given: str
         with pytest.raises(SizingError, match="more than the h100|must be positive"):
             start_twin("llama-3.1-8b", "h100", tmp_path / "log", vllm_args=args)
     assert not (tmp_path / "log").exists()  # refused before anything started
+
+
+@pytest.mark.parametrize("args", [("--host", "0.0.0.0"), ("--port=8001",), ("--port", "8001")])
+def test_host_and_port_are_not_passed_through(tmp_path: Path, args: tuple[str, ...]) -> None:
+    """`twin -- --host 0.0.0.0` listened on every interface while printing a 127.0.0.1 URL;
+    `-- --port N` waited out the whole start timeout on the port it chose."""
+    from kvwatch.sizing.errors import SizingError
+    from kvwatch.twin.serve import start_twin
+
+    with pytest.raises(SizingError, match="cannot be passed through"):
+        start_twin("llama-3.1-8b", "h100", tmp_path / "log", vllm_args=args)
