@@ -121,11 +121,23 @@ def _table(rows: list[tuple[str, str]]) -> str:
     )
 
 
-def _pcts(d: dict[str, Any] | None, unit: str = "s") -> str:
-    if not d:
+def _field(d: Any, key: str) -> Any:
+    """`d[key]` where `d` is a mapping (a hand-edited summary.json may hold anything)."""
+    return d.get(key) if isinstance(d, dict) else None
+
+
+def _pcts(d: Any, unit: str = "s") -> str:
+    """p50/p90/p99 of a summary's percentiles; whatever is not a finite number (a hand-edited
+    summary.json) is left out."""
+    if not isinstance(d, dict):
         return "n/a"
-    keys = [k for k in ("p50", "p90", "p99") if d.get(k) is not None]
-    shown = [f"{k} {format_value(d[k], unit)}" for k in keys]
+    shown = [
+        f"{k} {format_value(d[k], unit)}"
+        for k in ("p50", "p90", "p99")
+        if isinstance(d.get(k), int | float)
+        and not isinstance(d.get(k), bool)
+        and math.isfinite(d[k])
+    ]
     return ", ".join(shown) or "n/a"
 
 
@@ -152,7 +164,7 @@ def render_report(run_dir: Path) -> str:
     body = [
         *_headline(run_dir, spec, summary, spans, verdict),
         *skipped,
-        *_summary_section(summary.get("overall", {})),
+        *_summary_section(_field(summary, "overall") or {}),
         *_workload_section(spec, labels),
         *_over_time_section(tl, spans, marks, window),
         *_requests_section(records, marks, spans, window),
@@ -167,7 +179,7 @@ def render_report(run_dir: Path) -> str:
         *_groups_section(
             "Bystander probes",
             "stage",
-            (summary.get("probes") or {}).get("stages"),
+            _field(summary.get("probes"), "stages"),
             "Small requests at a fixed rate on connections of their own "
             "(<code>--probe-rate</code>): what the load did to everyone else. They are left "
             "out of every other figure on this page.",
@@ -220,8 +232,11 @@ def _headline(
 def _summary_section(o: dict[str, Any]) -> list[str]:
     figures = _table(
         [
-            ("requests", f"{o.get('completed', 0)} completed, {o.get('failed', 0)} failed"),
-            ("output tokens/s", f"{o.get('output_token_throughput') or 0:.0f}"),
+            (
+                "requests",
+                f"{_num(o.get('completed')) or 0} completed, {_num(o.get('failed')) or 0} failed",
+            ),
+            ("output tokens/s", _num(o.get("output_token_throughput")) or "0"),
             ("time to first token", _pcts(o.get("ttft"))),
             ("inter-token latency", _pcts(o.get("itl"))),
             ("end-to-end", _pcts(o.get("e2e"))),
@@ -250,7 +265,7 @@ def _groups_section(title: str, key: str, groups: Any, note: str) -> list[str]:
         return []
     rows = "".join(
         f"<tr><td>{escape(str(name))}</td>"
-        f"<td class='n'>{g.get('completed', 0)}/{g.get('requests', 0)}</td>"
+        f"<td class='n'>{_num(g.get('completed')) or 0}/{_num(g.get('requests')) or 0}</td>"
         f"<td>{_pcts(g.get('ttft'))}</td><td>{_pcts(g.get('itl'))}</td>"
         f"<td>{_pcts(g.get('e2e'))}</td><td>{escape(_stalls(g))}</td></tr>"
         for name, g in groups.items()
@@ -378,17 +393,17 @@ def _sessions_section(s: Any) -> list[str]:
     if not isinstance(s, dict) or not isinstance(s.get("turns"), dict):
         return []
     rows = "".join(
-        f"<tr><td class='n'>{escape(str(turn))}</td><td class='n'>{v.get('requests', '')}</td>"
+        f"<tr><td class='n'>{escape(str(turn))}</td><td class='n'>{_num(v.get('requests'))}</td>"
         f"<td class='n'>{_num(v.get('prompt_tokens_mean'))}</td>"
         f"<td>{_pcts(v.get('ttft'))}</td></tr>"
         for turn, v in s["turns"].items()
         if isinstance(v, dict)
     )
-    cut = s.get("cut") or 0
+    cut = _num(s.get("cut"))
     out = [
         "<h2>Sessions</h2>",
-        f"<p>{s.get('sessions', 0)} conversations"
-        + (f", {cut} cut short by a failed turn" if cut else "") + ".</p>",
+        f"<p>{_num(s.get('sessions')) or 0} conversations"
+        + (f", {cut} cut short by a failed turn" if cut not in ("", "0") else "") + ".</p>",
         f"<table><tr><th>turn</th><th>requests</th><th>prompt tokens (mean)</th><th>TTFT</th>"
         f"</tr>{rows}</table>",
     ]  # fmt: skip
@@ -402,7 +417,8 @@ def _sessions_section(s: Any) -> list[str]:
 
 
 def _num(v: Any) -> str:
-    return f"{v:,.0f}" if isinstance(v, int | float) and not isinstance(v, bool) else ""
+    ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    return f"{v:,.0f}" if ok else ""
 
 
 def _trace_section(tr: Any) -> list[str]:

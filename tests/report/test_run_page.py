@@ -245,3 +245,30 @@ def test_the_sessions_page_renders_cleanly_in_chromium(tmp_path: Path) -> None:
     (run / "report.html").write_text(render_report(run))
     check = open_page(run / "report.html", tmp_path / "report.png")
     assert check.console_errors == [] and check.page_errors == []
+
+
+_BAD = ["<i>pwn</i>", 3, None, [], {"p50": "<u>pwn"}, {"x": [1]}, -1e308, "nan", True]
+
+
+def test_any_hand_edited_section_renders_escaped_without_a_traceback(tmp_path: Path) -> None:
+    """`kvwatch report` on a hand-edited summary.json gave tracebacks (its sessions, classes,
+    probes or trace sections) and put the sessions' text in the page unescaped."""
+    import itertools
+
+    run = _session_run(tmp_path / "run")
+    good = json.loads((run / "summary.json").read_text())
+    paths = [("sessions",), ("sessions", "sessions"), ("sessions", "cut"), ("sessions", "turns"),
+             ("sessions", "turns", "0"), ("sessions", "turns", "0", "requests"),
+             ("sessions", "turns", "0", "ttft"), ("classes",), ("classes", "0"),
+             ("classes", "0", "ttft"), ("classes", "0", "completed"), ("probes",),
+             ("probes", "overall"), ("probes", "stages"), ("probes", "stages", "main"),
+             ("trace",), ("trace", "replayed"), ("overall", "server_timings")]  # fmt: skip
+    for path, bad in itertools.product(paths, _BAD):
+        doc = json.loads(json.dumps(good))
+        node = doc
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = bad
+        (run / "summary.json").write_text(json.dumps(doc))
+        html = render_report(run)
+        assert "<i>pwn" not in html and "<u>pwn" not in html, (path, bad)
