@@ -246,7 +246,7 @@ def test_signature_leaves_out_layers_without_kv() -> None:
 @pytest.mark.integration
 @pytest.mark.parametrize(
     ("config", "blocks", "tokens"),
-    [("mistral", 26, 3803), ("qwen3next", 53, 6030), ("deepseekv2", 94, 1504)],
+    [("qwen3next", 53, 6030), ("deepseekv2", 94, 1504)],  # a hybrid and MLA: 7 s each
 )
 def test_the_vllm_path_equals_what_vllm_printed(config: str, blocks: int, tokens: int) -> None:
     """The same figures as tests/advise/test_whatif.py's, from vLLM's own specs this time."""
