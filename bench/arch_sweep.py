@@ -22,17 +22,12 @@ turn into blocks exactly). Used by bench/bench_arch_sweep.py and tests/sizing/te
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-MARK = "KVWATCH-SPECS "
 MAX_LAYERS = 8
 CLASSES = ("equal", "refused", "WRONG", "vLLM cannot build it here", "no config class")
 
@@ -143,31 +138,14 @@ def tiny_configs(archs: list[str]) -> tuple[dict[str, dict[str, Any]], dict[str,
 
 def run_specs(configs: dict[str, dict[str, Any]], workers: int = 2) -> dict[str, dict[str, Any]]:
     """arch -> vLLM's answer (`vllm_specs.py`), the cases split across `workers` children."""
+    from kvwatch.sizing.vllm_layers import run_spec_builder
+
     names = sorted(configs)
     parts = [names[i::workers] for i in range(workers)]
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", HF_HUB_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1")  # fmt: skip
-    env.pop("KVWATCH_TWIN", None)
-
-    def one(part: list[str]) -> dict[str, dict[str, Any]]:
-        cases = json.dumps([{"id": a, "config": configs[a]} for a in part])
-        proc = subprocess.run(
-            [sys.executable, "-m", "kvwatch.sizing.vllm_specs"],
-            input=cases, cwd=ROOT, env=env, capture_output=True, text=True, check=False,
-            timeout=1800,
-        )  # fmt: skip
-        out = {}
-        for line in proc.stdout.splitlines():
-            if line.startswith(MARK):
-                item = json.loads(line[len(MARK) :])
-                out[item.pop("id")] = item
-        for a in part:
-            out.setdefault(a, {"error": f"the builder stopped (exit {proc.returncode})"})
-        return out
-
     with ThreadPoolExecutor(max_workers=workers) as pool:
         found: dict[str, dict[str, Any]] = {}
-        for r in pool.map(one, [p for p in parts if p]):
+        for r in pool.map(lambda part: run_spec_builder({a: configs[a] for a in part}, 1800),
+                          [p for p in parts if p]):  # fmt: skip
             found.update(r)
     return found
 

@@ -33,6 +33,7 @@ from kvwatch.sizing.archconfig import (
     refuse_attention_free,
 )
 from kvwatch.sizing.errors import SizingError
+from kvwatch.sizing.vllm_specs import MARK
 
 __all__ = [
     "VllmLayers",
@@ -40,11 +41,11 @@ __all__ = [
     "read_vllm_layers",
     "layers_from_specs",
     "layers_from_answer",
+    "run_spec_builder",
     "source_name",
     "signature",
 ]
 
-_MARK = "KVWATCH-SPECS "
 _CACHE_VERSION = 2  # the builder's answer format: bump when vllm_specs.py changes it
 # spec fields kvwatch's block arithmetic reads, and the values of the rest it assumes: a spec
 # whose other fields differ would be sized wrong, so it is refused
@@ -167,6 +168,17 @@ def _store(path: Path, found: dict[str, Any]) -> None:
 
 
 def _run_child(config: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
+    if sys.stderr.isatty():  # the first sizing of a config takes seconds: say why
+        print("kvwatch: building the model with vLLM's own classes (once per config) ...",
+              file=sys.stderr, flush=True)  # fmt: skip
+    return run_spec_builder({"model": dict(config)}, timeout_s)["model"]
+
+
+def run_spec_builder(
+    configs: Mapping[str, Mapping[str, Any]], timeout_s: float = 300.0
+) -> dict[str, dict[str, Any]]:
+    """Each config's answer from one child running `vllm_specs.py` (vLLM imported once for
+    all of them): its layers and model, or `{"error": ...}` in one line. Never raises."""
     env = dict(
         os.environ,
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
@@ -176,7 +188,9 @@ def _run_child(config: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
         VLLM_LOGGING_LEVEL="ERROR",
     )
     env.pop("KVWATCH_TWIN", None)  # vLLM's own platform, not the twin's
-    cases = json.dumps([{"id": "model", "config": config}], default=str)
+    cases = json.dumps([{"id": k, "config": v} for k, v in configs.items()], default=str)
+    why = None
+    found: dict[str, dict[str, Any]] = {}
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "kvwatch.sizing.vllm_specs"],
@@ -188,19 +202,22 @@ def _run_child(config: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return {"error": f"vLLM did not build the model within {timeout_s:.0f} s"}
+        why = f"vLLM did not build the model within {timeout_s:.0f} s"
     except OSError as e:
-        return {"error": f"cannot start {sys.executable}: {e.strerror}"}
-    for line in proc.stdout.splitlines():
-        if line.startswith(_MARK):
+        why = f"cannot start {sys.executable}: {e.strerror}"
+    else:
+        for line in proc.stdout.splitlines():
+            if not line.startswith(MARK):
+                continue
             try:
-                item = json.loads(line[len(_MARK) :])
+                item = json.loads(line[len(MARK) :])
             except ValueError:
-                break
-            if isinstance(item, dict):
-                return item
-    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-    return {"error": f"vLLM's model builder exited {proc.returncode}: {tail[:120]}"}
+                continue
+            if isinstance(item, dict) and str(item.get("id")) in configs:
+                found[str(item.pop("id"))] = item
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        why = f"vLLM's model builder exited {proc.returncode}: {tail[:120]}"
+    return {k: found.get(k) or {"error": why} for k in configs}
 
 
 def layers_from_answer(found: Any, label: str) -> VllmLayers:
