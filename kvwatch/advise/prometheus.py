@@ -87,6 +87,10 @@ def _number(raw: Any) -> float | None:
     return None if v != v else v  # NaN: a ratio with no traffic
 
 
+def _engine_key(labels: dict[str, Any]) -> tuple[str, str]:
+    return str(labels.get("instance", "")), str(labels.get("engine", ""))
+
+
 def _labels(row: dict[str, Any]) -> dict[str, Any]:
     m = row.get("metric")
     return m if isinstance(m, dict) else {}
@@ -218,17 +222,18 @@ def observed_from_prometheus(
                 client, base, _growth(promql_selector(ADMISSION_REJECTIONS), window, "instance")
             )
         )
-    keys = [(r["metric"].get("instance", ""), r["metric"].get("engine", "")) for r in caches]
+    # rows as Prometheus gives them, or not: a row without a `metric` object has no labels
+    keys = [_engine_key(_labels(r)) for r in caches]
     refused = per_first_engine(refused, keys)
     out = []
     for row in caches:
-        m = row["metric"]
-        key = (m.get("instance", ""), m.get("engine", ""))
+        m = _labels(row)
+        key = _engine_key(m)
         name = f"{key[0]} engine {key[1]}"
         try:
             blocks, bs = int(float(m["num_gpu_blocks"])), int(float(m["block_size"]))
             mem = float(m["kv_cache_memory_bytes"])
-        except (KeyError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             raise SizingError(
                 f"{name}: cache_config_info lacks num_gpu_blocks, block_size or "
                 "kv_cache_memory_bytes"

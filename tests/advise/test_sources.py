@@ -70,3 +70,23 @@ def test_sidecar_metrics_and_prometheus_sources(vllm_server: LocalVLLM) -> None:
         ), (seen, cached, computed)
         assert seen["admission_rejections"] == 0
         assert seen["offload_allocation_failures"] is None
+
+
+@pytest.mark.parametrize(
+    "row",
+    [{"value": [0, "1"]}, {"metric": None, "value": [0, "1"]},
+     {"metric": {"num_gpu_blocks": [], "block_size": "16", "kv_cache_memory_bytes": "1"}}],
+)  # fmt: skip
+def test_prometheus_rows_without_labels_are_one_line(
+    row: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`advise --prometheus` on result rows with no `metric` object (or junk in it) raised a
+    KeyError or TypeError; now the engine is named as lacking its cache figures."""
+    from kvwatch.advise import prometheus
+    from kvwatch.sizing.errors import SizingError
+
+    monkeypatch.setattr(prometheus, "prometheus_query", lambda *a, **k: [row])
+    monkeypatch.setattr(prometheus, "prometheus_range", lambda *a, **k: [row])
+    with pytest.raises(SizingError, match="lacks num_gpu_blocks") as e:
+        prometheus.observed_from_prometheus("http://127.0.0.1:9", "5m", "15s")
+    assert "\n" not in str(e.value)
