@@ -195,7 +195,8 @@ def read_trace(path: Path, fmt: str | None = None, block_tokens: int | None = No
     text = _read_text(path)
     if fmt is not None and fmt not in FORMATS:
         raise TraceError(f"trace format {fmt!r}: one of {', '.join(FORMATS)}")
-    fmt = fmt or _sniff(path, text[:4096])
+    # the whole first line, however long: a 4 KB cut left a long first record unrecognised
+    fmt = fmt or _sniff(path, text.lstrip().split("\n", 1)[0])
     skipped: Counter[str] = Counter()
     examples: dict[str, list[int]] = {}
     requests: list[TraceRequest] = []

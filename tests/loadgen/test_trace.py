@@ -61,6 +61,15 @@ class TestReading:
         assert tr.requests[0].hash_ids == (7,) and tr.requests[1].priority == 1
         assert [r.row for r in tr.requests] == [2, 1]
 
+    def test_a_first_line_over_4_kb_is_recognised(self, tmp_path: Path) -> None:
+        """The format was told from the first 4 KB: a long first record (a Mooncake row with
+        thousands of hash ids) was not recognised."""
+        f = _jsonl(tmp_path / "m.jsonl", [
+            {"timestamp": 0, "input_length": 512 * 2000, "output_length": 3,
+             "hash_ids": list(range(2000))},
+        ])  # fmt: skip
+        assert f.stat().st_size > 4096 and read_trace(f).format == "mooncake"
+
     def test_bad_rows_are_counted_by_reason_with_their_lines(self, tmp_path: Path) -> None:
         good = {"timestamp": 5, "input_length": 10, "output_length": 3, "hash_ids": [0]}
         f = _jsonl(tmp_path / "m.jsonl", [
