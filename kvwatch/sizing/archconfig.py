@@ -476,7 +476,7 @@ def _layer_kinds(
         # vLLM: chunked local attention on RoPE layers, full attention on the NoPE ones
         return ["chunked" if r else "full" for r in _sized(rope, n, "no_rope_layers", label)]
     if window is None:
-        return ["full"] * n
+        return _shared_kv(text, model_type, ["full"] * n, label)
     if model_type == "gpt_oss" or arch == "GptOssForCausalLM":
         return ["sliding" if i % 2 == 0 else "full" for i in range(n)]  # vLLM's gpt_oss.py
     types = text.get("layer_types")

@@ -216,6 +216,9 @@ class TestFamilies:
         g = architecture_from_config(_cfg("Gemma3nForCausalLM", "gemma3n_text", head_dim=64,
                                           sliding_window=512, num_kv_shared_layers=3))  # fmt: skip
         assert g.layers[5:] == (None, None, None) and g.kinds()["sliding 512"] == 4
+        no_window = architecture_from_config(_cfg("Gemma3nForCausalLM", "gemma3n_text",
+                                                  head_dim=64, num_kv_shared_layers=3))  # fmt: skip
+        assert no_window.kinds() == {"full": 5, "none": 3}
 
     def test_pinned_state_dtypes(self) -> None:
         """NemotronH's "auto" SSM state is float32 unless its config says otherwise; Qwen3.5's
