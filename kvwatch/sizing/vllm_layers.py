@@ -42,6 +42,7 @@ __all__ = [
     "layers_from_specs",
     "layers_from_answer",
     "run_spec_builder",
+    "offline_vllm_env",
     "source_name",
     "signature",
 ]
@@ -174,20 +175,29 @@ def _run_child(config: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
     return run_spec_builder({"model": dict(config)}, timeout_s)["model"]
 
 
-def run_spec_builder(
-    configs: Mapping[str, Mapping[str, Any]], timeout_s: float = 300.0
-) -> dict[str, dict[str, Any]]:
-    """Each config's answer from one child running `vllm_specs.py` (vLLM imported once for
-    all of them): its layers and model, or `{"error": ...}` in one line. Never raises."""
+def offline_vllm_env(log_level: str | None = None) -> dict[str, str]:
+    """The environment of a child that runs vLLM in-process and offline (the spec builder,
+    the tests' oracle and twin probe): one process, no hub, no usage stats, vLLM's own
+    platform rather than the twin's unless the child asks for it itself."""
     env = dict(
         os.environ,
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
         VLLM_NO_USAGE_STATS="1",
-        VLLM_LOGGING_LEVEL="ERROR",
     )
-    env.pop("KVWATCH_TWIN", None)  # vLLM's own platform, not the twin's
+    if log_level:
+        env["VLLM_LOGGING_LEVEL"] = log_level
+    env.pop("KVWATCH_TWIN", None)
+    return env
+
+
+def run_spec_builder(
+    configs: Mapping[str, Mapping[str, Any]], timeout_s: float = 300.0
+) -> dict[str, dict[str, Any]]:
+    """Each config's answer from one child running `vllm_specs.py` (vLLM imported once for
+    all of them): its layers and model, or `{"error": ...}` in one line. Never raises."""
+    env = offline_vllm_env(log_level="ERROR")
     cases = json.dumps([{"id": k, "config": v} for k, v in configs.items()], default=str)
     why = None
     found: dict[str, dict[str, Any]] = {}

@@ -40,13 +40,9 @@ class OracleResult:
 def run_oracle(
     config_dir: Path, settings: dict[str, object], timeout_s: float = 300
 ) -> OracleResult:
-    env = dict(
-        os.environ,
-        VLLM_ENABLE_V1_MULTIPROCESSING="0",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-    )
+    from kvwatch.sizing.vllm_layers import offline_vllm_env
+
+    env = offline_vllm_env()
     proc = subprocess.run(
         [sys.executable, "-m", "tests.sizing.oracle", str(config_dir), json.dumps(settings)],
         cwd=ROOT,

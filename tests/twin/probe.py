@@ -24,14 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run_probe(cases: list[dict[str, Any]], timeout_s: float = 600) -> dict[str, dict[str, Any]]:
     """case id -> vLLM's figures (or its refusal as `error`), with the capacity line it logged."""
-    env = dict(
-        os.environ,
-        VLLM_ENABLE_V1_MULTIPROCESSING="0",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-    )
-    env.pop("KVWATCH_TWIN", None)
+    from kvwatch.sizing.vllm_layers import offline_vllm_env
+
+    env = offline_vllm_env()
     proc = subprocess.run(
         [sys.executable, "-m", "tests.twin.probe", json.dumps(cases)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s, check=False,
