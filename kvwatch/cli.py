@@ -13,7 +13,13 @@ import sys
 from collections.abc import Sequence
 
 from kvwatch import __version__
-from kvwatch.common.command import EXIT_INTERRUPTED, EXIT_OK, CliError, missing_extra
+from kvwatch.common.command import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    CliError,
+    missing_extra,
+    one_line,
+)
 
 __all__ = ["main", "build_parser", "COMMAND_MODULES"]
 
@@ -55,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise
             raise err from None
     except CliError as e:
-        print(f"kvwatch: error: {e}", file=sys.stderr)
+        print(f"kvwatch: error: {one_line(str(e))}", file=sys.stderr)
         return e.code
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

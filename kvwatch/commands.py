@@ -10,9 +10,18 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import handler, http_url, positive_int
+from kvwatch.common.command import (
+    handler,
+    http_url,
+    number_in,
+    positive_finite,
+    positive_int,
+)
 
 __all__ = ["register"]
+
+_MARGIN = number_in(0, 0.99, what="a share from 0 to 0.99")
+_UTILIZATION = number_in(0, 1, low_open=True, what="a share above 0, at most 1 (as vLLM takes)")
 
 
 def _promql_range(text: str) -> str:
@@ -51,7 +60,7 @@ def _register_demo(sub: Any) -> None:
     )
     d.add_argument(
         "--kv-cache-bytes",
-        type=int,
+        type=positive_int,
         default=10 * 1024 * 1024,
         help="KV budget of the local server (default 10 MiB = 40 blocks)",
     )
@@ -63,18 +72,24 @@ def _register_demo(sub: Any) -> None:
     )
     d.add_argument(
         "--twin-blocks",
-        type=int,
+        type=positive_int,
         default=400,
         help="KV blocks of the twin (400: the heavy stage outgrows them)",
     )
-    d.add_argument("--light", type=int, default=2, help="concurrent streams, healthy stage (2)")
-    d.add_argument("--heavy", type=int, default=32, help="concurrent streams, heavy stage (32)")
-    d.add_argument("--max-tokens", type=int, default=300, help="tokens per request (300)")
-    d.add_argument("--rounds", type=int, default=1, help="heavy stages to run (1); more = longer")
+    d.add_argument(
+        "--light", type=positive_int, default=2, help="concurrent streams, healthy stage (2)"
+    )
+    d.add_argument(
+        "--heavy", type=positive_int, default=32, help="concurrent streams, heavy stage (32)"
+    )
+    d.add_argument("--max-tokens", type=positive_int, default=300, help="tokens per request (300)")
+    d.add_argument(
+        "--rounds", type=positive_int, default=1, help="heavy stages to run (1); more = longer"
+    )
     d.add_argument("--run-dir", type=Path, help="where to write the run (default runs/demo-TIME)")
     d.add_argument(
         "--fleet",
-        type=int,
+        type=positive_int,
         metavar="N",
         help="run a fleet instead: N twins (--twin, default llama-3.1-8b:h100; --twin-blocks "
         "each) behind vllm-router, a sidecar each, Prometheus with kvwatch's rules and "
@@ -108,7 +123,9 @@ def _register_advise(sub: Any) -> None:
         help="a Prometheus server: advice for every vLLM instance it scrapes",
     )
     src.add_argument("--what-if", action="store_true", help="from figures alone")
-    a.add_argument("--watch", type=float, default=30.0, help="seconds to watch --metrics (30)")
+    a.add_argument(
+        "--watch", type=positive_finite, default=30.0, help="seconds to watch --metrics (30)"
+    )
     a.add_argument(
         "--window", default="1h", type=_promql_range, help="PromQL range for --prometheus (1h)"
     )
@@ -118,7 +135,7 @@ def _register_advise(sub: Any) -> None:
         type=_promql_range,
         help="--prometheus: resolution for the peak demand (15s; your scrape interval)",
     )
-    a.add_argument("--margin", type=float, default=0.10, help="share of blocks kept free (0.10)")
+    a.add_argument("--margin", type=_MARGIN, default=0.10, help="share of blocks kept free (0.10)")
     m = a.add_argument_group(
         "what-if: vLLM's KV figures for a model, GPU and settings (the flags vLLM takes)"
     )
@@ -140,34 +157,39 @@ def _register_advise(sub: Any) -> None:
     )
     budget = m.add_mutually_exclusive_group()
     budget.add_argument(
-        "--kv-cache-memory-bytes", type=int, metavar="N", help="KV budget per GPU (exact)"
+        "--kv-cache-memory-bytes", type=positive_int, metavar="N", help="KV budget per GPU (exact)"
     )
     budget.add_argument(
         "--gpu-memory-utilization",
-        type=float,
+        type=_UTILIZATION,
         metavar="F",
         help="share of GPU memory vLLM may use (0.92); KV = share - weights, an estimate",
     )
     m.add_argument(
-        "--max-model-len", type=int, metavar="L", help="(default: the model's context length)"
+        "--max-model-len",
+        type=positive_int,
+        metavar="L",
+        help="(default: the model's context length)",
     )
     m.add_argument(
-        "--block-size", type=int, help="KV block size (default: the platform's: 16 CUDA, 128 CPU)"
+        "--block-size",
+        type=positive_int,
+        help="KV block size (default: the platform's: 16 CUDA, 128 CPU)",
     )
     m.add_argument(
         "--max-num-batched-tokens",
-        type=int,
+        type=positive_int,
         metavar="T",
         help="tokens one step may schedule (default: vLLM's for the GPU); sizes sliding windows",
     )
     m.add_argument(
         "--max-num-seqs",
-        type=int,
+        type=positive_int,
         metavar="S",
         help="sequences one step may run (default: vLLM's for the GPU: 1,024 on H100-class)",
     )
-    m.add_argument("--tp", type=int, default=1, help="tensor-parallel size (1)")
-    m.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (1)")
+    m.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size (1)")
+    m.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel size (1)")
     m.add_argument(
         "--kv-dtype", default="auto", help="auto (the model's dtype), bf16, fp16 or fp8 (auto)"
     )
@@ -186,19 +208,19 @@ def _register_advise(sub: Any) -> None:
     )
     ld.add_argument(
         "--concurrency",
-        type=float,
+        type=positive_finite,
         help="streams, each sending its next request when the last ends (a closed loop)",
     )
-    ld.add_argument("--prompt-len", type=float, help="prompt tokens per request")
-    ld.add_argument("--output-len", type=float, help="output tokens per request")
+    ld.add_argument("--prompt-len", type=positive_finite, help="prompt tokens per request")
+    ld.add_argument("--output-len", type=positive_finite, help="output tokens per request")
     ld.add_argument(
         "--victim-tokens",
-        type=float,
+        type=positive_finite,
         help="length of a preempted request (default: prompt + output)",
     )
     ld.add_argument(
         "--step-ms",
-        type=float,
+        type=positive_finite,
         help="decode step time (default: the memory-bandwidth roofline of the GPU)",
     )
     ld.add_argument(

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from kvwatch.common.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
+from kvwatch.common.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError, make_dir
 from kvwatch.common.post_receiver import PostReceiver
 from kvwatch.fleet.sidecars import start_sidecar
 from kvwatch.loadgen.local_server import (
@@ -117,8 +117,9 @@ def run_demo(ns: argparse.Namespace) -> int:
 
         return run_fleet_demo(ns)
 
-    run_dir = ns.run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = make_dir(
+        ns.run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"), "the run directory"
+    )
     with ExitStack() as stack:
         if ns.target:
             base, log = ns.target.rstrip("/"), None

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
+from kvwatch.common.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError, make_dir
 from kvwatch.fleet.lab import Fleet, FleetSpec
 from kvwatch.fleet.prometheus import query
 from kvwatch.loadgen.local_server import ServerStartError
@@ -80,8 +80,9 @@ def run_fleet_demo(ns: argparse.Namespace) -> int:
     model, sep, gpu = (ns.twin or "llama-3.1-8b:h100").rpartition(":")
     if not sep:
         raise CliError("--twin takes MODEL:GPU (e.g. llama-3.1-8b:h100)")
-    run_dir = ns.run_dir or Path("runs") / time.strftime("demo-fleet-%Y%m%d-%H%M%S")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = make_dir(
+        ns.run_dir or Path("runs") / time.strftime("demo-fleet-%Y%m%d-%H%M%S"), "the run directory"
+    )
     spec = FleetSpec(replicas=ns.fleet, model=model, gpu=gpu, kv_blocks=ns.twin_blocks,
                      max_model_len=2048, policy="cache_aware",
                      rules_for_scale=_FOR_SCALE)  # fmt: skip

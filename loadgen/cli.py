@@ -13,11 +13,21 @@ from kvwatch.common.command import (
     CliError,
     handler,
     http_url,
+    nonnegative_finite,
+    nonnegative_int,
+    number_in,
+    os_error,
+    port_number,
     positive_finite,
     positive_int,
+    seed_number,
+    writable_file,
 )
 
 __all__ = ["register"]
+
+
+_ATTAINMENT = number_in(0, 1, low_open=True, what="a share above 0, at most 1")
 
 
 def register(sub: Any) -> None:
@@ -48,16 +58,20 @@ def register(sub: Any) -> None:
         "'--' go to vLLM unchanged (e.g. -- --max-num-seqs 8).",
     )
     s.add_argument("--model", type=Path, help="model directory (default: build the tiny model)")
-    s.add_argument("--port", type=int, help="port (default: a free one)")
+    s.add_argument("--port", type=port_number, help="port (default: a free one)")
     s.add_argument(
-        "--kv-cache-bytes", type=int, default=10 * 1024 * 1024,
+        "--kv-cache-bytes", type=positive_int, default=10 * 1024 * 1024,
         help="KV cache budget in bytes, passed as --kv-cache-memory-bytes (default: 10 MiB, "
         "40 blocks of 32 tokens with the tiny model)",
     )  # fmt: skip
-    s.add_argument("--block-size", type=int, default=32, help="KV block size (CPU: multiple of 32)")
-    s.add_argument("--max-model-len", type=int, default=1024)
+    s.add_argument(
+        "--block-size", type=positive_int, default=32, help="KV block size (CPU: multiple of 32)"
+    )
+    s.add_argument("--max-model-len", type=positive_int, default=1024)
     s.add_argument("--log", type=Path, default=Path("vllm-server.log"), help="server log file")
-    s.add_argument("--start-timeout", type=float, default=180.0, help="seconds to wait for /health")
+    s.add_argument(
+        "--start-timeout", type=positive_finite, default=180.0, help="seconds to wait for /health"
+    )
     s.add_argument("vllm_args", nargs=argparse.REMAINDER, help="extra vLLM arguments after --")
     s.set_defaults(func=_serve_local)
 
@@ -65,10 +79,25 @@ def register(sub: Any) -> None:
     _register_search(lsub)
 
 
+def _length(text: str) -> str:
+    """An argparse `type` for a length distribution: checked where it enters (a bad one with
+    an unreachable --url said "cannot reach", hiding the real mistake); kept as its text."""
+    from kvwatch.loadgen.lengths import DatasetError, parse_length
+
+    try:
+        parse_length(text)
+    except DatasetError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def _build_model(ns: argparse.Namespace) -> int:
     from kvwatch.loadgen.tiny_model import SPECS, build_tiny_model
 
-    print(build_tiny_model(SPECS[ns.size], cache_dir=ns.cache_dir, force=ns.force))
+    try:
+        print(build_tiny_model(SPECS[ns.size], cache_dir=ns.cache_dir, force=ns.force))
+    except OSError as e:
+        raise os_error("build the model in", e) from None
     return 0
 
 
@@ -91,7 +120,8 @@ def _serve_local(ns: argparse.Namespace) -> int:
         port=ns.port,
         extra_args=tuple(extra),
     )
-    server = LocalVLLM(config, log_path=ns.log.resolve(), start_timeout_s=ns.start_timeout)
+    log = writable_file(ns.log.resolve(), "the server log")
+    server = LocalVLLM(config, log_path=log, start_timeout_s=ns.start_timeout)
     # SIGTERM ends the run like Ctrl-C does, so `finally` stops the server either way.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     print(f"starting vLLM on {config.host} (log: {server.log_path}) ...", file=sys.stderr)
@@ -136,10 +166,12 @@ def _register_run(lsub: Any) -> None:
     _target_args(r)
     g = r.add_argument_group("load")
     g.add_argument("--stage", action="append", default=[], metavar="SPEC", help="a stage")
-    g.add_argument("--rate", type=float, help="requests per second (one stage)")
+    g.add_argument("--rate", type=positive_finite, help="requests per second (one stage)")
     g.add_argument("--arrival", choices=["poisson", "constant", "gamma"], default="poisson")
-    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (1 = Poisson)")
-    g.add_argument("--concurrency", type=int, help="requests in flight (closed loop)")
+    g.add_argument(
+        "--burstiness", type=positive_finite, default=1.0, help="gamma shape (1 = Poisson)"
+    )
+    g.add_argument("--concurrency", type=positive_int, help="requests in flight (closed loop)")
     g.add_argument("--ramp", metavar="START,END", help="linear ramp of the rate")
     g.add_argument(
         "--sweep",
@@ -150,7 +182,7 @@ def _register_run(lsub: Any) -> None:
     g.add_argument("--requests", type=positive_int, help="requests per stage")
     g.add_argument(
         "--warmup",
-        type=float,
+        type=nonnegative_finite,
         default=0.0,
         metavar="SECONDS",
         help="run the first stage's pattern this long first, left out of the summary",
@@ -165,11 +197,13 @@ def _register_run(lsub: Any) -> None:
     o.add_argument("--slo", default="", help="e.g. ttft=500ms,tpot=50ms for goodput")
     o.add_argument(
         "--stall-factor",
-        type=float,
+        type=positive_finite,
         default=5.0,
         help="a gap above FACTOR x the request's median gap is a stall (5)",
     )
-    o.add_argument("--stall-min", type=float, default=0.25, help="and above this many s (0.25)")
+    o.add_argument(
+        "--stall-min", type=nonnegative_finite, default=0.25, help="and above this many s (0.25)"
+    )
     o.add_argument("--json", action="store_true", help="print the summary as JSON")
     o.add_argument("--no-progress", action="store_true", help="no live progress line")
     r.set_defaults(func=handler("kvwatch.loadgen.cmd_run:run_command"))
@@ -189,21 +223,21 @@ def _session_args(g: Any) -> None:
                    "(0)")  # fmt: skip
     g.add_argument("--turn-input-len", default="64", metavar="DIST",
                    help="tokens of each later turn's new message (64)")  # fmt: skip
-    g.add_argument("--fanout", type=int, default=1, metavar="N",
+    g.add_argument("--fanout", type=positive_int, default=1, metavar="N",
                    help="agentic: each turn after the first is N parallel calls over the "
                    "context, joined before the next (1)")  # fmt: skip
 
 
 def _probe_args(g: Any) -> None:
     g.add_argument(
-        "--probe-rate", type=float, metavar="PER_S",
+        "--probe-rate", type=positive_finite, metavar="PER_S",
         help="send small probe requests at this fixed rate beside the load, on connections of "
         "their own, through every stage; their latencies (what the load does to everyone else) "
         "are reported apart and left out of the load's figures",
     )  # fmt: skip
-    g.add_argument("--probe-input-len", type=int, default=64, metavar="TOKENS",
+    g.add_argument("--probe-input-len", type=positive_int, default=64, metavar="TOKENS",
                    help="prompt tokens of each probe (default 64)")  # fmt: skip
-    g.add_argument("--probe-output-len", type=int, default=16, metavar="TOKENS",
+    g.add_argument("--probe-output-len", type=positive_int, default=16, metavar="TOKENS",
                    help="output tokens of each probe (default 16)")  # fmt: skip
 
 
@@ -220,15 +254,15 @@ def _trace_args(g: Any) -> None:
     )  # fmt: skip
     g.add_argument("--trace-format", choices=["mooncake", "azure", "kvwatch"],
                    help="the trace's format (default: told from the file)")  # fmt: skip
-    g.add_argument("--trace-speed", type=float, default=1.0, metavar="X",
+    g.add_argument("--trace-speed", type=positive_finite, default=1.0, metavar="X",
                    help="replay X times as fast (0.5: half as fast) (1)")  # fmt: skip
     g.add_argument("--trace-window", metavar="START:END",
                    help="only the requests between these trace seconds")  # fmt: skip
-    g.add_argument("--trace-length-scale", type=float, default=1.0, metavar="F",
+    g.add_argument("--trace-length-scale", type=positive_finite, default=1.0, metavar="F",
                    help="multiply every length (and the shared blocks) by F, to fit a "
                    "model's context (1); a request still too long for the server's "
                    "max_model_len is clipped to it, and counted")  # fmt: skip
-    g.add_argument("--trace-block-tokens", type=int, metavar="N",
+    g.add_argument("--trace-block-tokens", type=positive_int, metavar="N",
                    help="tokens per hash_ids block (Mooncake's: 512)")  # fmt: skip
 
 
@@ -247,10 +281,12 @@ def _target_args(r: Any) -> None:
 
 
 def _request_args(g: Any) -> None:
-    g.add_argument("--max-inflight", type=int, help="cap on open requests (extra ones wait)")
+    g.add_argument(
+        "--max-inflight", type=positive_int, help="cap on open requests (extra ones wait)"
+    )
     g.add_argument(
         "--request-timeout",
-        type=float,
+        type=positive_finite,
         default=600.0,
         metavar="S",
         help="a response silent this long is recorded as a ReadTimeout error (600)",
@@ -272,29 +308,32 @@ def _request_args(g: Any) -> None:
     )
     g.add_argument(
         "--workers",
-        type=int,
+        type=positive_int,
         default=1,
         help="sender processes (1); more for loads one core cannot send on time",
     )
 
 
 def _workload_args(w: Any) -> None:
-    w.add_argument("--input-len", default="128", metavar="DIST", help="prompt tokens (128)")
+    w.add_argument(
+        "--input-len", default="128", type=_length, metavar="DIST", help="prompt tokens (128)"
+    )
     w.add_argument(
         "--output-len",
         default=None,
+        type=_length,
         metavar="DIST",
         help="output tokens (128; datasets: the recorded reply's length)",
     )
     w.add_argument("--dataset", type=Path, help="ShareGPT JSON/JSONL or JSONL with prompt")
     w.add_argument(
         "--shared-prefix",
-        type=int,
+        type=nonnegative_int,
         default=0,
         metavar="TOKENS",
         help="common prefix length for every prompt",
     )
-    w.add_argument("--prefix-groups", type=int, default=1, help="distinct shared prefixes")
+    w.add_argument("--prefix-groups", type=positive_int, default=1, help="distinct shared prefixes")
     w.add_argument(
         "--priorities", metavar="P:SHARE,...",
         help="priority classes, e.g. 0:0.2,1:0.8: each request (or session) carries vLLM's "
@@ -302,7 +341,7 @@ def _workload_args(w: Any) -> None:
         "are reported per class",
     )  # fmt: skip
     w.add_argument("--no-ignore-eos", action="store_true", help="let the model stop early")
-    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--seed", type=seed_number, default=0)
 
 
 _SEARCH_EPILOG = """how it searches:
@@ -347,38 +386,43 @@ def _register_search(lsub: Any) -> None:
     )
     add(
         "--attainment",
-        type=float,
+        type=_ATTAINMENT,
         default=0.95,
         help="the share of requests that must meet the SLOs (0.95)",
     )
-    add("--start", type=float, default=1.0, help="the first load (1)")
+    add("--start", type=positive_finite, default=1.0, help="the first load (1)")
     add(
         "--max",
-        type=float,
+        type=positive_finite,
         default=256.0,
         dest="max_load",
         help="never probe above this load (256)",
     )
     add(
         "--precision",
-        type=float,
+        type=positive_finite,
         default=0.1,
         help="rate: stop when the bracket is this fraction of its top (0.1)",
     )
-    add("--repeats", type=int, default=2, help="probes per load (2)")
+    add("--repeats", type=positive_int, default=2, help="probes per load (2)")
     add(
         "--max-repeats",
-        type=int,
+        type=positive_int,
         default=4,
         help="probes per load while its verdict is not yet decided at 95%% (4)",
     )
     add(
         "--probe-requests",
-        type=int,
+        type=positive_int,
         metavar="N",
         help="requests per probe (concurrency: default 4 x the load, at least 16)",
     )
-    add("--probe-duration", type=float, metavar="S", help="seconds per probe (rate: default 30)")
+    add(
+        "--probe-duration",
+        type=positive_finite,
+        metavar="S",
+        help="seconds per probe (rate: default 30)",
+    )
     _request_args(g)
     _workload_args(r.add_argument_group("workload"))
     o = r.add_argument_group("output")

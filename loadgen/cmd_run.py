@@ -229,7 +229,11 @@ async def prepare_run(
     scale if it is a kvwatch twin (None: a real server, whose time is wall time)."""
     async with httpx.AsyncClient(timeout=10, headers=headers) as client:
         try:
-            model = ns.model or await served_model(client, ns.url)
+            if ns.model:  # named: the server need only answer (it may not list models)
+                await client.get(ns.url.rstrip("/") + "/v1/models")
+                model = ns.model
+            else:
+                model = await served_model(client, ns.url)
         except (httpx.HTTPError, ValueError, KeyError) as e:
             raise CliError(f"cannot reach {ns.url}: {e}", EXIT_UNREACHABLE) from None
         metrics_url = server_metrics_url(ns)

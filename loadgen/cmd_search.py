@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from kvwatch.common.command import EXIT_FOUND, CliError
+from kvwatch.common.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
 from kvwatch.loadgen.arrivals import Concurrency, Poisson
 from kvwatch.loadgen.cmd_run import (
     announce_time_scale,
@@ -192,6 +192,12 @@ def _search_into(
         # after every probe: an interrupted search keeps what it measured
         doc = search_doc(search, slo, ns.url, model, workload, meta, started)
         (run_dir / SEARCH_FILE).write_text(json.dumps(doc, indent=1))
+        if (why := _unanswered(m.records)) is not None:
+            raise CliError(
+                f"probe {k}: every request failed ({why}); a server that answers none has no "
+                f"capacity to find (the probes so far are in {run_dir})",
+                EXIT_UNREACHABLE,
+            )
         time.sleep(_SETTLE_S)
     result = search.result()
     doc = search_doc(search, slo, ns.url, model, workload, meta, started)
@@ -205,6 +211,14 @@ def _search_into(
         print(render_search(doc))
         print(f"run directory: {run_dir}  (kvwatch report {run_dir} draws the capacity page)")
     return 0 if result.max_ok is not None else EXIT_FOUND
+
+
+def _unanswered(records: list[dict[str, Any]]) -> str | None:
+    """The first error when a probe sent requests and none succeeded (the server went away or
+    refuses every request: its SLO misses would otherwise read as a capacity); else None."""
+    if not records or any(r.get("ok") for r in records):
+        return None
+    return " ".join(str(records[0].get("error") or "no answer").split())[:200]
 
 
 def _unit(by: str) -> str:

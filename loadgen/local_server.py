@@ -159,6 +159,13 @@ def set_autogroup_nice(pid: int, nice: int) -> bool:
 
 
 def _check_model_dir(model: Path, weightless: bool = False) -> None:
+    try:
+        _check_model_files(model, weightless)
+    except (OSError, ValueError) as e:  # a name too long, a NUL: not a model directory either
+        raise ServerStartError(f"model directory {str(model)[:200]}: {e}") from None
+
+
+def _check_model_files(model: Path, weightless: bool) -> None:
     if not model.is_dir():
         raise ServerStartError(f"model directory {model} does not exist")
     missing = [n for n in ("config.json", "tokenizer.json") if not (model / n).is_file()]

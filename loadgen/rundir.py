@@ -90,8 +90,8 @@ def prepare_run_dir(run_dir: Path) -> bool:
     mistyped or read-only `--run-dir` found after the load would lose the whole run. True when
     this made it (`discard_if_empty` takes it back if the run fails before writing).
     ValueError: one line naming the directory and why."""
-    existed = run_dir.is_dir()
     try:
+        existed = run_dir.is_dir()
         run_dir.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".kvwatch-probe-", dir=run_dir)
         os.close(fd)

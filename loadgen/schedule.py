@@ -15,6 +15,7 @@ rate or concurrency value. An optional warm-up stage comes first and is left out
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -100,6 +101,8 @@ def sweep_stages(kind: str, values: list[float], duration_s: float | None, count
         raise StageSpecError("a sweep needs at least one value")
     stages = []
     for v in values:
+        if not (math.isfinite(v) and v > 0):
+            raise StageSpecError(f"sweep values must be finite numbers above 0, got {v}")
         if kind == "concurrency":
             if v != int(v):
                 raise StageSpecError(f"concurrency sweep values must be whole numbers, got {v}")

@@ -267,6 +267,8 @@ def plan_replay(
             raise TraceError(f"{trace.path}: no request between {lo:g} s and {hi:g} s")
     zero = picked[0].at_s
     offsets = [(r.at_s - zero) / speed for r in picked]
+    if not all(math.isfinite(o) for o in offsets):
+        raise TraceError(f"trace speed {speed:g}: the trace's send times stretch past any clock")
     if max_duration_s is not None:
         keep = sum(1 for o in offsets if o < max_duration_s)
         picked, offsets = picked[:keep], offsets[:keep]

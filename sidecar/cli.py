@@ -14,6 +14,7 @@ from kvwatch.common.command import (
     EXIT_UNREACHABLE,
     CliError,
     http_url,
+    positive_finite,
 )
 from kvwatch.sidecar.contract.threshold_option import add_threshold_option, thresholds_from
 
@@ -49,16 +50,20 @@ def register(sub: Any) -> None:
         action="store_true",
         help="read the log file from its start (default: only new lines)",
     )
-    s.add_argument("--interval", type=float, default=1.0, help="seconds between scrapes (1)")
-    s.add_argument("--timeout", type=float, default=2.0, help="scrape timeout in seconds (2)")
+    s.add_argument(
+        "--interval", type=positive_finite, default=1.0, help="seconds between scrapes (1)"
+    )
+    s.add_argument(
+        "--timeout", type=positive_finite, default=2.0, help="scrape timeout in seconds (2)"
+    )
     s.add_argument(
         "--listen",
         default="127.0.0.1:9477",
         metavar="HOST:PORT",
         help="where to serve kvwatch's own endpoint (127.0.0.1:9477)",
     )
-    s.add_argument("--short-window", type=float, help="short rate window, s (10)")
-    s.add_argument("--long-window", type=float, help="long rate window, s (60)")
+    s.add_argument("--short-window", type=positive_finite, help="short rate window, s (10)")
+    s.add_argument("--long-window", type=positive_finite, help="long rate window, s (60)")
     add_threshold_option(s, "override a detection threshold (see docs/detection.md); repeatable")
     s.add_argument(
         "--model",

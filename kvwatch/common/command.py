@@ -14,6 +14,8 @@ import importlib
 import math
 import re
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 __all__ = [
@@ -30,6 +32,15 @@ __all__ = [
     "http_url",
     "positive_finite",
     "positive_int",
+    "nonnegative_finite",
+    "nonnegative_int",
+    "fraction",
+    "seed_number",
+    "number_in",
+    "port_number",
+    "make_dir",
+    "one_line",
+    "writable_file",
 ]
 
 EXIT_OK = 0
@@ -85,6 +96,15 @@ def handler(target: str) -> Callable[[argparse.Namespace], int]:
     return run
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def one_line(message: str) -> str:
+    """A message as one line: a newline or other control character (from a path or a value
+    the user gave, or a parser's report) is shown escaped, as repr() would."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], message)
+
+
 def os_error(doing: str, e: OSError) -> CliError:
     """One line for a file the user named that cannot be read or written (a missing folder, a
     file where a folder should be, no permission): what was being done and the OS's reason."""
@@ -121,24 +141,66 @@ def http_url(text: str) -> str:
     return text
 
 
-def positive_finite(text: str) -> float:
-    """An argparse `type` for a scale or rate: a finite number above 0 (nan, inf, 0 and
-    negatives are refused where they enter, not deep in a run)."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(v) or v <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number above 0: {text}")
-    return v
+# Counts past 2^53 mean nothing here (a float holds them no longer) and only break later steps.
+MAX_WHOLE = 2**53
 
 
-def positive_int(text: str) -> int:
-    """An argparse `type` for counts that must be whole and at least 1."""
+def number_in(
+    low: float, high: float, *, whole: bool = False, low_open: bool = False, what: str = ""
+) -> Callable[[str], Any]:
+    """An argparse `type` for a number in [low, high] (or (low, high] with `low_open`): nan,
+    inf, a float where a whole number is meant and anything out of range are refused where they
+    enter, in one line, never deep in a run. Every numeric flag uses one of these kinds."""
+    shown = what or (f"{'above' if low_open else 'at least'} {low:g}" if high == math.inf
+                     else f"{low:g} to {high:g}")  # fmt: skip
+
+    def convert(text: str) -> float | int:
+        try:
+            v: float | int = int(text) if whole else float(text)
+        except ValueError:
+            kind = "a whole number" if whole else "a number"
+            raise argparse.ArgumentTypeError(f"not {kind}: {text[:40]!r}") from None
+        if whole and abs(v) > MAX_WHOLE:
+            raise argparse.ArgumentTypeError(f"too large: {text[:40]}")
+        if not math.isfinite(v) or v < low or v > high or (low_open and v == low):
+            raise argparse.ArgumentTypeError(f"must be {shown}: {text[:40]}")
+        return v
+
+    convert.__name__ = f"{'whole' if whole else 'finite'}_number"
+    return convert
+
+
+positive_finite = number_in(0, math.inf, low_open=True, what="a finite number above 0")
+positive_finite.__doc__ = "A scale, rate or duration: finite and above 0."
+nonnegative_finite = number_in(0, math.inf, what="a finite number, 0 or more")
+fraction = number_in(0, 1, what="a share from 0 to 1")
+positive_int = number_in(1, MAX_WHOLE, whole=True, what="a whole number, at least 1")
+nonnegative_int = number_in(0, MAX_WHOLE, whole=True, what="a whole number, 0 or more")
+# vLLM's --seed and numpy's generators take 32-bit seeds
+seed_number = number_in(0, 2**32 - 1, whole=True, what="a whole number from 0 to 4294967295")
+port_number = number_in(0, 65535, whole=True, what="a port, 0 (any free one) to 65535")
+
+
+def make_dir(path: Path, what: str) -> Path:
+    """Make the folder a command writes into (with its parents), or one line saying why not
+    (a file in the way, no permission, a name too long)."""
     try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {v}")
-    return v
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise os_error(f"make {what}", e) from None
+    except ValueError as e:  # a NUL in the name
+        raise CliError(f"cannot make {what} {str(path)[:200]!r}: {e}") from None
+    return path
+
+
+def writable_file(path: Path, what: str) -> Path:
+    """Check a file a command will append to (a server log) can be opened for it, before
+    anything starts, so a folder or a missing parent is one line, not a traceback later."""
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as e:
+        raise os_error(f"write {what}", e) from None
+    except ValueError as e:
+        raise CliError(f"cannot write {what} {str(path)[:200]!r}: {e}") from None
+    return path

@@ -41,5 +41,11 @@ class PostReceiver:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
+        self.close()
+
+    def close(self) -> None:
+        """Stop serving and free the port; safe twice, and for one never entered (its socket
+        is bound when it is made)."""
+        if self._thread.is_alive():
+            self._server.shutdown()
         self._server.server_close()

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import handler, positive_finite
+from kvwatch.common.command import handler, positive_finite, positive_int
 
 __all__ = ["register"]
 
@@ -34,11 +34,15 @@ def register(sub: Any) -> None:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    f.add_argument("--replicas", type=int, default=2, help="replicas to start (2)")
+    f.add_argument("--replicas", type=positive_int, default=2, help="replicas to start (2)")
     f.add_argument("--model", default="llama-3.1-8b", help="twin model preset (llama-3.1-8b)")
     f.add_argument("--gpu", default="h100", help="simulated card (h100)")
-    f.add_argument("--kv-blocks", type=int, default=2000, help="KV blocks per replica (2000)")
-    f.add_argument("--max-model-len", type=int, default=8192, help="vLLM's --max-model-len")
+    f.add_argument(
+        "--kv-blocks", type=positive_int, default=2000, help="KV blocks per replica (2000)"
+    )
+    f.add_argument(
+        "--max-model-len", type=positive_int, default=8192, help="vLLM's --max-model-len"
+    )
     f.add_argument(
         "--policy",
         default="round_robin",

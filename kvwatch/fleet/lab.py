@@ -76,6 +76,10 @@ class Fleet:
     alertmanager: str = ""
 
     def __post_init__(self) -> None:
+        # sized first: settings it refuses leave no folder behind
+        self._kv_bytes = kv_bytes_for_blocks(
+            self.spec.model, self.spec.gpu, self.spec.kv_blocks, self.spec.max_model_len
+        )
         self._own_dir = self.work_dir is None
         if self.work_dir is None:
             self.dir = Path(tempfile.mkdtemp(prefix="kvwatch-fleet-"))
@@ -87,9 +91,6 @@ class Fleet:
         self._lock = threading.Lock()
         self.receiver = NotificationReceiver(echo=self.echo)
         self.router: Router | None = None
-        self._kv_bytes = kv_bytes_for_blocks(
-            self.spec.model, self.spec.gpu, self.spec.kv_blocks, self.spec.max_model_len
-        )
 
     # --- bring-up -------------------------------------------------------------------------
 
@@ -236,6 +237,7 @@ class Fleet:
     def stop(self) -> None:
         try:
             self._stack.close()
+            self.receiver.close()  # bound when made: a fleet refused before its start holds it
         finally:
             # side by side: each twin may take seconds to shut its engine down
             stoppers = [threading.Thread(target=self._stop_replica, args=(r,))

@@ -7,7 +7,7 @@ import contextlib
 import signal
 import threading
 
-from kvwatch.common.command import EXIT_UNREACHABLE, CliError
+from kvwatch.common.command import EXIT_UNREACHABLE, CliError, make_dir
 from kvwatch.fleet.lab import Fleet, FleetSpec
 from kvwatch.fleet.router import POLICIES
 from kvwatch.loadgen.local_server import ServerStartError
@@ -26,6 +26,8 @@ def run_fleet(ns: argparse.Namespace) -> int:
         max_model_len=ns.max_model_len, time_scale=ns.time_scale, policy=ns.policy,
         rules_for_scale=ns.rules_for_scale,
     )  # fmt: skip
+    if ns.work_dir is not None:
+        make_dir(ns.work_dir, "the fleet's folder")
     print(f"starting {ns.replicas} twin replicas of {ns.model} on a simulated {ns.gpu} ...")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -135,7 +135,11 @@ def model_from_config(path: Path, layers: LayerSource = "kvwatch") -> Architectu
 def resolve_model(spec: str, layers: LayerSource = "kvwatch") -> Architecture:
     """`--model`: a config.json or model directory if one is there, else a preset name."""
     p = Path(spec)
-    return model_from_config(p, layers) if p.exists() else lookup_model(spec, layers)
+    try:
+        there = p.exists()
+    except (OSError, ValueError):  # a name too long for a path, a NUL: no file, maybe a preset
+        there = False
+    return model_from_config(p, layers) if there else lookup_model(spec, layers)
 
 
 def kv_bytes_per_token(arch: Architecture, kv_dtype: str = "auto", tp: int = 1) -> float:

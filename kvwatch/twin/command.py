@@ -6,7 +6,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import handler, positive_finite, positive_int
+from kvwatch.common.command import (
+    fraction,
+    handler,
+    port_number,
+    positive_finite,
+    positive_int,
+    seed_number,
+)
 
 __all__ = ["register", "parse_step"]
 
@@ -66,11 +73,11 @@ def register(sub: Any) -> None:
     )
     t.add_argument(
         "--eos-probability",
-        type=float,
+        type=fraction,
         default=0.0,
         help="chance each sampled token ends the sequence (0: run to max_tokens)",
     )
-    t.add_argument("--seed", type=int, default=0, help="seed of the sampled tokens (0)")
+    t.add_argument("--seed", type=seed_number, default=0, help="seed of the sampled tokens (0)")
     t.add_argument(
         "--step",
         action="append",
@@ -88,8 +95,10 @@ def register(sub: Any) -> None:
         help="step-time constants fitted to a real server of this card (`kvwatch calibrate`); "
         "a --step beside it wins",
     )
-    t.add_argument("--port", type=int, help="port (default: a free one)")
+    t.add_argument("--port", type=port_number, help="port (default: a free one)")
     t.add_argument("--log", type=Path, default=Path("vllm-twin.log"), help="server log file")
-    t.add_argument("--start-timeout", type=float, default=300.0, help="seconds to wait (300)")
+    t.add_argument(
+        "--start-timeout", type=positive_finite, default=300.0, help="seconds to wait (300)"
+    )
     t.add_argument("vllm_args", nargs=argparse.REMAINDER, help="vLLM arguments after --")
     t.set_defaults(func=handler("kvwatch.twin.serve:run_twin"))

@@ -12,7 +12,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvwatch.common.command import EXIT_UNREACHABLE, CliError
+from kvwatch.common.command import EXIT_UNREACHABLE, CliError, writable_file
 from kvwatch.loadgen.local_server import (
     LocalVLLM,
     ServerConfig,
@@ -161,39 +161,44 @@ def start_twin(
     StepConstants.with_overrides(step or {})  # refused here, not in vLLM's engine process
     served = twin_model_dir(model)
     own_dir = None if status_dir else Path(tempfile.mkdtemp(prefix="kvwatch-twin-"))
-    status = (status_dir or own_dir or Path()) / "card.json"
-    settings = TwinSettings(
-        model=model if not Path(model).exists() else str(Path(model).resolve()),
-        gpu=card.name,
-        tp=tp,
-        pp=pp,
-        time_scale=time_scale,
-        eos_probability=eos_probability,
-        sample_vocab=served.vocab,
-        eos_token_id=EOS_ID,
-        seed=seed,
-        status_path=str(status),
-        status_interval_s=status_interval_s,
-        step=dict(step or {}),
-    )
-    config = ServerConfig(
-        model=served.path,
-        kv_cache_memory_bytes=None,
-        block_size=None,
-        max_model_len=None,
-        port=port,
-        served_model_name=arch.name,
-        stats_interval_s=stats_interval_s,
-        extra_args=("--kv-cache-dtype", kv_cache_dtype, *vllm_args),
-        env={ENV_VAR: settings.to_env()},
-        weightless=True,
-    )
-    twin = TwinServer(
-        LocalVLLM(config, log_path=log_path, start_timeout_s=start_timeout_s),
-        settings,
-        served.changes,
-        own_dir,
-    )
+    try:  # settings refused below leave no folder behind
+        status = (status_dir or own_dir or Path()) / "card.json"
+        settings = TwinSettings(
+            model=model if not Path(model).exists() else str(Path(model).resolve()),
+            gpu=card.name,
+            tp=tp,
+            pp=pp,
+            time_scale=time_scale,
+            eos_probability=eos_probability,
+            sample_vocab=served.vocab,
+            eos_token_id=EOS_ID,
+            seed=seed,
+            status_path=str(status),
+            status_interval_s=status_interval_s,
+            step=dict(step or {}),
+        )
+        config = ServerConfig(
+            model=served.path,
+            kv_cache_memory_bytes=None,
+            block_size=None,
+            max_model_len=None,
+            port=port,
+            served_model_name=arch.name,
+            stats_interval_s=stats_interval_s,
+            extra_args=("--kv-cache-dtype", kv_cache_dtype, *vllm_args),
+            env={ENV_VAR: settings.to_env()},
+            weightless=True,
+        )
+        twin = TwinServer(
+            LocalVLLM(config, log_path=log_path, start_timeout_s=start_timeout_s),
+            settings,
+            served.changes,
+            own_dir,
+        )
+    except BaseException:
+        if own_dir is not None:
+            shutil.rmtree(own_dir, ignore_errors=True)
+        raise
     try:
         twin.server.start()
     except BaseException:
@@ -206,7 +211,7 @@ def run_twin(ns: argparse.Namespace) -> int:
     extra = tuple(a for a in ns.vllm_args if a != "--") if ns.vllm_args else ()
     scale = ns.time_scale if ns.time_scale is not None else time_scale_for(ns.expect_tokens_per_s)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    log = ns.log.resolve()
+    log = writable_file(ns.log.resolve(), "the server log")
     step, step_line = dict(ns.step), "step_time=the step model's corpus fit (docs/twin.md)"
     if getattr(ns, "calibration", None) is not None:
         try:

@@ -169,7 +169,8 @@ def load_receivers(urls: list[str], config: Path | None) -> list[Receiver]:
         try:
             items = yaml.safe_load(text)
         except yaml.YAMLError as e:
-            raise ValueError(f"{config}: not YAML/JSON ({e})") from None
+            why = " ".join(str(e).split())[:300]
+            raise ValueError(f"{config}: not YAML/JSON ({why})") from None
         out += receivers_from(items, str(config))
     for r in out:
         r.secret()  # fail at start, not at the first alert

@@ -159,7 +159,7 @@ def test_calibrate_says_in_one_line_what_it_cannot_read(tmp_path: Path) -> None:
     assert p.stderr.count("\n") == 1 and "is not a run directory" in p.stderr
     p = _kvwatch("calibrate", "--run", str(tmp_path), "--model", "llama-3.1-8b", "--gpu",
                  "h100", "--tp", "0")  # fmt: skip
-    assert p.returncode == 2 and "must be at least 1" in p.stderr
+    assert p.returncode == 2 and "--tp: must be a whole number, at least 1" in p.stderr
 
 
 def test_hostile_run_files_give_one_line_not_a_traceback(tmp_path: Path) -> None:

@@ -135,7 +135,7 @@ def test_the_what_if_on_a_cpu_gives_the_onset_without_tokens_per_s() -> None:
 
 def test_max_num_seqs_must_be_positive() -> None:
     p = _what_if("--gpu", "h100", "--concurrency", "64", "--max-num-seqs", "0")
-    assert p.returncode == 2 and "--max-num-seqs must be at least 1" in p.stderr
+    assert p.returncode == 2 and "--max-num-seqs: must be a whole number, at least 1" in p.stderr
 
 
 def test_the_advice_names_its_price() -> None:
