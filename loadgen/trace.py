@@ -37,6 +37,10 @@ FORMATS = ("mooncake", "azure", "kvwatch")
 MOONCAKE_BLOCK_TOKENS = 512
 MIN_BLOCK_TOKENS = 8  # a scaled block still carries its id (trace_prompts.py) and some text
 _MAX_HASH_ID = 2**40
+# no model has a context near 2^31 tokens; larger counts only overflow the scaling after
+MAX_TOKENS = 2**31 - 1
+# vLLM's priority is a 64-bit integer: one outside got every request a 400 (and lost the run)
+PRIORITY_RANGE = (-(2**63), 2**63 - 1)
 _EXAMPLES = 3  # skipped rows quoted per reason
 
 
@@ -82,13 +86,17 @@ def _count(value: Any, *, minimum: int) -> int | None:
             return None
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    return value if isinstance(value, int) and value >= minimum else None
+    ok = isinstance(value, int) and minimum <= value <= MAX_TOKENS
+    return value if ok else None
 
 
 def _seconds(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:  # an int past any float: 10^400 ms is no time
+        return None
     return v if math.isfinite(v) and v >= 0 else None
 
 
@@ -124,8 +132,12 @@ def _json_row(fmt: str, rec: Any) -> TraceRequest | str:
     if ids is None:
         return "bad hash_ids (a list of ids from 0)"
     prio = rec.get("priority")
-    if prio is not None and (isinstance(prio, bool) or not isinstance(prio, int)):
-        return "bad priority (a whole number)"
+    if prio is not None and (
+        isinstance(prio, bool)
+        or not isinstance(prio, int)
+        or not PRIORITY_RANGE[0] <= prio <= PRIORITY_RANGE[1]
+    ):
+        return "bad priority (a whole number that fits 64 bits)"
     return TraceRequest(at, inp, out, ids, prio)
 
 
@@ -178,6 +190,10 @@ def _azure_rows(path: Path, text: str, skipped: Counter[str], ex: dict[str, list
             _skip(skipped, ex, "bad timestamp", row_no)
             continue
         zero = zero or when
+        if (when.tzinfo is None) != (zero.tzinfo is None):
+            # naive and zoned cannot be subtracted; which zone a naive one meant is a guess
+            _skip(skipped, ex, "timestamp with a time zone unlike the first row's", row_no)
+            continue
         at = (when - zero).total_seconds()
         inp = _count(row[cols["ContextTokens"]], minimum=1)
         out = _count(row[cols["GeneratedTokens"]], minimum=1)

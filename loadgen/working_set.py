@@ -49,29 +49,32 @@ def session_working_set(
     records: list[dict[str, Any]], block_size: int, shared_tokens: int = 0
 ) -> WorkingSet | None:
     """None without completed session turns."""
-    turns: dict[str, list[tuple[float, float, int]]] = {}
+    turns: dict[str, list[tuple[float, float, int, Any]]] = {}
     for r in records:
         if r.get("session") is None or not r.get("ok") or r.get("sent_at") is None:
             continue
         kv = (r.get("prompt_tokens") or 0) + max(0, (r.get("output_tokens") or 0) - 1)
-        turns.setdefault(r["session"], []).append((r["sent_at"], r["finished_at"], kv))
+        # a turn's calls (fanned out) share its number; they leave microseconds apart, so
+        # their send times do not group them (records without a turn fall back to those)
+        turn = r.get("turn") if isinstance(r.get("turn"), int) else r["sent_at"]
+        turns.setdefault(r["session"], []).append((r["sent_at"], r["finished_at"], kv, turn))
     if not turns or block_size < 1:
         return None
     shared = shared_tokens // block_size  # whole blocks of the shared system prompt
     events: list[tuple[float, int, int, int]] = []  # (time, +/- blocks, +/- tokens, +/- session)
     for calls in turns.values():
-        calls.sort()
-        # a turn's calls (fanned out) are sent together: group them by send time
-        by_send: dict[float, list[int]] = {}
-        for sent, _, kv in calls:
-            by_send.setdefault(sent, []).append(kv)
-        sends = sorted(by_send)
-        end = max(f for _, f, _ in calls)
+        calls.sort(key=lambda c: c[0])
+        by_turn: dict[Any, list[int]] = {}  # in the order the turns were first sent
+        first_sent: dict[Any, float] = {}
+        for sent, _, kv, turn in calls:
+            by_turn.setdefault(turn, []).append(kv)
+            first_sent.setdefault(turn, sent)
+        end = max(c[1] for c in calls)
         held_blocks = held_tokens = 0
-        for i, sent in enumerate(sends):
+        for i, (turn, kvs) in enumerate(by_turn.items()):
             # fanned out, each call is the context so far plus its own part, and the cache
             # holds the context once: the calls' sum less the context counted n - 1 times too
-            kvs = by_send[sent]
+            sent = first_sent[turn]
             tokens = sum(kvs) - (len(kvs) - 1) * held_tokens
             blocks = math.ceil(tokens / block_size) - shared
             events.append((sent, blocks - held_blocks, tokens - held_tokens, 1 if i == 0 else 0))

@@ -278,7 +278,7 @@ class WorkloadSpec:
             plan = self.trace.plan()[1]
             prompts = trace_prompts(plan, self.tokens, self.seed)
             for r, ids in zip(plan.requests, prompts, strict=True):
-                yield WorkItem("", r.output_tokens, r.input_tokens, ids)
+                yield WorkItem("", r.output_tokens, r.input_tokens, ids, r.priority)
             return
         out_len = parse_length(self.output_len) if self.output_len else None
         if self.dataset is not None:

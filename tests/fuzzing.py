@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from pathlib import Path
@@ -94,3 +95,69 @@ def check_splitter(data: bytes, cuts: list[int]) -> None:
     if want and want[-1] == "":
         want.pop()
     assert got == want, (got[:3], want[:3])
+
+
+# --- traces: rows of the three formats with fields made hostile --------------------------
+
+TRACES = DATA / "traces"
+_HOSTILE_VALUES: list[object] = [
+    None, True, -1, 0, 1, 2**31, 2**63, 2**64, 10**400, -(10**400), 1e308, float("nan"),
+    float("inf"), 0.5, "12", "", [], {}, [1, -2], [2**41], ["x"], 9.0,
+]  # fmt: skip
+_AZURE_CELLS = [
+    "2023-11-16 18:15:46.6805900", "2023-11-16 18:15:46+00:00", "2023-11-16T18:15:47Z",
+    "2023-11-16 18:15:46.1+05:30", "9999-12-31 23:59:59", "0001-01-01", "yesterday", "",
+    "374", "-3", "0", "1e3", str(10**30), "nan",
+]  # fmt: skip
+
+
+def trace_text(fmt: str, rng: random.Random) -> str:
+    """A few rows of a real trace in `fmt`, some fields given hostile values, some lines
+    mutated as text."""
+    if fmt == "azure":
+        lines = (TRACES / "azure-llm-conv-2023-first120.csv").read_text().splitlines()[:8]
+        rows = [lines[0]]
+        for line in lines[1:]:
+            cells = line.split(",")
+            if rng.random() < 0.5:
+                cells[rng.randrange(len(cells))] = rng.choice(_AZURE_CELLS)
+            rows.append(",".join(cells))
+    else:
+        src = (TRACES / "mooncake-conversation-first120.jsonl").read_text().splitlines()[:8]
+        rows = []
+        for line in src:
+            rec = json.loads(line)
+            if fmt == "kvwatch":
+                rec = {"t": rec["timestamp"] / 1000, "input_tokens": rec["input_length"],
+                       "output_tokens": rec["output_length"], "hash_ids": rec["hash_ids"][:4],
+                       "priority": rng.randrange(-2, 3)}  # fmt: skip
+            if rng.random() < 0.6:
+                rec[rng.choice(sorted(rec))] = rng.choice(_HOSTILE_VALUES)
+            rows.append(json.dumps(rec))
+    rows = [mutate(r, rng) if rng.random() < 0.15 else r for r in rows]
+    return "\n".join(rows) + "\n"
+
+
+def check_trace(path: Path, fmt: str | None, speed: float, scale: float) -> None:
+    """Read and planned: a TraceError of one line, or requests every later step can use."""
+    from kvwatch.loadgen.trace import (
+        MAX_TOKENS,
+        PRIORITY_RANGE,
+        TraceError,
+        plan_replay,
+        read_trace,
+    )
+
+    try:
+        trace = read_trace(path, fmt)
+        plan = plan_replay(trace, speed=speed, length_scale=scale, max_model_len=4096)
+    except TraceError as e:
+        assert "\n" not in str(e) and str(e), repr(e)
+        return
+    for r in trace.requests:
+        assert math.isfinite(r.at_s), r
+        assert 1 <= r.input_tokens <= MAX_TOKENS and 1 <= r.output_tokens <= MAX_TOKENS, r
+        assert r.priority is None or PRIORITY_RANGE[0] <= r.priority <= PRIORITY_RANGE[1], r
+    assert plan.offsets_s[0] == 0 and all(math.isfinite(o) for o in plan.offsets_s)
+    assert list(plan.offsets_s) == sorted(plan.offsets_s)
+    assert all(r.input_tokens + r.output_tokens <= 4096 + 1 for r in plan.requests)

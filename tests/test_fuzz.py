@@ -237,3 +237,26 @@ def test_vllm_spec_answers_size_or_say_why_in_one_line(doc: Any) -> None:
         assert "\n" not in str(e) and str(e)
         return
     assert found.layers and found.params > 0
+
+
+@settings(
+    max_examples=max(1, EXAMPLES // 4), deadline=None, database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)  # fmt: skip
+@given(
+    fmt=st.sampled_from(["mooncake", "azure", "kvwatch"]),
+    named=st.booleans(),
+    rng=st.randoms(use_true_random=False),
+    speed=st.sampled_from([1.0, 2.0, 0.001, 1e-300, 1e300]),
+    scale=st.sampled_from([1.0, 0.25, 1e-6, 1e6]),
+)
+def test_traces_of_every_format_replay_or_say_why_in_one_line(
+    fmt: str, named: bool, rng: random.Random, speed: float, scale: float, tmp_path: Path
+) -> None:
+    """Rows of the three formats with hostile fields (ints past a float, zoned and naive times
+    mixed, priorities past 64 bits, NaN): read and planned, or one TraceError line."""
+    from tests.fuzzing import check_trace, trace_text
+
+    path = tmp_path / f"trace.{'csv' if fmt == 'azure' else 'jsonl'}"
+    path.write_text(trace_text(fmt, rng))
+    check_trace(path, fmt if named else None, speed, scale)

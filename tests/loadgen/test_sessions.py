@@ -161,6 +161,17 @@ class TestWorkingSet:
         ws = session_working_set(recs, block_size=1)
         assert ws is not None and ws.peak_tokens == 3 * 114 - 2 * 100
 
+    def test_fanned_out_calls_are_one_turn_though_sent_microseconds_apart(self) -> None:
+        """Before: grouped by exact send time, each call counted as a turn of its own (at
+        fanout 4, 60 blocks advised where 80 were needed)."""
+        from kvwatch.loadgen.working_set import session_working_set
+
+        recs = [{**self._turn("a", 0.0, 1.0, 100, 1), "turn": 0}] + [
+            {**self._turn("a", 2.0 + k * 1e-5, 3.0, 110, 5), "turn": 1} for k in range(3)
+        ]
+        ws = session_working_set(recs, block_size=1)
+        assert ws is not None and ws.peak_tokens == 3 * 114 - 2 * 100
+
     def test_a_shared_system_prompt_is_held_once(self) -> None:
         from kvwatch.loadgen.working_set import session_working_set
 

@@ -263,3 +263,57 @@ class TestCommandLine:
         assert p.returncode == 2 and "--trace-window wants START:END" in p.stderr
         p = _loadgen("--trace", str(tmp_path / "none.jsonl"))
         assert p.returncode == 2 and "cannot read" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_naive_and_zoned_azure_times_are_a_counted_skip(tmp_path: Path) -> None:
+    """Before: TypeError (naive minus aware) and a traceback."""
+    from kvwatch.loadgen.trace import read_trace
+
+    p = tmp_path / "t.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,10,5\n"
+                 "2023-11-16 18:15:47+00:00,10,5\n2023-11-16 18:15:48,10,5\n")  # fmt: skip
+    t = read_trace(p)
+    assert [r.row for r in t.requests] == [2, 4]
+    assert t.skipped == {"timestamp with a time zone unlike the first row's": 1}
+
+
+@pytest.mark.parametrize(
+    ("record", "why"),
+    [
+        ({"timestamp": 10**400, "input_length": 5, "output_length": 5}, "bad timestamp"),
+        ({"timestamp": 1, "input_length": 10**30, "output_length": 5}, "bad input length"),
+        ({"t": 1, "input_tokens": 5, "output_tokens": 5, "priority": 2**63}, "bad priority"),
+    ],
+)
+def test_numbers_past_what_a_request_can_carry_are_a_counted_skip(
+    tmp_path: Path, record: dict[str, int], why: str
+) -> None:
+    """Before: OverflowError for the timestamp and the lengths' scaling; a priority past 64 bits
+    got every request a 400 from vLLM, then the run was lost."""
+    from kvwatch.loadgen.trace import read_trace
+
+    p = tmp_path / "t.jsonl"
+    good = ({"timestamp": 0, "input_length": 5, "output_length": 5} if "timestamp" in record
+            else {"t": 0, "input_tokens": 5, "output_tokens": 5})  # fmt: skip
+    p.write_text(json.dumps(good) + "\n" + json.dumps(record) + "\n")
+    t = read_trace(p)
+    assert len(t.requests) == 1 and [k for k in t.skipped if k.startswith(why)], t.skipped
+
+
+def test_a_traces_priorities_are_sent_and_priorities_fill_only_the_rest(tmp_path: Path) -> None:
+    """Before: the replay's items carried no priority, so the rows' were never sent and
+    --priorities gave every request a drawn one (docs/loadgen.md promises the row's is kept)."""
+    from kvwatch.loadgen.priorities import parse_priorities
+    from kvwatch.loadgen.trace import TraceReplay
+    from kvwatch.loadgen.workload import WorkloadSpec
+
+    f = _jsonl(tmp_path / "t.jsonl", [
+        {"t": i * 0.1, "input_tokens": 20, "output_tokens": 2,
+         **({"priority": 7} if i % 2 == 0 else {})}
+        for i in range(10)
+    ])  # fmt: skip
+    tokens = tuple(range(100, 400))
+    plain = WorkloadSpec(trace=TraceReplay(f), tokens=tokens)
+    assert [i.priority for i in plain.items()][:10] == [7, None] * 5
+    mixed = WorkloadSpec(trace=TraceReplay(f), tokens=tokens, priorities=parse_priorities("0:1"))
+    assert [i.priority for i in mixed.items()][:10] == [7, 0] * 5
