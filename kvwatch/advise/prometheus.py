@@ -11,11 +11,13 @@ as the sidecar does, so a data-parallel server does not count them once per engi
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import httpx
 
-from kvwatch.common.command import EXIT_UNREACHABLE, CliError
+from kvwatch.common.command import EXIT_UNREACHABLE, CliError, one_line
+from kvwatch.common.http_read import ReadError, get_json
 from kvwatch.sidecar.contract.vocabulary import (
     ADMISSION_REJECTIONS,
     CACHE_CONFIG,
@@ -41,18 +43,22 @@ __all__ = [
 _BY = "instance, engine"
 
 
+# one deadline per query for the whole answer: a server sending a byte a second held advise
+# for as long as it liked
+READ_DEADLINE_S = 60.0
+
+
 def _api(client: httpx.Client, base: str, path: str, params: dict[str, Any]) -> list[Any]:
     try:
-        r = client.get(base.rstrip("/") + path, params=params)
-    except httpx.TransportError as e:  # as every other source: unreachable is exit 3
-        raise CliError(f"cannot reach Prometheus at {base}: {e}", EXIT_UNREACHABLE) from None
-    try:
-        body = r.json()
+        body = get_json(client, base.rstrip("/") + path, params=params,
+                        deadline_s=READ_DEADLINE_S).body  # fmt: skip
+    except ReadError as e:  # as every other source: unreachable (or too slow) is exit 3
+        raise CliError(f"cannot read Prometheus at {base}: {e}", EXIT_UNREACHABLE) from None
     except ValueError:
-        raise SizingError(f"Prometheus at {base} answered HTTP {r.status_code}, not JSON") from None
+        raise SizingError(f"Prometheus at {base} answered a query with no JSON") from None
     if not isinstance(body, dict) or body.get("status") != "success":
         error = body.get("error") if isinstance(body, dict) else None
-        raise SizingError(f"Prometheus rejected {params['query']!r}: {error}")
+        raise SizingError(f"Prometheus rejected {params['query']!r}: {one_line(str(error))[:300]}")
     data = body.get("data")
     result = data.get("result") if isinstance(data, dict) else None
     if not isinstance(result, list):
@@ -80,11 +86,13 @@ def prometheus_range(
 
 
 def _number(raw: Any) -> float | None:
+    """A sample's value; None for NaN (a ratio with no traffic) and infinities (a quantile
+    past the last bucket says no length)."""
     try:
         v = float(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
-    return None if v != v else v  # NaN: a ratio with no traffic
+    return v if math.isfinite(v) else None
 
 
 def _engine_key(labels: dict[str, Any]) -> tuple[str, str]:
@@ -163,11 +171,12 @@ def _growth(selector: str, window: str, by: str = _BY) -> str:
 
 
 def observed_from_prometheus(
-    base: str, window: str = "1h", step: str = "15s"
+    base: str, window: str = "1h", step: str = "15s", transport: httpx.BaseTransport | None = None
 ) -> list[tuple[str, Observed]]:
     """`step` is the subquery resolution for the peak of running + waiting: at most the scrape
-    interval, or short peaks fall between the points."""
-    with httpx.Client(timeout=30) as client:
+    interval, or short peaks fall between the points. `transport`: httpx's (the fuzz tests
+    answer from one in the process)."""
+    with httpx.Client(timeout=30, transport=transport) as client:
         caches = prometheus_query(
             client,
             base,
@@ -233,10 +242,12 @@ def observed_from_prometheus(
         try:
             blocks, bs = int(float(m["num_gpu_blocks"])), int(float(m["block_size"]))
             mem = float(m["kv_cache_memory_bytes"])
+            if blocks < 1 or bs < 1 or not 0 < mem < math.inf:
+                raise ValueError
         except (KeyError, TypeError, ValueError, OverflowError):
             raise SizingError(
                 f"{name}: cache_config_info lacks num_gpu_blocks, block_size or "
-                "kv_cache_memory_bytes"
+                "kv_cache_memory_bytes (or says 0 of them)"
             ) from None
         if key not in prompt or key not in output:
             raise SizingError(f"{name}: no finished requests in the last {window}")
@@ -254,8 +265,8 @@ def observed_from_prometheus(
                     preemptions=preempt.get(key, 0.0),
                     gpu_memory_utilization=_opt_float(m.get("gpu_memory_utilization")),
                     kv_cache_memory_bytes=mem,
-                    kv_dtype=m.get("cache_dtype") or "auto",
-                    ssm_state_dtype=m.get("mamba_ssm_cache_dtype"),
+                    kv_dtype=_opt_text(m.get("cache_dtype")) or "auto",
+                    ssm_state_dtype=_opt_text(m.get("mamba_ssm_cache_dtype")),
                     source=f"prometheus {base}",
                     admission_rejections=refused.get(key),
                     offload_allocation_failures=refused_stores.get(key),
@@ -269,8 +280,14 @@ def observed_from_prometheus(
     return out
 
 
-def _opt_float(raw: str | None) -> float | None:
+def _opt_float(raw: Any) -> float | None:
+    """A label's number; None where it is absent, not a number, or not finite."""
     try:
-        return None if raw is None else float(raw)
-    except ValueError:
+        v = None if raw is None else float(raw)
+    except (TypeError, ValueError):
         return None
+    return v if v is not None and math.isfinite(v) else None
+
+
+def _opt_text(raw: Any) -> str | None:
+    return raw if isinstance(raw, str) and raw else None

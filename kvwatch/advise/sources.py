@@ -16,6 +16,8 @@ from kvwatch.sizing.advice import Observed, kv_bytes_per_token_from, several_gro
 from kvwatch.sizing.kvmath import LayerSource, SizingError
 from kvwatch.sizing.levers import ServerInfo
 
+SIDECAR_DEADLINE_S = 10.0  # for the whole of /api/state, not each read of it
+
 __all__ = ["observed_from_source", "observed_from_engines"]
 
 
@@ -31,10 +33,13 @@ def observed_from_source(ns: argparse.Namespace) -> tuple[list[tuple[str, Observ
     elif ns.sidecar:
         import httpx
 
+        from kvwatch.common.http_read import ReadError, get_json
+
         url = ns.sidecar.rstrip("/") + "/api/state"
         try:
-            doc = httpx.get(url, timeout=10).json()
-        except (httpx.HTTPError, ValueError) as e:
+            with httpx.Client() as client:
+                doc = get_json(client, url, deadline_s=SIDECAR_DEADLINE_S).body
+        except (ReadError, ValueError) as e:
             raise CliError(f"cannot read {url}: {e}", EXIT_UNREACHABLE) from None
         try:
             engines = engines_from_json(doc)

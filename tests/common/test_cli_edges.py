@@ -117,3 +117,28 @@ def test_what_the_fuzzer_found_is_refused_in_one_line(
     check(o)
     assert o.code == code, (o.code, o.stderr[-600:])
     assert says in o.stderr.splitlines()[-1], o.stderr[-600:]
+
+
+@pytest.mark.parametrize("source", ["--prometheus", "--sidecar"])
+def test_advise_reads_a_trickling_server_within_one_deadline(
+    source: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: httpx's timeout bounds each read, so a server sending a byte every 0.2 s held
+    `advise` as long as it liked (a FAKE server: no real one trickles on demand)."""
+    import json
+    import time
+
+    from kvwatch.advise import prometheus, sources
+    from tests.sidecar.fakes import raw_http_server
+
+    monkeypatch.setattr(prometheus, "READ_DEADLINE_S", 1.0)
+    monkeypatch.setattr(sources, "SIDECAR_DEADLINE_S", 1.0)
+    body = json.dumps({"status": "success", "data": {"result": []}, "pad": "x" * 200}).encode()
+    reply = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    with raw_http_server(reply, trickle_s=0.2) as url:
+        t0 = time.monotonic()
+        o = run_cli(["advise", source, url])
+        took = time.monotonic() - t0
+    check(o)
+    assert o.code == 3 and "within 1 s" in o.stderr, o.stderr
+    assert took < 5, took
