@@ -162,8 +162,9 @@ def test_autoscaler_matches_kedas_schema_and_scales_the_shipped_deployment() -> 
         "Deployment"
     ]
     assert so["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
-    served = next(c for c in deployment["spec"]["template"]["spec"]["containers"]
-                  if c["name"] == "vllm")["args"][0].split("vllm serve ")[1].split()[0]  # fmt: skip
+    vllm = next(c for c in deployment["spec"]["template"]["spec"]["containers"]
+                if c["name"] == "vllm")  # fmt: skip
+    served = vllm["args"][0].split("vllm serve ")[1].split()[0].strip("'")
     (trigger,) = so["spec"]["triggers"]
     assert (
         trigger["metadata"]["query"]

@@ -109,8 +109,8 @@ def test_everything_on_renders_valid_objects_from_the_catalogue() -> None:
     pod = objs["Deployment"]["spec"]["template"]["spec"]
     c = {x["name"]: x for x in pod["containers"]}
     vllm_cmd = " ".join(c["vllm"]["args"][0].split())
-    assert "vllm serve Qwen/Qwen3-32B --port 8000" in vllm_cmd
-    assert "--max-model-len 32768 --enable-prefix-caching 2>&1 | tee -a" in vllm_cmd
+    assert "vllm serve 'Qwen/Qwen3-32B' --port 8000" in vllm_cmd
+    assert "'--max-model-len' '32768' '--enable-prefix-caching' 2>&1 | tee -a" in vllm_cmd
     ns = build_parser().parse_args(c["kvwatch"]["args"])
     assert ns.scheduling_policy == "priority" and ns.webhook_config is not None
 
@@ -141,3 +141,42 @@ def test_a_broken_value_fails_the_render_naming_it(setting: str, named: str) -> 
     )  # fmt: skip
     assert p.returncode != 0 and p.stdout == ""
     assert "values don't meet the specifications of the schema" in p.stderr and named in p.stderr
+
+
+def test_a_decimal_from_set_is_taken_as_the_number_it_is() -> None:
+    """`--set` passes 0.95 as a string: the schema refused it ("given: string"), and refused
+    1.5 for that reason rather than for being above 1 (still refused above, by its range)."""
+    pod = _render("vllm.gpuMemoryUtilization=0.95")["Deployment"]["spec"]["template"]["spec"]
+    vllm = next(c for c in pod["containers"] if c["name"] == "vllm")
+    assert "--gpu-memory-utilization 0.95 " in vllm["args"][0]
+
+
+def test_what_reaches_the_shell_is_quoted_word_by_word() -> None:
+    """vllm.model and extraArgs went into `sh -c` unquoted: `x;touch${IFS}PWNED` ran."""
+    import shlex
+
+    objs = _render("vllm.model=org/model:rev-1",
+                   "vllm.extraArgs={--max-model-len 32768,--served-model-name a$(id)}")  # fmt: skip
+    line = objs["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"][0]
+    words = shlex.split(line.split("2>&1")[0].split(";", 1)[1])
+    assert words[:3] == ["vllm", "serve", "org/model:rev-1"]
+    assert words[-4:] == ["--max-model-len", "32768", "--served-model-name", "a$(id)"]
+
+
+@pytest.mark.parametrize(
+    ("sets", "says"),
+    [
+        (["vllm.model=x;touch${IFS}PWNED"], "vllm.model"),
+        (["vllm.extraArgs={it's}"], "extraArgs"),
+        (["kvwatch.port=8000"], "vllm.port and kvwatch.port are both 8000"),
+        (["autoscaling.enabled=true", "autoscaling.minReplicas=5", "autoscaling.maxReplicas=2",
+          "autoscaling.prometheusAddress=http://prom:9090"], "minReplicas 5 is above"),
+    ],
+)  # fmt: skip
+def test_values_that_cannot_work_are_refused_before_anything_renders(
+    sets: list[str], says: str
+) -> None:
+    args = [a for s in sets for a in ("--set", s)]
+    p = subprocess.run([_helm(), "template", "x", str(CHART), *args],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert p.returncode != 0 and p.stdout == "" and says in p.stderr, p.stderr
