@@ -196,10 +196,14 @@ class LocalVLLM:
         log_path: Path,
         start_timeout_s: float = 180.0,
         stop_grace_s: float = 15.0,
+        cancel: threading.Event | None = None,
     ) -> None:
+        """`cancel`: set from another thread, it ends a start still waiting for readiness
+        (ServerStartError; the process stopped), as a fleet does on Ctrl-C."""
         self.config = config
         self.log_path = log_path
         self.start_timeout_s = start_timeout_s
+        self.cancel = cancel
         self.stop_grace_s = stop_grace_s
         self.port: int | None = None
         self.proc: subprocess.Popen[bytes] | None = None
@@ -244,8 +248,10 @@ class LocalVLLM:
 
     def _wait_ready(self) -> None:
         assert self.proc is not None
-        if wait_until_ok(self.base_url + "/health", self.proc, self.start_timeout_s):
+        if wait_until_ok(self.base_url + "/health", self.proc, self.start_timeout_s, self.cancel):
             return
+        if self.cancel is not None and self.cancel.is_set():
+            raise ServerStartError("the start was cancelled")
         code = self.proc.poll()
         why = (
             f"vLLM exited with code {code} during start"
@@ -314,10 +320,14 @@ def restore_sigterm(before: signal._HANDLER | None) -> None:
 
 
 def wait_until_ok(
-    url: str, proc: subprocess.Popen[bytes], timeout_s: float, period_s: float = 0.2
+    url: str,
+    proc: subprocess.Popen[bytes],
+    timeout_s: float,
+    cancel: threading.Event | None = None,
+    period_s: float = 0.2,
 ) -> bool:
-    """Polls `url` until it answers 200 (True), or until the process exits or the time is up
-    (False): the readiness check of every process kvwatch starts."""
+    """Polls `url` until it answers 200 (True), or until the process exits, the time is up or
+    `cancel` is set (False): the readiness check of every process kvwatch starts."""
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=2.0) as client:
         while True:
@@ -328,7 +338,10 @@ def wait_until_ok(
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
                 return False
-            time.sleep(period_s)
+            if cancel is not None and cancel.wait(period_s):
+                return False
+            if cancel is None:
+                time.sleep(period_s)
 
 
 def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 15.0) -> int:

@@ -11,6 +11,7 @@ whatever happens; temporary directories go with it unless a work directory was g
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -32,12 +33,44 @@ from kvwatch.fleet.sidecars import start_sidecar
 from kvwatch.loadgen.local_server import restore_sigterm, sigterm_interrupts, stop_process
 from kvwatch.twin.serve import TwinServer, kv_bytes_for_blocks, start_twin
 
-__all__ = ["FleetSpec", "Replica", "Fleet"]
+__all__ = [
+    "FleetSpec", "Replica", "Fleet", "REPLICA_BYTES", "available_memory", "memory_needed",
+    "parallel_starts",
+]  # fmt: skip
 
 
 # Prometheus scrapes and evaluates every second: a lab's rules judge within seconds, and the
 # fleet advice reads the peak at this step.
 SCRAPE_INTERVAL = "1s"
+
+
+# A replica's host memory: a twin of llama-3.1-8b measured 1.1 GB RSS (its API server and
+# engine core, 2026-12-05), its sidecar about 60 MB; planned with a margin.
+REPLICA_BYTES = 3 * 2**29  # 1.5 GiB
+SERVICES_BYTES = 2**29  # Prometheus, Alertmanager, the router
+MAX_PARALLEL_STARTS = 4  # vLLM's start is CPU-bound: more at once only slows each
+
+
+def available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo (None where there is none)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def memory_needed(replicas: int) -> int:
+    return replicas * REPLICA_BYTES + SERVICES_BYTES
+
+
+def parallel_starts(n: int) -> int:
+    """Replicas started at once: a few, and no more than the machine's CPUs and memory hold."""
+    mem = available_memory()
+    by_mem = MAX_PARALLEL_STARTS if mem is None else max(1, mem // REPLICA_BYTES)
+    return max(1, min(n, MAX_PARALLEL_STARTS, os.cpu_count() or 1, by_mem))
 
 
 @dataclass(frozen=True)
@@ -89,6 +122,7 @@ class Fleet:
         self._stack = ExitStack()
         self._sigterm_before: Any = None
         self._lock = threading.Lock()
+        self._cancel = threading.Event()  # set on Ctrl-C/SIGTERM: starts under way give up
         self.receiver = NotificationReceiver(echo=self.echo)
         self.router: Router | None = None
 
@@ -142,7 +176,7 @@ class Fleet:
         log = self.dir / f"replica-{index}-vllm.log"
         twin = start_twin(
             s.model, s.gpu, log, time_scale=s.time_scale, seed=index,
-            status_dir=self.dir / f"replica-{index}",
+            status_dir=self.dir / f"replica-{index}", cancel=self._cancel,
             vllm_args=("--max-model-len", str(s.max_model_len),
                        "--kv-cache-memory-bytes", str(self._kv_bytes), *s.vllm_args),
         )  # fmt: skip
@@ -154,27 +188,43 @@ class Fleet:
         return Replica(index, twin, proc, url)
 
     def add_replicas(self, n: int, register: bool = True) -> list[Replica]:
-        """Start `n` more replicas side by side; with `register`, tell the router of them (as an
-        operator scaling out does). Discovery files are rewritten for Prometheus."""
+        """Start `n` more replicas, `parallel_starts(n)` at a time; with `register`, tell the
+        router of them (as an operator scaling out does). Discovery files are rewritten for
+        Prometheus. Interrupted (Ctrl-C, or SIGTERM as one), the starts under way give up and
+        every replica made is in `replicas`, for stop() to stop."""
         first = len(self.replicas)
         for i in range(first, first + n):
             (self.dir / f"replica-{i}").mkdir(exist_ok=True)
         made: list[Replica | BaseException] = [RuntimeError("not started")] * n
+        slots = threading.Semaphore(parallel_starts(n))
 
         def start(k: int) -> None:
-            try:
-                made[k] = self._start_replica(first + k)
-            except BaseException as e:  # noqa: BLE001 (handed to the caller below)
-                made[k] = e
+            with slots:
+                if self._cancel.is_set():
+                    return
+                try:
+                    r = self._start_replica(first + k)
+                except BaseException as e:  # noqa: BLE001 (handed to the caller below)
+                    made[k] = e
+                    return
+                made[k] = r
+                with self._lock:  # at once: an interrupted start-up still stops it
+                    self.replicas.append(r)
 
         threads = [threading.Thread(target=start, args=(k,)) for k in range(n)]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                t.join()
+        except BaseException:
+            self._cancel.set()  # each start under way ends within a readiness poll
+            for t in threads:
+                t.join()
+            raise
         new = [r for r in made if isinstance(r, Replica)]
         with self._lock:
-            self.replicas.extend(new)
+            self.replicas.sort(key=lambda r: r.index)
         self._write_discovery()
         errors = [e for e in made if not isinstance(e, Replica)]
         if errors:

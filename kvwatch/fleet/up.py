@@ -8,7 +8,14 @@ import signal
 import threading
 
 from kvwatch.common.command import EXIT_UNREACHABLE, CliError, make_dir
-from kvwatch.fleet.lab import Fleet, FleetSpec
+from kvwatch.fleet.lab import (
+    REPLICA_BYTES,
+    Fleet,
+    FleetSpec,
+    available_memory,
+    memory_needed,
+    parallel_starts,
+)
 from kvwatch.fleet.router import POLICIES
 from kvwatch.loadgen.local_server import ServerStartError
 from kvwatch.sizing.errors import SizingError
@@ -28,11 +35,21 @@ def run_fleet(ns: argparse.Namespace) -> int:
     )  # fmt: skip
     if ns.work_dir is not None:
         make_dir(ns.work_dir, "the fleet's folder")
-    print(f"starting {ns.replicas} twin replicas of {ns.model} on a simulated {ns.gpu} ...")
+    need, have = memory_needed(ns.replicas), available_memory()
+    if have is not None and need > have:
+        raise CliError(
+            f"--replicas {ns.replicas} needs about {need / 2**30:.1f} GiB of memory "
+            f"({REPLICA_BYTES / 2**30:.1f} GiB a replica); this machine has {have / 2**30:.1f} "
+            "GiB available"
+        )
+    print(f"starting {ns.replicas} twin replicas of {ns.model} on a simulated {ns.gpu} "
+          f"({parallel_starts(ns.replicas)} at a time) ...", flush=True)  # fmt: skip
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
+        # while it starts, SIGTERM interrupts like Ctrl-C (Fleet's own handler): the starts
+        # under way give up and everything started is stopped
         with Fleet(spec, work_dir=ns.work_dir, echo=True) as fleet:
+            signal.signal(signal.SIGTERM, lambda *_: stop.set())
             for r in fleet.replicas:
                 print(f"  replica {r.index}: {r.url} (kvwatch twin; sidecar {r.sidecar_url})")
             print(f"router ({fleet.url.split('//')[1]}, {ns.policy}): {fleet.url}")

@@ -9,6 +9,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,6 +137,7 @@ def start_twin(
     start_timeout_s: float = 300.0,
     stats_interval_s: float = 1.0,
     status_interval_s: float = 5.0,
+    cancel: threading.Event | None = None,
 ) -> TwinServer:
     """Start vLLM with the twin; raises SizingError/SettingsError/StepError for bad settings and
     ServerStartError when vLLM does not come up (its log's tail in the message)."""
@@ -190,7 +192,7 @@ def start_twin(
             weightless=True,
         )
         twin = TwinServer(
-            LocalVLLM(config, log_path=log_path, start_timeout_s=start_timeout_s),
+            LocalVLLM(config, log_path=log_path, start_timeout_s=start_timeout_s, cancel=cancel),
             settings,
             served.changes,
             own_dir,

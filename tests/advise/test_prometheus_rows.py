@@ -20,7 +20,8 @@ ROWS: list[dict[str, Any]] = [
 def test_instant_rows_by_labels_leave_out_what_is_not_a_number() -> None:
     assert values_by_labels(ROWS, ("instance", "engine")) == {
         ("a:8000", "0"): 0.5,
-        ("", ""): float("inf"),  # the last of the two rows without those labels
+        ("", ""): 2.0,  # the row without a metric object; +Inf (a quantile past its last
+        # bucket, a ratio over 0) is no figure either, as NaN is not
     }
     assert values_by(ROWS[:3], "model_name") == {"m": 0.5}
 

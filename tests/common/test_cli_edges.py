@@ -142,3 +142,10 @@ def test_advise_reads_a_trickling_server_within_one_deadline(
     check(o)
     assert o.code == 3 and "within 1 s" in o.stderr, o.stderr
     assert took < 5, took
+
+
+def test_more_replicas_than_memory_holds_are_refused_before_any_start() -> None:
+    # before: all 50 started at once and the machine ran out of memory
+    o = run_cli(["fleet", "--replicas", "1000"])
+    check(o)
+    assert o.code == 2 and "--replicas 1000 needs about" in o.stderr, o.stderr
