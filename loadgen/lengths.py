@@ -12,6 +12,11 @@ from dataclasses import dataclass
 __all__ = ["DatasetError", "LengthDist", "parse_length"]
 
 
+# No model takes a prompt near this (the longest contexts are 10M tokens), and a prompt is
+# built in memory before it is sent: 10^300 tokens asked for memory no machine has.
+MAX_LENGTH = 10_000_000
+
+
 class DatasetError(ValueError):
     """A dataset or length spec that cannot be used; says which file/line and why."""
 
@@ -23,8 +28,8 @@ class LengthDist:
     b: float = 0.0
 
     def sample(self, rng: random.Random) -> int:
-        """A whole number of tokens (at least 1)."""
-        return max(1, round(self.draw(rng)))
+        """A whole number of tokens, 1 to MAX_LENGTH (a lognormal's tail is cut there)."""
+        return max(1, round(min(self.draw(rng), MAX_LENGTH)))
 
     def draw(self, rng: random.Random) -> float:
         """The raw draw, for quantities that are not counts (think times); never below 0."""
@@ -35,8 +40,11 @@ class LengthDist:
         elif self.kind == "normal":
             v = rng.gauss(self.a, self.b)
         else:  # lognormal with median a and sigma b
-            v = rng.lognormvariate(math.log(self.a), self.b)
-        return max(0.0, v)
+            try:
+                v = rng.lognormvariate(math.log(self.a), self.b)
+            except OverflowError:  # a sigma of hundreds: past any float
+                v = math.inf
+        return max(0.0, min(v, MAX_LENGTH))
 
 
 def parse_length(spec: str) -> LengthDist:
@@ -58,4 +66,6 @@ def parse_length(spec: str) -> LengthDist:
         raise DatasetError(f"length {spec!r}: numbers must be finite")
     if nums[0] <= 0 or (kind == "uniform" and nums[1] < nums[0]) or (len(nums) > 1 and nums[1] < 0):
         raise DatasetError(f"length {spec!r}: lengths must be positive (and LO <= HI)")
+    if max(nums) > MAX_LENGTH:
+        raise DatasetError(f"length {spec!r}: at most {MAX_LENGTH:,}")
     return LengthDist(kind, *nums)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -44,7 +45,26 @@ _KILL_WAIT_S = 5.0
 
 
 class ServerStartError(RuntimeError):
-    """The server could not be started; the message says why and carries the log's tail."""
+    """The server could not be started: the message says why in one line (with the log's last
+    error, not vLLM's 40-line traceback); `tail` keeps the log's last lines."""
+
+    def __init__(self, message: str, tail: str = "") -> None:
+        super().__init__(message)
+        self.tail = tail
+
+
+_ERROR_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception|Exit)\b:?")
+_LOG_PREFIX = re.compile(r"^\(\w+ pid=\d+\)\s+(?:\w+\s+\d\d-\d\d [\d:]+ \[[^\]]*\]\s*)?")
+
+
+def last_error(tail: str) -> str | None:
+    """The last line of a log's tail that names an exception (what vLLM died of), without the
+    process and time prefix; None when none does."""
+    for line in reversed(tail.splitlines()):
+        # the API server's own last words point back at the engine's
+        if _ERROR_LINE.search(line) and "root cause above" not in line:
+            return _LOG_PREFIX.sub("", line.strip())[:300]
+    return None
 
 
 # Ports free_port has handed out in this process. The kernel can give bind(0) a port it gave a
@@ -258,7 +278,11 @@ class LocalVLLM:
             if code is not None
             else f"vLLM not ready after {self.start_timeout_s:.0f} s"
         )
-        raise ServerStartError(f"{why}; log {self.log_path}:\n" + _tail(self.log_path))
+        tail = _tail(self.log_path)
+        said = last_error(tail)
+        raise ServerStartError(
+            f"{why}" + (f" ({said})" if said else "") + f"; its log: {self.log_path}", tail
+        )
 
     def stop(self, first_signal: int = signal.SIGTERM) -> int | None:
         """SIGTERM the process group, wait, then SIGKILL what is left. Returns the exit code.

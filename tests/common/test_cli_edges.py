@@ -88,6 +88,10 @@ FOUND = [
       "a" * 300], 2, "run directory"),  # OSError: name too long
     (["loadgen", "run", "--url", DEAD_URL, "--rate", "1", "--requests", "1",
       "--input-len", "nan"], 2, "--input-len"),  # was exit 3 "cannot reach", hiding the mistake
+    (["loadgen", "run", "--url", DEAD_URL, "--rate", "1", "--requests", "1",
+      "--input-len", "1e300"], 2, "at most 10,000,000"),  # built a 10^300-token prompt
+    (["loadgen", "run", "--url", DEAD_URL, "--sessions", "--rate", "1", "--requests", "1",
+      "--think-time", "1e300"], 2, "at most"),  # a session that never ended
     (["loadgen", "serve-local", "--model", "a" * 300], 3, "model directory"),
     (["loadgen", "serve-local", "--model", "{tmp}", "--log", "{tmp}"], 2, "server log"),
     (["loadgen", "build-model", "--cache-dir", "{file}"], 2, "build the model"),
@@ -149,3 +153,14 @@ def test_more_replicas_than_memory_holds_are_refused_before_any_start() -> None:
     o = run_cli(["fleet", "--replicas", "1000"])
     check(o)
     assert o.code == 2 and "--replicas 1000 needs about" in o.stderr, o.stderr
+
+
+def test_a_lognormal_tail_is_cut_where_lengths_end() -> None:
+    """lognormal:100,1000 drew past any float: OverflowError, or a prompt of 10^300 tokens."""
+    import random
+
+    from kvwatch.loadgen.lengths import MAX_LENGTH, parse_length
+
+    d = parse_length("lognormal:100,1000")
+    draws = [d.sample(random.Random(i)) for i in range(50)]
+    assert max(draws) == MAX_LENGTH and min(draws) >= 1
