@@ -1,5 +1,6 @@
-"""10^5 fuzz cases per target, with plain random mutations of real vLLM output: how many crash
-(raise) or break a property. The same properties as tests/test_fuzz.py (tests/fuzzing.py).
+"""10^5 fuzz cases per target, with plain random mutations of real vLLM output, traces and
+Prometheus answers: how many crash (raise) or break a property. The same properties as
+tests/test_fuzz.py (tests/fuzzing.py).
 
     PYTHONPATH=. .venv/bin/python bench/bench_fuzz.py [--cases 100000] [--seed 1]
 """
@@ -8,17 +9,24 @@ from __future__ import annotations
 
 import argparse
 import random
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from tests.fuzzing import (
     LOG_LINES,
     METRIC_LINES,
     check_exposition,
     check_log_line,
+    check_prometheus_answers,
     check_splitter,
+    check_trace,
     mutate,
+    trace_text,
 )
+
+_TMP = Path(tempfile.mkdtemp(prefix="kvwatch-fuzz-"))
 
 
 def _metrics(rng: random.Random) -> None:
@@ -35,10 +43,20 @@ def _splitter(rng: random.Random) -> None:
     check_splitter(data, [rng.randrange(len(data) + 1) for _ in range(rng.randint(0, 8))])
 
 
+def _trace(rng: random.Random) -> None:
+    fmt = rng.choice(["mooncake", "azure", "kvwatch"])
+    path = _TMP / f"trace.{'csv' if fmt == 'azure' else 'jsonl'}"
+    path.write_text(trace_text(fmt, rng))
+    check_trace(path, fmt if rng.random() < 0.5 else None, rng.choice([1.0, 2.0, 1e-300, 1e300]),
+                rng.choice([1.0, 0.25, 1e-6, 1e6]))  # fmt: skip
+
+
 TARGETS: dict[str, Callable[[random.Random], None]] = {
     "metrics (parse, observe, judge, export)": _metrics,
     "log lines": _log,
     "line splitter": _splitter,
+    "traces (three formats, read and planned)": _trace,
+    "Prometheus answers (advise --prometheus)": check_prometheus_answers,
 }
 
 

@@ -7,7 +7,9 @@ import json
 import math
 import random
 from pathlib import Path
+from typing import Any
 
+import httpx
 from prometheus_client import CollectorRegistry, generate_latest
 
 from kvwatch.sidecar.logs.follow import FollowStats, LineSplitter
@@ -19,7 +21,7 @@ from kvwatch.sidecar.state.sidecar_state import SidecarState
 
 __all__ = [
     "METRIC_LINES", "LOG_LINES", "mutate", "check_exposition", "check_log_line",
-    "check_splitter",
+    "check_splitter", "trace_text", "check_trace", "check_prometheus_answers",
 ]  # fmt: skip
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -161,3 +163,60 @@ def check_trace(path: Path, fmt: str | None, speed: float, scale: float) -> None
     assert plan.offsets_s[0] == 0 and all(math.isfinite(o) for o in plan.offsets_s)
     assert list(plan.offsets_s) == sorted(plan.offsets_s)
     assert all(r.input_tokens + r.output_tokens <= 4096 + 1 for r in plan.requests)
+
+
+# --- Prometheus API answers ---------------------------------------------------------------
+
+_PROM_LABEL_VALUES: list[Any] = ["0", "1", "16", "4096", "1e9", "-5", "nan", "inf", "x", "",
+                                 None, [], {}, 1, True, "fp8", "auto"]  # fmt: skip
+_PROM_SAMPLES: list[Any] = ["1", "0", "12.5", "NaN", "+Inf", "-1", "1e308", "x", None, [], 7]
+_PROM_LABELS = ["num_gpu_blocks", "block_size", "kv_cache_memory_bytes", "gpu_memory_utilization",
+                "cache_dtype", "kv_offloading_size", "mamba_ssm_cache_dtype"]  # fmt: skip
+_GOOD_LABELS = {"num_gpu_blocks": "4000", "block_size": "16", "kv_cache_memory_bytes": "8e9"}
+
+
+def _prom_answer(rng: random.Random) -> tuple[int, bytes]:
+    """A FAKE Prometheus API answer (in process: thousands a second, hostile on demand)."""
+    pick = rng.random()
+    if pick < 0.05:
+        return 500, b"<html>oops</html>"
+    if pick < 0.1:
+        return 400, json.dumps({"status": "error", "error": "bad\nquery"}).encode()
+    if pick < 0.13:
+        return 200, json.dumps(rng.choice([[], {}, {"status": "success"}, "x"])).encode()
+    rows: list[Any] = []
+    for _ in range(rng.randrange(4)):
+        metric: Any = {"instance": rng.choice(["a:1", "b:2"]), "engine": "0", **_GOOD_LABELS}
+        for label in rng.sample(_PROM_LABELS, rng.randrange(3)):
+            metric[label] = rng.choice(_PROM_LABEL_VALUES)
+        if rng.random() < 0.05:
+            metric = rng.choice([None, [], "x"])
+        value = [1.0, rng.choice(_PROM_SAMPLES)] if rng.random() < 0.9 else rng.choice([[], None])
+        rows.append({"metric": metric, "value": value} if rng.random() < 0.97 else 1)
+    doc = {"status": "success", "data": {"resultType": "vector", "result": rows}}
+    return 200, json.dumps(doc).encode()
+
+
+def check_prometheus_answers(rng: random.Random) -> None:
+    """`advise --prometheus` on any answer to each of its queries: advice for every engine it
+    can read, or one SizingError/CliError line; never a traceback or a figure not finite."""
+    from kvwatch.advise.prometheus import observed_from_prometheus
+    from kvwatch.common.command import CliError
+    from kvwatch.sizing.advice import advise
+    from kvwatch.sizing.errors import SizingError
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        status, body = _prom_answer(rng)
+        return httpx.Response(status, content=body)
+
+    try:
+        got = observed_from_prometheus(
+            "http://prometheus.fuzz:9090", transport=httpx.MockTransport(answer)
+        )
+        for _, obs in got:
+            for name in ("capacity_blocks", "block_size", "kv_bytes_per_token", "peak_demand",
+                         "seq_len_p95", "preemptions"):  # fmt: skip
+                assert math.isfinite(getattr(obs, name)), (name, obs)
+            advise(obs)
+    except (SizingError, CliError) as e:
+        assert "\n" not in str(e) and str(e)

@@ -1,12 +1,14 @@
 """Fuzzing with hypothesis, in CI: mutated real vLLM metrics, log lines, byte streams cut
-anywhere, and webhook receiver configs with every field of every wrong type. 10^4 cases per target
-(KVWATCH_FUZZ_EXAMPLES changes it); bench/bench_fuzz.py runs
-10^5 with plain random mutations. Marked `fuzz` (`-m "not fuzz"` leaves them out)."""
+anywhere, webhook receiver configs, calibration files, model configs and vLLM spec answers with
+every field of every wrong type, traces of the three formats, Prometheus API answers. 2,000
+cases a target in CI, fewer for the slower ones (KVWATCH_FUZZ_EXAMPLES changes it);
+bench/bench_fuzz.py runs 10^5 with plain random mutations, and
+`KVWATCH_FUZZ_EXAMPLES=20000 pytest -m fuzz` all of these at 10^4 and more. Marked `fuzz`
+(`-m "not fuzz"` leaves them out). The command lines: tests/test_fuzz_cli.py."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 from pathlib import Path
@@ -28,7 +30,7 @@ from tests.fuzzing import (
 )
 
 pytestmark = pytest.mark.fuzz
-EXAMPLES = int(os.environ.get("KVWATCH_FUZZ_EXAMPLES", "10000"))
+EXAMPLES = int(os.environ.get("KVWATCH_FUZZ_EXAMPLES", "2000"))
 _FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -263,36 +265,6 @@ def test_traces_of_every_format_replay_or_say_why_in_one_line(
     check_trace(path, fmt if named else None, speed, scale)
 
 
-_PROM_LABEL_VALUES: list[Any] = ["0", "1", "16", "4096", "1e9", "-5", "nan", "inf", "x", "",
-                                 None, [], {}, 1, True, "fp8", "auto"]  # fmt: skip
-_PROM_SAMPLES: list[Any] = ["1", "0", "12.5", "NaN", "+Inf", "-1", "1e308", "x", None, [], 7]
-_PROM_LABELS = ["num_gpu_blocks", "block_size", "kv_cache_memory_bytes", "gpu_memory_utilization",
-                "cache_dtype", "kv_offloading_size", "mamba_ssm_cache_dtype"]  # fmt: skip
-_GOOD_LABELS = {"num_gpu_blocks": "4000", "block_size": "16", "kv_cache_memory_bytes": "8e9"}
-
-
-def _prom_answer(rng: random.Random) -> tuple[int, bytes]:
-    """A FAKE Prometheus API answer (in process: thousands a second, hostile on demand)."""
-    pick = rng.random()
-    if pick < 0.05:
-        return 500, b"<html>oops</html>"
-    if pick < 0.1:
-        return 400, json.dumps({"status": "error", "error": "bad\nquery"}).encode()
-    if pick < 0.13:
-        return 200, json.dumps(rng.choice([[], {}, {"status": "success"}, "x"])).encode()
-    rows: list[Any] = []
-    for _ in range(rng.randrange(4)):
-        metric: Any = {"instance": rng.choice(["a:1", "b:2"]), "engine": "0", **_GOOD_LABELS}
-        for label in rng.sample(_PROM_LABELS, rng.randrange(3)):
-            metric[label] = rng.choice(_PROM_LABEL_VALUES)
-        if rng.random() < 0.05:
-            metric = rng.choice([None, [], "x"])
-        value = [1.0, rng.choice(_PROM_SAMPLES)] if rng.random() < 0.9 else rng.choice([[], None])
-        rows.append({"metric": metric, "value": value} if rng.random() < 0.97 else 1)
-    doc = {"status": "success", "data": {"resultType": "vector", "result": rows}}
-    return 200, json.dumps(doc).encode()
-
-
 @settings(
     max_examples=max(1, EXAMPLES // 5), deadline=None, database=None,
     suppress_health_check=[HealthCheck.too_slow],
@@ -301,23 +273,6 @@ def _prom_answer(rng: random.Random) -> tuple[int, bytes]:
 def test_prometheus_answers_advise_or_say_why_in_one_line(rng: random.Random) -> None:
     """`advise --prometheus` on any answer to each of its queries: advice for every engine it
     can read, or one SizingError/CliError line; never a traceback or a figure not finite."""
-    from kvwatch.advise.prometheus import observed_from_prometheus
-    from kvwatch.common.command import CliError
-    from kvwatch.sizing.advice import advise
-    from kvwatch.sizing.errors import SizingError
+    from tests.fuzzing import check_prometheus_answers
 
-    def answer(request: httpx.Request) -> httpx.Response:
-        status, body = _prom_answer(rng)
-        return httpx.Response(status, content=body)
-
-    try:
-        got = observed_from_prometheus(
-            "http://prometheus.fuzz:9090", transport=httpx.MockTransport(answer)
-        )
-        for _, obs in got:
-            for name in ("capacity_blocks", "block_size", "kv_bytes_per_token", "peak_demand",
-                         "seq_len_p95", "preemptions"):  # fmt: skip
-                assert math.isfinite(getattr(obs, name)), (name, obs)
-            advise(obs)
-    except (SizingError, CliError) as e:
-        assert "\n" not in str(e) and str(e)
+    check_prometheus_answers(rng)
