@@ -2,7 +2,7 @@
 Prometheus answers: how many crash (raise) or break a property. The same properties as
 tests/test_fuzz.py (tests/fuzzing.py).
 
-    PYTHONPATH=. .venv/bin/python bench/bench_fuzz.py [--cases 100000] [--seed 1]
+    PYTHONPATH=. .venv/bin/python bench/bench_fuzz.py [--cases 100000] [--seed 1] [--only traces]
 """
 
 from __future__ import annotations
@@ -64,8 +64,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", type=int, default=100_000)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--only", default="", help="targets whose name holds this (default: all)")
     ns = p.parse_args()
     for name, target in TARGETS.items():
+        if ns.only.lower() not in name.lower():
+            continue
         rng, broken, t0 = random.Random(ns.seed), 0, time.monotonic()
         first = ""
         for _ in range(ns.cases):

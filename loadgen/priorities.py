@@ -31,6 +31,8 @@ def parse_priorities(spec: str) -> Classes:
             ) from None
         if not weight > 0 or weight == float("inf"):
             raise DatasetError(f"--priorities {spec!r}: shares must be positive numbers")
+        if not -(2**63) <= value < 2**63:  # vLLM's is 64 bits: outside, every request got a 400
+            raise DatasetError(f"--priorities {spec[:60]!r}: a priority must fit 64 bits")
         out.append((value, weight))
     if not out:
         raise DatasetError(f"--priorities {spec!r}: name at least one class")

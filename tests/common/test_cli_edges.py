@@ -92,6 +92,8 @@ FOUND = [
       "--input-len", "1e300"], 2, "at most 10,000,000"),  # built a 10^300-token prompt
     (["loadgen", "run", "--url", DEAD_URL, "--sessions", "--rate", "1", "--requests", "1",
       "--think-time", "1e300"], 2, "at most"),  # a session that never ended
+    (["loadgen", "run", "--url", DEAD_URL, "--rate", "1", "--requests", "1",
+      "--priorities", "99999999999999999999:1"], 2, "fit 64 bits"),  # 400s, then a lost run
     (["loadgen", "serve-local", "--model", "a" * 300], 3, "model directory"),
     (["loadgen", "serve-local", "--model", "{tmp}", "--log", "{tmp}"], 2, "server log"),
     (["loadgen", "build-model", "--cache-dir", "{file}"], 2, "build the model"),
