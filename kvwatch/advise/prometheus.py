@@ -252,6 +252,8 @@ def observed_from_prometheus(
         if key not in prompt or key not in output:
             raise SizingError(f"{name}: no finished requests in the last {window}")
         p95 = prompt[key] + output[key]
+        if not math.isfinite(p95):  # each finite, their sum past a float
+            raise SizingError(f"{name}: request lengths of {p95} tokens are no figures")
         out.append(
             (
                 name,

@@ -398,6 +398,22 @@ def _assumptions(obs: Observed, margin: float) -> list[str]:
     ]
 
 
+# What a server can report, generously: past these a figure is broken input (a hand-edited run,
+# a hostile Prometheus), and the arithmetic on it overflowed a float.
+_PLAUSIBLE = {
+    "capacity_blocks": 1e12, "block_size": 1e6, "kv_bytes_per_token": 1e12,
+    "peak_demand": 1e9, "seq_len_p95": 1e9, "seq_len_max": 1e9, "preemptions": 1e15,
+}  # fmt: skip
+
+
+def _check_observed(obs: Observed) -> None:
+    for name, most in _PLAUSIBLE.items():
+        v = getattr(obs, name)
+        if not (isinstance(v, int | float) and math.isfinite(v) and 0 <= v <= most):
+            raise SizingError(f"{obs.source or 'the observation'}: {name} {v!r} is no figure "
+                              f"a server reports (0 to {most:g})")  # fmt: skip
+
+
 def advise(
     obs: Observed,
     margin: float = 0.10,
@@ -410,6 +426,7 @@ def advise(
     version = server.parsed
     if not 0 <= margin < 1:
         raise SizingError("the safety margin must be in [0, 1)")
+    _check_observed(obs)
     a: list[str] = []
     n = _need(obs, margin, version, a)
     fits = n.peak_blocks <= n.usable * (1 - margin)

@@ -166,3 +166,16 @@ def test_a_lognormal_tail_is_cut_where_lengths_end() -> None:
     d = parse_length("lognormal:100,1000")
     draws = [d.sample(random.Random(i)) for i in range(50)]
     assert max(draws) == MAX_LENGTH and min(draws) >= 1
+
+
+def test_advice_refuses_figures_no_server_reports() -> None:
+    """A Prometheus answering 1e308 (the bench's fuzzing found it): int(inf) in the bytes
+    needed, an OverflowError, where a hand-edited run or a hostile source should be one line."""
+    from kvwatch.sizing.advice import Observed, advise
+    from kvwatch.sizing.errors import SizingError
+
+    obs = Observed(capacity_blocks=4000, block_size=16, kv_bytes_per_token=131072.0,
+                   peak_demand=1e308, seq_len_p95=900, seq_len_max=900, preemptions=0,
+                   source="prometheus http://p:9090")  # fmt: skip
+    with pytest.raises(SizingError, match="peak_demand 1e.308 is no figure a server reports"):
+        advise(obs)
