@@ -25,6 +25,7 @@ __all__ = [
     "ServerConfig",
     "LocalVLLM",
     "ServerStartError",
+    "last_error",
     "free_port",
     "wait_until_ok",
     "stop_process",
