@@ -33,6 +33,13 @@ def check_database(path: Path) -> None:
     """ValueError, one line, when `path` cannot be the sidecar's database: a folder, under a
     file, or a file that is not SQLite. Reads 16 bytes at most and changes nothing; call it
     before any connection to the file is open in this process."""
+    try:
+        _check_database(path)
+    except OSError as e:  # a name too long, a path under one it cannot search
+        raise ValueError(f"--db {str(path)[:200]}: {e.strerror or e}") from None
+
+
+def _check_database(path: Path) -> None:
     if path.is_dir():
         raise ValueError(f"--db {path}: a directory, not a database file")
     ancestor = path.parent

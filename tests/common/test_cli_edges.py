@@ -103,6 +103,7 @@ FOUND = [
     (["demo", "--fleet", "2", "--run-dir", "{file}"], 2, "run directory"),
     (["fleet", "--work-dir", "{file}"], 2, "fleet's folder"),
     (["sidecar", "--target", DEAD_URL, "--webhook-config", "{html}"], 2, "not YAML/JSON"),
+    (["sidecar", "--target", DEAD_URL, "--db", "a" * 300], 2, "File name too long"),
     (["dashboards", "--out", "{nl}"], 2, "a\\nb"),  # the message was two lines
 ]  # fmt: skip
 
