@@ -153,7 +153,12 @@ def run_demo(ns: argparse.Namespace) -> int:
             load = subprocess.run(cmd, capture_output=True, text=True)
             time.sleep(3)  # the sidecar sees the last of it
         if load.returncode not in (0, EXIT_FOUND):
-            raise CliError(f"the load generator failed: {load.stderr.strip()[-500:]}")
+            # its own last line, without its "kvwatch: error:", and its exit code (3: the
+            # target could not be reached is not bad usage)
+            said = (load.stderr.strip().splitlines() or ["(nothing said)"])[-1]
+            said = said.removeprefix("kvwatch: error: ")[-500:]
+            code = load.returncode if load.returncode in (2, 3) else EXIT_UNREACHABLE
+            raise CliError(f"the load generator failed: {said}", code)
         state = httpx.get(side_url + "/api/state", timeout=5).json()
         time.sleep(1)  # a webhook in flight lands before the receiver stops
         alerts = list(receiver.alerts)

@@ -180,3 +180,22 @@ def test_advice_refuses_figures_no_server_reports() -> None:
                    source="prometheus http://p:9090")  # fmt: skip
     with pytest.raises(SizingError, match="peak_demand 1e.308 is no figure a server reports"):
         advise(obs)
+
+
+@pytest.mark.integration
+def test_the_demo_on_a_target_it_cannot_reach_exits_3(tmp_path: Path) -> None:
+    """Before: exit 2 (bad usage) with the load generator's whole error nested in its own."""
+    import subprocess
+    import sys
+
+    p = subprocess.run(
+        [sys.executable, "-m", "kvwatch", "demo", "--target", DEAD_URL, "--run-dir",
+         str(tmp_path / "demo")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    said = p.stderr.strip().splitlines()[-1]
+    assert p.returncode == 3, p.stderr[-800:]
+    assert (
+        said == f"kvwatch: error: the load generator failed: cannot reach {DEAD_URL}: "
+        "All connection attempts failed"
+    ), said
