@@ -20,6 +20,7 @@ from tests.fuzzing import (
     check_exposition,
     check_log_line,
     check_prometheus_answers,
+    check_sidecar_state,
     check_splitter,
     check_trace,
     mutate,
@@ -57,6 +58,7 @@ TARGETS: dict[str, Callable[[random.Random], None]] = {
     "line splitter": _splitter,
     "traces (three formats, read and planned)": _trace,
     "Prometheus answers (advise --prometheus)": check_prometheus_answers,
+    "another sidecar's /api/state (advise --sidecar)": check_sidecar_state,
 }
 
 

@@ -22,6 +22,7 @@ from kvwatch.sidecar.state.sidecar_state import SidecarState
 __all__ = [
     "METRIC_LINES", "LOG_LINES", "mutate", "check_exposition", "check_log_line",
     "check_splitter", "trace_text", "check_trace", "check_prometheus_answers",
+    "check_sidecar_state",
 ]  # fmt: skip
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -220,3 +221,66 @@ def check_prometheus_answers(rng: random.Random) -> None:
             advise(obs)
     except (SizingError, CliError) as e:
         assert "\n" not in str(e) and str(e)
+
+
+# --- another sidecar's /api/state (advise --sidecar) ----------------------------------------
+
+_STATE_WRONG: list[Any] = ["x", None, [], {}, -1, 0, True, 1e308, float("nan"), float("inf"),
+                           2**70, "1e400"]  # fmt: skip
+
+
+def _state_doc() -> Any:
+    """A real /api/state document: a sidecar's state after two scrapes of vLLM's busy body."""
+    from kvwatch.sidecar.state.sidecar_state import SidecarState
+    from kvwatch.sidecar.state.views import state_json
+
+    body = (DATA / "vllm-0.32-metrics-busy.txt").read_text()
+    state = SidecarState(["http://a"])
+    for t in (1.0, 2.0):
+        state.record_scrape("http://a", t, ScrapeOutcome(0.01, parse_exposition(body)))
+    return json.loads(json.dumps(state_json(state.view(2.0))))
+
+
+_STATE_DOC: list[Any] = []
+
+
+def _places(doc: Any, at: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [at] if at else []
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            out += _places(v, (*at, k))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc[:2]):
+            out += _places(v, (*at, i))
+    return out
+
+
+def check_sidecar_state(rng: random.Random) -> None:
+    """`advise --sidecar` on another sidecar's /api/state with one to three fields given any
+    value: advice, or one ValueError/SizingError line; never a traceback or an unfinite figure."""
+    from kvwatch.advise.sources import observed_from_engines
+    from kvwatch.sidecar.state.views import engines_from_json, servers_from_json
+    from kvwatch.sizing.advice import advise
+    from kvwatch.sizing.errors import SizingError
+
+    if not _STATE_DOC:
+        _STATE_DOC.append(_state_doc())
+    doc = json.loads(json.dumps(_STATE_DOC[0]))
+    places = _places(doc)
+    for _ in range(rng.randint(1, 3)):
+        at = rng.choice(places)
+        node = doc
+        try:
+            for k in at[:-1]:
+                node = node[k]
+            node[at[-1]] = rng.choice(_STATE_WRONG)
+        except (KeyError, IndexError, TypeError):
+            continue  # a container above it was replaced already
+    try:
+        engines = engines_from_json(doc)
+        servers = servers_from_json(doc)
+        server = next(iter(servers.values())) if len(servers) == 1 else None
+        for _, obs in observed_from_engines(engines, "sidecar http://fuzz"):
+            advise(obs, server=server)
+    except (ValueError, SizingError) as e:
+        assert "\n" not in str(e) and str(e), repr(e)

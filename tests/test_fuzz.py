@@ -276,3 +276,16 @@ def test_prometheus_answers_advise_or_say_why_in_one_line(rng: random.Random) ->
     from tests.fuzzing import check_prometheus_answers
 
     check_prometheus_answers(rng)
+
+
+@settings(
+    max_examples=max(1, EXAMPLES // 4), deadline=None, database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)  # fmt: skip
+@given(rng=st.randoms(use_true_random=False))
+def test_another_sidecars_state_advises_or_says_why_in_one_line(rng: random.Random) -> None:
+    """`advise --sidecar` reads another sidecar's /api/state: a real one with fields given any
+    value advises, or is one line."""
+    from tests.fuzzing import check_sidecar_state
+
+    check_sidecar_state(rng)

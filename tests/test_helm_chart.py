@@ -155,8 +155,8 @@ def test_what_reaches_the_shell_is_quoted_word_by_word() -> None:
     """vllm.model and extraArgs went into `sh -c` unquoted: `x;touch${IFS}PWNED` ran."""
     import shlex
 
-    objs = _render("vllm.model=org/model:rev-1",
-                   "vllm.extraArgs={--max-model-len  32768,--served-model-name a$(id)}")  # fmt: skip
+    extra = "vllm.extraArgs={--max-model-len  32768,--served-model-name a$(id)}"  # two spaces
+    objs = _render("vllm.model=org/model:rev-1", extra)
     line = objs["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"][0]
     words = shlex.split(line.split("2>&1")[0].split(";", 1)[1])
     assert words[:3] == ["vllm", "serve", "org/model:rev-1"]

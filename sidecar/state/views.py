@@ -238,7 +238,10 @@ def engines_from_json(doc: object) -> list[tuple[str, EngineView]]:
     for t in doc["targets"]:
         if not isinstance(t, dict) or not isinstance(t.get("target"), str):
             raise ValueError("a target without its URL")
-        for e in t.get("engines") or []:
+        engines = t.get("engines") or []
+        if not isinstance(engines, list):
+            raise ValueError(f"{t['target'][:100]}: engines is not a list")
+        for e in engines:
             out.append((t["target"], _engine_from_json(e)))
     return out
 
@@ -274,7 +277,7 @@ def _engine_from_json(e: object) -> EngineView:
             present=bool(e["present"]),
             level=level,
             reasons=tuple(str(r) for r in e.get("state_reasons") or ()),
-            episodes=int(e.get("episodes") or 0),
+            episodes=_count(e.get("episodes")),
             episode=None if episode is None else _typed(Episode, episode),
             signals=_typed(EngineSignals, e["signals"]),
             model_error=None if e.get("model_error") is None else str(e["model_error"]),
@@ -284,8 +287,17 @@ def _engine_from_json(e: object) -> EngineView:
             ),
             prefix_cache_reasons=tuple(str(r) for r in e.get("prefix_cache_reasons") or ()),
         )
-    except (KeyError, TypeError) as err:
-        raise ValueError(f"an engine without a readable {err}") from None
+    except (KeyError, TypeError, ValueError, OverflowError) as err:
+        raise ValueError(f"an engine without a readable {str(err)[:200]}") from None
+
+
+def _count(v: object) -> int:
+    """A count of episodes: a whole number from 0 (absent or null: 0); anything else refused."""
+    if v is None:
+        return 0
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+        return v
+    raise TypeError(f"episodes {v!r} is not a count")
 
 
 def _number_or_none(v: object) -> float | None:

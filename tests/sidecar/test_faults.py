@@ -708,6 +708,18 @@ class TestAnotherSidecarsState:
         with pytest.raises(ValueError, match="EngineSignals"):
             engines_from_json(self._doc(**bad))
 
+    def test_engines_not_a_list_or_episodes_not_a_count_are_clear_errors(self) -> None:
+        """Found by tests/fuzzing.py's /api/state target: TypeError ('float' object is not
+        iterable) and OverflowError (int(inf)) where one line was due."""
+        doc = self._doc()
+        doc["targets"][0]["engines"] = 1.5
+        with pytest.raises(ValueError, match="engines is not a list"):
+            engines_from_json(doc)
+        doc = self._doc()
+        doc["targets"][0]["engines"][0]["episodes"] = float("inf")
+        with pytest.raises(ValueError, match="episodes inf is not a count"):
+            engines_from_json(doc)
+
 
 @pytest.mark.integration
 def test_answers_that_come_late_by_turns_do_not_inflate_rates() -> None:
