@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 from contextlib import suppress
@@ -111,14 +112,23 @@ def discard_if_empty(run_dir: Path) -> None:
 def write_run(run_dir: Path, spec: dict[str, Any], records: list[dict[str, Any]],
               events: list[dict[str, Any]], summary: dict[str, Any],
               timeline: Sequence[dict[str, Any]] = ()) -> None:  # fmt: skip
+    """The run's files. The JSON ones come first and hold everything: the Parquet copy of the
+    records is a convenience, and a value it cannot store (an int past 64 bits) once crashed
+    the write before summary.json, losing the run; it is now left out with a line saying so."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "spec.json").write_text(json.dumps(spec, indent=2, default=str) + "\n")
     for name, rows in (("requests", records), ("events", events), ("timeline", timeline)):
         write_jsonl(run_dir / f"{name}.jsonl", rows)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     import pandas as pd  # the loadgen extra; reading a run never needs it
 
-    pd.DataFrame.from_records(records).to_parquet(run_dir / "requests.parquet", index=False)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    try:
+        pd.DataFrame.from_records(records).to_parquet(run_dir / "requests.parquet", index=False)
+    except (OverflowError, ValueError, TypeError, NotImplementedError) as e:
+        (run_dir / "requests.parquet").unlink(missing_ok=True)
+        why = " ".join(str(e).split())[:200]
+        print(f"kvwatch: requests.parquet not written ({why}); requests.jsonl holds every "
+              "record", file=sys.stderr)  # fmt: skip
 
 
 def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:

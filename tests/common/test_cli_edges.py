@@ -199,3 +199,18 @@ def test_the_demo_on_a_target_it_cannot_reach_exits_3(tmp_path: Path) -> None:
         said == f"kvwatch: error: the load generator failed: cannot reach {DEAD_URL}: "
         "All connection attempts failed"
     ), said
+
+
+def test_a_record_parquet_cannot_hold_loses_no_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: an int past 64 bits in a record (a priority of 2^64) crashed the Parquet write,
+    and summary.json, written after it, was never written: the run was lost."""
+    from kvwatch.loadgen.rundir import read_records, write_run
+
+    recs = [{"ok": False, "priority": 2**64, "error": "HTTP 400"}, {"ok": True, "priority": 1}]
+    write_run(tmp_path / "run", {"stages": []}, recs, [], {"overall": {"requests": 2}})
+    assert (tmp_path / "run" / "summary.json").is_file()
+    assert read_records(tmp_path / "run") == recs
+    assert not (tmp_path / "run" / "requests.parquet").exists()
+    assert "requests.parquet not written" in capsys.readouterr().err
