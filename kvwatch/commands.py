@@ -15,13 +15,13 @@ from kvwatch.common.command import (
     http_url,
     number_in,
     positive_finite,
+    positive_fraction,
     positive_int,
 )
 
 __all__ = ["register"]
 
 _MARGIN = number_in(0, 0.99, what="a share from 0 to 0.99")
-_UTILIZATION = number_in(0, 1, low_open=True, what="a share above 0, at most 1 (as vLLM takes)")
 
 
 def _promql_range(text: str) -> str:
@@ -161,7 +161,7 @@ def _register_advise(sub: Any) -> None:
     )
     budget.add_argument(
         "--gpu-memory-utilization",
-        type=_UTILIZATION,
+        type=positive_fraction,
         metavar="F",
         help="share of GPU memory vLLM may use (0.92); KV = share - weights, an estimate",
     )

@@ -15,19 +15,16 @@ from kvwatch.common.command import (
     http_url,
     nonnegative_finite,
     nonnegative_int,
-    number_in,
     os_error,
     port_number,
     positive_finite,
+    positive_fraction,
     positive_int,
     seed_number,
     writable_file,
 )
 
 __all__ = ["register"]
-
-
-_ATTAINMENT = number_in(0, 1, low_open=True, what="a share above 0, at most 1")
 
 
 def register(sub: Any) -> None:
@@ -386,7 +383,7 @@ def _register_search(lsub: Any) -> None:
     )
     add(
         "--attainment",
-        type=_ATTAINMENT,
+        type=positive_fraction,
         default=0.95,
         help="the share of requests that must meet the SLOs (0.95)",
     )

@@ -354,6 +354,7 @@ def wait_until_ok(
     """Polls `url` until it answers 200 (True), or until the process exits, the time is up or
     `cancel` is set (False): the readiness check of every process kvwatch starts."""
     deadline = time.monotonic() + timeout_s
+    stop = cancel or threading.Event()  # a wait on it is the poll's sleep
     with httpx.Client(timeout=2.0) as client:
         while True:
             try:
@@ -363,10 +364,8 @@ def wait_until_ok(
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
                 return False
-            if cancel is not None and cancel.wait(period_s):
+            if stop.wait(period_s):
                 return False
-            if cancel is None:
-                time.sleep(period_s)
 
 
 def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 15.0) -> int:

@@ -112,7 +112,7 @@ def _kind(action: argparse.Action) -> str:
     if action.choices is not None:
         return "choice"
     t = getattr(action.type, "__name__", "")
-    if t in ("int", "whole_number", "port_number"):
+    if t in ("int", "whole_number"):
         return "int"
     if t in ("float", "finite_number"):
         return "float"

@@ -35,6 +35,7 @@ __all__ = [
     "nonnegative_finite",
     "nonnegative_int",
     "fraction",
+    "positive_fraction",
     "seed_number",
     "number_in",
     "port_number",
@@ -174,6 +175,7 @@ positive_finite = number_in(0, math.inf, low_open=True, what="a finite number ab
 positive_finite.__doc__ = "A scale, rate or duration: finite and above 0."
 nonnegative_finite = number_in(0, math.inf, what="a finite number, 0 or more")
 fraction = number_in(0, 1, what="a share from 0 to 1")
+positive_fraction = number_in(0, 1, low_open=True, what="a share above 0, at most 1")
 positive_int = number_in(1, MAX_WHOLE, whole=True, what="a whole number, at least 1")
 nonnegative_int = number_in(0, MAX_WHOLE, whole=True, what="a whole number, 0 or more")
 # vLLM's --seed and numpy's generators take 32-bit seeds
