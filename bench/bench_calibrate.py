@@ -1,6 +1,7 @@
 """`kvwatch calibrate` proven without circularity: calibrate on one load, predict others, rerun.
 
     PYTHONPATH=. .venv/bin/python bench/bench_calibrate.py cpu    # the real vLLM (CPU), ~3 min
+    PYTHONPATH=. .venv/bin/python bench/bench_calibrate.py cpu-metrics   # from /metrics, ~3 min
     PYTHONPATH=. .venv/bin/python bench/bench_calibrate.py twin   # hidden constants, ~4 min
 
 cpu: a real vLLM on this machine's CPU (the tiny model, 64 MiB of KV) serves the calibration
@@ -12,22 +13,30 @@ and output tokens/s (steady state: a closed loop's start wave and drain left out
 calibration reads its own) are held against the prediction of `advise --what-if --gpu cpu
 --calibration FILE`'s step model.
 
+cpu-metrics: the same, but calibrated from the server itself while the calibration loads run,
+with no run directory, as a server in production calibrates from its own traffic: its /metrics
+watched (`kvwatch calibrate --metrics URL --slice 3`, ended by Ctrl-C), and a real Prometheus
+scraping it every second (`kvwatch calibrate --prometheus URL --window`). The loads are
+longer stages than the run's sweep: a slice is a figure only where the load holds still.
+
 twin: the twin (Llama 3.1 8B on an H100, 8 GB of KV, time scale 2 so that this machine's
 host work hides under the simulated steps) runs with hidden constants, each moved by 40% from
 the shipped ones (hbm_efficiency by 20%: +40% would pass the card's ceiling); runs of 1, 8, 32
 and 64 streams and one of longer prompts calibrate; the fitted constants are held against
 the hidden ones (the pure version: tests/sizing/test_calibration.py).
-Results: bench/results/calibrate-{cpu,twin}.json, docs/twin.md.
+Results: bench/results/calibrate-{cpu,cpu-metrics,twin}.json, docs/twin.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -69,40 +78,90 @@ def prove(
     calib: tuple[tuple[str, ...], ...],
     reruns: dict[str, tuple[int, int, int]],
     output: int,
+    sources: tuple[str, ...] = ("run",),
 ) -> dict[str, Any]:
-    """Calibrate on one load, rerun the others, compare; what the bench and the test share."""
-    runs: list[str] = []
-    for i, args in enumerate(calib):
-        _load(url, work / f"calibration-{i}", *args)
-        runs += ["--run", str(work / f"calibration-{i}")]
-    cal_file = work / "calibration.json"
-    p = _kvwatch("calibrate", *runs, "--model", model, "--gpu", gpu, "--out", str(cal_file))
-    if p.returncode != 0:
-        raise SystemExit(f"calibrate failed: {p.stderr.strip()}")
-    print(p.stdout)
-    cal = read_calibration(cal_file)
-    steps = StepModel(resolve_model(model), lookup_gpu(gpu), constants=cal.step_constants())
+    """Calibrate on one load, rerun the others, compare; what the bench and the test share.
+    Each of `sources` calibrates from the same loads: "run" from their run directories,
+    "metrics" from the server's /metrics watched while they ran (`calibrate --metrics`, ended
+    by Ctrl-C), "prometheus" from a real Prometheus that scraped the server every second
+    meanwhile (`calibrate --prometheus --window`). Per source: its calibration and its
+    predictions of the reruns; the first source's are also at the top level."""
+    flags = ("--model", model, "--gpu", gpu)
+    with ExitStack() as stack:
+        watcher = prom = None
+        if "metrics" in sources:
+            watcher = subprocess.Popen(
+                [sys.executable, "-m", "kvwatch", "calibrate", "--metrics", url, "--watch",
+                 "3600", "--slice", "3", "--interval", "0.5", *flags,
+                 "--out", str(work / "calibration-metrics.json")],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            stack.callback(_stop, watcher)
+        if "prometheus" in sources:
+            from kvwatch.fleet.prometheus import running_prometheus, wait_for_series
+
+            prom = stack.enter_context(running_prometheus({"vllm": [url.removeprefix("http://")]}))
+            wait_for_series(prom, '{__name__=~"vllm[:_]num_requests_running"}')
+        time.sleep(2.0)  # the watchers read the server idle before the load
+        began = time.time()
+        runs: list[str] = []
+        for i, args in enumerate(calib):
+            _load(url, work / f"calibration-{i}", *args)
+            runs += ["--run", str(work / f"calibration-{i}")]
+        time.sleep(6.0)  # the last slice closes
+        done: dict[str, subprocess.CompletedProcess[str]] = {}
+        for source in sources:
+            out = ("--out", str(work / f"calibration-{source}.json"))
+            if source == "run":
+                done[source] = _kvwatch("calibrate", *runs, *flags, *out)
+            elif source == "prometheus" and prom is not None:
+                window = f"{round(time.time() - began) + 4}s"
+                done[source] = _kvwatch("calibrate", "--prometheus", prom, "--window", window,
+                                        "--slice", "3", *flags, *out)  # fmt: skip
+            elif watcher is not None:
+                watcher.send_signal(signal.SIGINT)
+                stdout, stderr = watcher.communicate(timeout=600)
+                done[source] = subprocess.CompletedProcess(
+                    watcher.args, watcher.returncode, stdout, stderr
+                )
+    cals = {}
+    for source, p in done.items():
+        if p.returncode != 0:
+            raise SystemExit(f"calibrate from {source} failed: {p.stderr.strip()}")
+        print(f"from {source}:\n{p.stdout}")
+        cals[source] = read_calibration(work / f"calibration-{source}.json")
     spec = lookup_gpu(gpu)
-    rows = []
+    measured = []
     for name, (streams, prompt, requests) in reruns.items():
         d = work / name.replace(" ", "-").replace(",", "")
         _load(url, d, "--concurrency", str(streams), "--requests", str(requests),
               "--input-len", str(prompt), "--output-len", str(output))  # fmt: skip
         figures, _, _ = figures_from_run(d, spec.batched_tokens, 256)
-        for f in figures:
-            if f.metric == "ttft_s":
-                continue  # the proof is TPOT and tokens/s; TTFT is in the calibration's own fit
+        # the proof is TPOT and tokens/s; TTFT is in the calibration's own fit
+        measured += [(name, streams, prompt, f) for f in figures if f.metric != "ttft_s"]
+    by_source = {}
+    for source, cal in cals.items():
+        steps = StepModel(resolve_model(model), spec, constants=cal.step_constants())
+        rows = []
+        for name, streams, prompt, f in measured:
             pred = predict(steps, f.load, f.metric)
             rows.append({"load": name, "metric": f.metric, "measured": f.value,
                          "predicted": pred, "error": pred / f.value - 1,
                          "outside": cal.outside(streams, prompt, output)})  # fmt: skip
-    for r in rows:
-        print(f"  {r['load']}: {r['metric']} measured {r['measured']:.4g}, predicted "
-              f"{r['predicted']:.4g} ({r['error']:+.1%})")  # fmt: skip
-    return {"calibration": cal.to_dict(), "reruns": rows}
+            print(f"  {source}: {name}: {f.metric} measured {f.value:.4g}, predicted "
+                  f"{pred:.4g} ({pred / f.value - 1:+.1%})")  # fmt: skip
+        by_source[source] = {"calibration": cal.to_dict(), "reruns": rows}
+    return {**by_source[sources[0]], "by_source": by_source}
 
 
-def cpu() -> None:
+def _stop(p: subprocess.Popen[str]) -> None:
+    """A watcher still running when the proof fails: stopped by its PID."""
+    if p.poll() is None:
+        p.kill()
+        p.wait(timeout=30)
+
+
+def cpu(source: str = "run") -> None:
     model = build_tiny_model()
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -111,15 +170,23 @@ def cpu() -> None:
             log_path=Path(tmp) / "vllm.log",
         ) as server,
     ):
+        lengths = ("--input-len", str(PROMPT), "--output-len", str(OUTPUT))
         calib = (
-            ("--sweep", "concurrency=1,4,16", "--requests", "48",
-             "--input-len", str(PROMPT), "--output-len", str(OUTPUT)),
+            ("--sweep", "concurrency=1,4,16", "--requests", "48", *lengths),
             ("--concurrency", "4", "--requests", "24", "--input-len", "768",
              "--output-len", str(OUTPUT)),
         )  # fmt: skip
-        out = prove(server.base_url, Path(tmp), str(model), "cpu", calib, RERUNS, OUTPUT)
+        if source == "metrics":  # a slice is steady state only inside a long enough stage
+            calib = (
+                *[("--concurrency", str(c), "--requests", str(n), *lengths)
+                  for c, n in ((1, 24), (4, 64), (16, 192))],
+                calib[1],
+            )  # fmt: skip
+        sources = ("run",) if source == "run" else ("metrics", "prometheus")
+        out = prove(server.base_url, Path(tmp), str(model), "cpu", calib, RERUNS, OUTPUT, sources)
     out["date"] = time.strftime("%Y-%m-%d")
-    (RESULTS / "calibrate-cpu.json").write_text(json.dumps(out, indent=1) + "\n")
+    name = "calibrate-cpu.json" if source == "run" else "calibrate-cpu-metrics.json"
+    (RESULTS / name).write_text(json.dumps(out, indent=1) + "\n")
 
 
 def twin() -> None:
@@ -172,8 +239,12 @@ def twin() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("cpu", "twin"))
-    {"cpu": cpu, "twin": twin}[ap.parse_args().what]()
+    ap.add_argument("what", choices=("cpu", "cpu-metrics", "twin"))
+    what = ap.parse_args().what
+    if what == "twin":
+        twin()
+    else:
+        cpu("metrics" if what == "cpu-metrics" else "run")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,9 @@ from kvwatch.common.command import (
 __all__ = ["register"]
 
 _MARGIN = number_in(0, 0.99, what="a share from 0 to 0.99")
+_WATCH = number_in(1, 7 * 86400, what="seconds from 1 to a week")
+_INTERVAL = number_in(0.1, 3600, what="seconds from 0.1 to 3600")
+_SLICE = number_in(1, 86400, what="seconds from 1 to a day")
 
 
 def _promql_range(text: str) -> str:
@@ -250,23 +253,60 @@ def _register_calibrate(sub: Any) -> None:
     c = sub.add_parser(
         "calibrate",
         help="fit the step-time model to what your own server measured",
-        description="Fit the step-time model's constants (docs/twin.md) to a load your own "
-        "vLLM served: each stage of a `kvwatch loadgen run` directory (e.g. --sweep "
-        "concurrency=1,4,16) is one load, its TPOT, TTFT and tokens/s the figures. Writes a "
-        "calibration file with the constants, every figure and its prediction, the fit's error "
-        "and the range of loads seen; constants the loads cannot pin (e.g. the cost per "
-        "request when the server never ran above batch 8) are named and left at the model's "
-        "defaults. `advise --what-if --calibration FILE` and `twin --calibration FILE` use it. "
-        "Exit 0 when written, 2 when the run cannot calibrate.",
+        description="Fit the step-time model's constants (docs/twin.md) to what your own vLLM "
+        "served. From load runs (--run: each stage of a `kvwatch loadgen run` directory, e.g. "
+        "--sweep concurrency=1,4,16, is one load, its TPOT, TTFT and tokens/s the figures), or "
+        "from the server as it serves its own traffic: its /metrics watched now (--metrics) or "
+        "its Prometheus history (--prometheus): each slice of time is a load of its mean "
+        "running requests and finished requests' lengths, its mean inter-token latency the "
+        "figure (slices with preemptions, restarts or too few tokens are left out and counted). "
+        "Writes a calibration file with the constants, every figure and its prediction, the "
+        "fit's error and the range of loads seen; constants the loads cannot pin (e.g. the "
+        "cost per request when the server never ran above batch 8) are named and left at the "
+        "model's defaults. `advise --what-if --calibration FILE` and `twin --calibration FILE` "
+        "use it. Exit 0 when written, 2 when the data cannot calibrate, 3 when the server or "
+        "Prometheus cannot be reached.",
     )
-    c.add_argument(
+    src = c.add_mutually_exclusive_group(required=True)
+    src.add_argument(
         "--run",
         type=Path,
         metavar="DIR",
-        required=True,
         action="append",
         help="a `kvwatch loadgen run` directory (a twin's is read in its time); repeat it to "
         "add loads, e.g. a second prompt length, which pins the cost of reading the context",
+    )
+    src.add_argument(
+        "--metrics",
+        metavar="URL",
+        type=http_url,
+        help="a live vLLM server: scrape its /metrics for --watch seconds (Ctrl-C ends early, "
+        "keeping what was read) while it serves varied load",
+    )
+    src.add_argument(
+        "--prometheus",
+        metavar="URL",
+        type=http_url,
+        help="a Prometheus server that scrapes vLLM: its history over --window",
+    )
+    c.add_argument("--watch", type=_WATCH, default=300.0, help="--metrics: seconds to watch (300)")
+    c.add_argument(
+        "--interval", type=_INTERVAL, default=1.0, help="--metrics: seconds between scrapes (1)"
+    )
+    c.add_argument(
+        "--window", default="1h", type=_promql_range, help="--prometheus: history to read (1h)"
+    )
+    c.add_argument(
+        "--slice",
+        type=_SLICE,
+        metavar="SECONDS",
+        help="one figure's span of time (--metrics 10, --prometheus 60: at least 4 of its "
+        "scrape intervals)",
+    )
+    c.add_argument(
+        "--instance",
+        metavar="NAME",
+        help="--prometheus: the vLLM instance label to read, where it scrapes several",
     )
     c.add_argument(
         "--model", required=True, help="the served model: a config.json, model directory or preset"

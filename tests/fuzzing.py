@@ -223,6 +223,72 @@ def check_prometheus_answers(rng: random.Random) -> None:
         assert "\n" not in str(e) and str(e)
 
 
+_PROM_RANGE_GOOD = {  # a plausible increase over a slice, by the query's family
+    "latency_seconds_sum": 2.0, "latency_seconds_count": 100.0, "preemptions": 0.0,
+    "prompt_tokens_sum": 500.0, "generation_tokens_sum": 300.0, "tokens_count": 5.0,
+}  # fmt: skip
+
+
+def _prom_range_answer(rng: random.Random, query: str) -> tuple[int, bytes]:
+    """A FAKE Prometheus range answer to a calibration query (in process, hostile on demand):
+    series of one or two instances, plausible values with hostile ones among them."""
+    pick = rng.random()
+    if pick < 0.01:
+        return 500, b"<html>oops</html>"
+    if pick < 0.02:
+        return 400, json.dumps({"status": "error", "error": "bad\nquery"}).encode()
+    if pick < 0.03:
+        return 200, json.dumps(rng.choice([[], {}, {"status": "success"}, "x"])).encode()
+    good = next((v for k, v in _PROM_RANGE_GOOD.items() if k in query), 4.0)
+    rows: list[Any] = []
+    instances = ["a:1"] if rng.random() < 0.7 else ["a:1", "b:2"]
+    for inst in instances:
+        metric: Any = {"instance": inst, "engine": "0" if rng.random() < 0.9 else "1"}
+        if rng.random() < 0.03:
+            metric = rng.choice([None, [], "x"])
+        values: Any = []
+        for t in range(rng.randrange(13) if rng.random() < 0.2 else 12):
+            v: Any = (
+                good * rng.uniform(0.2, 3) if rng.random() < 0.85 else rng.choice(_PROM_SAMPLES)
+            )
+            pair: Any = [1000.0 + 10 * t, str(v) if not isinstance(v, list | None) else v]
+            values.append(pair if rng.random() < 0.97 else rng.choice([[], None, [1], "x"]))
+        if rng.random() < 0.03:
+            values = rng.choice([None, {}, "x"])
+        rows.append({"metric": metric, "values": values} if rng.random() < 0.97 else 1)
+    doc = {"status": "success", "data": {"resultType": "matrix", "result": rows}}
+    return 200, json.dumps(doc).encode()
+
+
+def check_prometheus_calibration(rng: random.Random) -> None:
+    """`calibrate --prometheus` on any answer to each of its range queries: slices and
+    figures a fit can take (finite, positive, loads vLLM can have), or one line."""
+    from kvwatch.advise.server_readings import slices_from_prometheus
+    from kvwatch.common.command import CliError
+    from kvwatch.sizing.errors import SizingError
+    from kvwatch.sizing.server_slices import figures_from_slices
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        status, body = _prom_range_answer(rng, request.url.params.get("query", ""))
+        return httpx.Response(status, content=body)
+
+    try:
+        got, notes = slices_from_prometheus(
+            "http://prometheus.fuzz:9090", 120.0, 10.0, rng.choice([None, "a:1"]),
+            end=1100.0, transport=httpx.MockTransport(answer),
+        )  # fmt: skip
+    except (SizingError, CliError) as e:
+        assert "\n" not in str(e) and str(e)
+        return
+    assert all("\n" not in n for n in notes)
+    for slices in got.values():
+        figures, skipped = figures_from_slices(slices, 8192, 256)
+        assert all("\n" not in s for s in skipped)
+        for f in figures:
+            assert math.isfinite(f.value) and f.value > 0, f
+            assert f.load.concurrency >= 1 and f.load.input_len >= 1 and f.load.output_len >= 2
+
+
 # --- another sidecar's /api/state (advise --sidecar) ----------------------------------------
 
 _STATE_WRONG: list[Any] = ["x", None, [], {}, -1, 0, True, 1e308, float("nan"), float("inf"),

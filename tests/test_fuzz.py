@@ -279,6 +279,19 @@ def test_prometheus_answers_advise_or_say_why_in_one_line(rng: random.Random) ->
 
 
 @settings(
+    max_examples=max(1, EXAMPLES // 5), deadline=None, database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)  # fmt: skip
+@given(rng=st.randoms(use_true_random=False))
+def test_prometheus_history_calibrates_or_says_why_in_one_line(rng: random.Random) -> None:
+    """`calibrate --prometheus` on any answer to each of its range queries: figures a fit can
+    take, or one SizingError/CliError line."""
+    from tests.fuzzing import check_prometheus_calibration
+
+    check_prometheus_calibration(rng)
+
+
+@settings(
     max_examples=max(1, EXAMPLES // 4), deadline=None, database=None,
     suppress_health_check=[HealthCheck.too_slow],
 )  # fmt: skip

@@ -15,6 +15,7 @@ import json
 import math
 import re
 import statistics
+import sys
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -135,23 +136,16 @@ def run(ns: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     batched = ns.max_num_batched_tokens or gpu.batched_tokens * ns.tp
     max_seqs = ns.max_num_seqs or default_max_num_seqs(gpu)
-    figures: list[Figure] = []
-    skipped: list[str] = []
-    scales = set()
-    for run_dir in ns.run:
-        more, scale, why = figures_from_run(run_dir, batched, max_seqs)
-        figures += more
-        skipped += [f"{run_dir}: {w}" for w in why]
-        scales.add(scale)
-    if len(scales) > 1:
-        raise CliError("the runs were made at different time scales; calibrate them apart")
-    scale = scales.pop()
+    if ns.run:
+        figures, skipped, scale, source = _from_runs(ns.run, batched, max_seqs)
+    else:
+        figures, skipped, scale, source = _from_server(ns, batched, max_seqs)
     base = "wall" if scale == 1.0 else f"the twin's simulated seconds (time scale {scale:g})"
-    source = "run " + ", ".join(str(r) for r in ns.run)
     try:
         cal = calibrate(arch, gpu, ns.tp, ns.kv_dtype, figures, source, base)
     except CalibrationError as e:
-        raise CliError(str(e)) from None
+        hint = f" ({'; '.join(skipped[:3])})" if skipped and not ns.run else ""
+        raise CliError(f"{e}{hint}") from None
     cal = replace(
         cal, created=datetime.now(UTC).isoformat(timespec="seconds"), notes=cal.notes + skipped
     )
@@ -167,6 +161,62 @@ def run(ns: argparse.Namespace) -> int:
         for line in render(cal):
             print(line)
     return 0
+
+
+def _from_runs(
+    runs: list[Path], batched: int, max_seqs: int
+) -> tuple[list[Figure], list[str], float, str]:
+    figures: list[Figure] = []
+    skipped: list[str] = []
+    scales = set()
+    for run_dir in runs:
+        more, scale, why = figures_from_run(run_dir, batched, max_seqs)
+        figures += more
+        skipped += [f"{run_dir}: {w}" for w in why]
+        scales.add(scale)
+    if len(scales) > 1:
+        raise CliError("the runs were made at different time scales; calibrate them apart")
+    return figures, skipped, scales.pop(), "run " + ", ".join(str(r) for r in runs)
+
+
+def _from_server(
+    ns: argparse.Namespace, batched: int, max_seqs: int
+) -> tuple[list[Figure], list[str], float, str]:
+    """A live server's slices (`--metrics`) or its history (`--prometheus`), as figures."""
+    from kvwatch.advise.server_readings import slices_from_prometheus, watch
+    from kvwatch.sidecar.contract.catalogue import duration_seconds
+    from kvwatch.sizing.server_slices import figures_from_slices
+
+    scale = 1.0
+    if ns.metrics:
+        slice_s = ns.slice or 10.0
+        if ns.watch < 2 * slice_s:
+            raise CliError(f"--watch {ns.watch:g} s holds no two slices of {slice_s:g} s")
+        print(f"watching {ns.metrics} for {ns.watch:g} s (Ctrl-C ends early)", file=sys.stderr)
+        per_engine, scale, notes = watch(
+            ns.metrics, ns.watch, ns.interval, slice_s, lambda m: print(m, file=sys.stderr)
+        )
+        source = f"metrics {ns.metrics}, {slice_s:g} s slices"
+    else:
+        slice_s = ns.slice or 60.0
+        window_s = duration_seconds(ns.window)
+        if window_s < 2 * slice_s:
+            raise CliError(f"--window {ns.window} holds no two slices of {slice_s:g} s")
+        try:
+            per_engine, notes = slices_from_prometheus(
+                ns.prometheus, window_s, slice_s, ns.instance
+            )
+        except SizingError as e:
+            raise CliError(str(e)) from None
+        source = f"prometheus {ns.prometheus}, last {ns.window} in {slice_s:g} s slices"
+    if len(per_engine) > 1:
+        notes.append(f"{len(per_engine)} engines pooled (one deployment, one model)")
+    figures: list[Figure] = []
+    for name, slices in per_engine.items():
+        more, why = figures_from_slices(slices, batched, max_seqs)
+        figures += more
+        notes += [f"{name}: {w}" for w in why]
+    return figures, notes, scale, source
 
 
 def render(cal: Calibration) -> list[str]:

@@ -37,7 +37,7 @@ from kvwatch.sizing.kvmath import SizingError
 
 __all__ = [
     "observed_from_prometheus", "prometheus_query", "prometheus_range", "values_by",
-    "values_by_labels", "series_by", "value_at",
+    "values_by_labels", "series_by", "series_by_labels", "value_at",
 ]  # fmt: skip
 
 _BY = "instance, engine"
@@ -126,9 +126,18 @@ def values_by(rows: list[dict[str, Any]], label: str) -> dict[str, float]:
 
 def series_by(rows: list[dict[str, Any]], label: str) -> dict[str, dict[float, float]]:
     """A range query's series keyed by one label: {label value: {unix time: value}}."""
-    out: dict[str, dict[float, float]] = {}
+    return {key[0]: v for key, v in series_by_labels(rows, (label,)).items()}
+
+
+def series_by_labels(
+    rows: list[dict[str, Any]], labels: tuple[str, ...]
+) -> dict[tuple[str, ...], dict[float, float]]:
+    """A range query's series keyed by the tuple of these labels ('' where one is absent):
+    {key: {unix time: value}}; points without a readable, finite value are left out."""
+    out: dict[tuple[str, ...], dict[float, float]] = {}
     for row in rows:
-        points = out.setdefault(str(_labels(row).get(label, "")), {})
+        m = _labels(row)
+        points = out.setdefault(tuple(str(m.get(label, "")) for label in labels), {})
         values = row.get("values")
         for pair in values if isinstance(values, list) else []:
             t, v = pair if isinstance(pair, list) and len(pair) == 2 else (None, None)

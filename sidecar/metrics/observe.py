@@ -14,6 +14,7 @@ from kvwatch.sidecar.contract.vocabulary import (
     ADMISSION_REJECTIONS,
     CACHE_CONFIG,
     GENERATION_TOKENS,
+    ITL,
     KV_OFFLOAD_ALLOCATION_FAILURES,
     KV_OFFLOAD_CPU_CACHE_USAGE,
     KV_OFFLOAD_LOAD_BYTES,
@@ -136,6 +137,13 @@ class EngineObservation:
     # vLLM counts these per model in the API server; they are booked on the model's first
     # engine so that one count is not multiplied by the engines of a data-parallel server
     admission_rejections_total: float | None = None
+    # histogram sums and counts a step model is calibrated from (kvwatch calibrate --metrics)
+    itl_seconds_sum: float | None = None
+    itl_count: float | None = None
+    prompt_len_sum: float | None = None
+    prompt_len_count: float | None = None
+    output_len_sum: float | None = None
+    output_len_count: float | None = None
 
 
 def _key(s: Sample) -> EngineKey:
@@ -190,6 +198,9 @@ def observe(exp: Exposition) -> dict[EngineKey, EngineObservation]:
 
     keys = set(kv) | set(running) | set(waiting) | set(preempt) | set(gen)
     rejected = per_first_engine(_gauge(exp, ADMISSION_REJECTIONS), keys)
+    itl_sum, itl_count = _sum_count(exp.family(ITL))
+    prompt_sum, prompt_count = _sum_count(exp.family(REQUEST_PROMPT_TOKENS))
+    output_sum, output_count = _sum_count(exp.family(REQUEST_GENERATION_TOKENS))
     out: dict[EngineKey, EngineObservation] = {}
     for k in keys:
         fin = finished.get(k)
@@ -219,8 +230,25 @@ def observe(exp: Exposition) -> dict[EngineKey, EngineObservation]:
             offload_allocation_failures_total=failures.get(k),
             offload_cpu_pinned=pinned.get(k),
             admission_rejections_total=rejected.get(k),
+            itl_seconds_sum=itl_sum.get(k),
+            itl_count=itl_count.get(k),
+            prompt_len_sum=prompt_sum.get(k),
+            prompt_len_count=prompt_count.get(k),
+            output_len_sum=output_sum.get(k),
+            output_len_count=output_count.get(k),
         )
     return out
+
+
+def _sum_count(samples: list[Sample]) -> tuple[dict[EngineKey, float], dict[EngineKey, float]]:
+    """A histogram's _sum and _count per engine (summed over its other labels)."""
+    sums: dict[EngineKey, float] = {}
+    counts: dict[EngineKey, float] = {}
+    for s in samples:
+        into = sums if s.suffix == "sum" else counts if s.suffix == "count" else None
+        if into is not None and not math.isnan(s.value):
+            into[_key(s)] = into.get(_key(s), 0.0) + s.value
+    return sums, counts
 
 
 def _said(by: dict[str, dict[EngineKey, float]], reason: str, k: EngineKey) -> float | None:

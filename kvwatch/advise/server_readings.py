@@ -1,0 +1,219 @@
+"""Where `kvwatch calibrate` reads a live server: its `/metrics` watched now, or its Prometheus
+history. Each gives, per engine, the slices `sizing/server_slices.py` turns into figures.
+
+`/metrics` is read with the sidecar's own parser (every value checked where it enters), every
+`interval` seconds for `watch` seconds or until Ctrl-C, which ends the watch early and keeps
+what was read. A twin says its time scale on `/metrics`; its gaps are then divided by it, so
+the figures are in the twin's simulated seconds, and the calibration says so. Prometheus is
+asked, per slice of its history, each counter's `increase()` and the running gauge's mean.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from kvwatch.advise.prometheus import prometheus_range, series_by_labels
+from kvwatch.common.command import EXIT_UNREACHABLE, CliError
+from kvwatch.sidecar.contract.vocabulary import (
+    ITL,
+    PREEMPTIONS,
+    REQUEST_GENERATION_TOKENS,
+    REQUEST_PROMPT_TOKENS,
+    RUNNING,
+    Family,
+    promql_selector,
+)
+from kvwatch.sidecar.metrics.observe import EngineObservation
+from kvwatch.sizing.errors import SizingError
+from kvwatch.sizing.server_slices import Reading, Slice, slices_from_readings
+
+__all__ = ["Watched", "watch", "watch_metrics", "slices_from_prometheus", "reading_of"]
+
+SCRAPE_TIMEOUT_S = 5.0
+
+
+def reading_of(t: float, obs: EngineObservation, scale: float = 1.0) -> Reading:
+    """One engine's observation as a calibration reading; gaps divided by a twin's scale."""
+    itl = obs.itl_seconds_sum
+    return Reading(
+        t=t,
+        running=obs.running,
+        itl_sum=None if itl is None else itl / scale,
+        itl_count=obs.itl_count,
+        prompt_sum=obs.prompt_len_sum,
+        prompt_count=obs.prompt_len_count,
+        output_sum=obs.output_len_sum,
+        output_count=obs.output_len_count,
+        preemptions=obs.preemptions_total,
+    )
+
+
+@dataclass
+class Watched:
+    """What a watch of `/metrics` read: per engine its readings; kept as it goes, so an
+    interrupted watch still has what it read."""
+
+    readings: dict[str, list[Reading]] = field(default_factory=dict)
+    scale: float = 1.0
+    failed_scrapes: int = 0
+    scrapes: int = 0
+
+
+async def watch_metrics(
+    url: str,
+    watch_s: float,
+    interval_s: float,
+    into: Watched,
+    progress: Callable[[str], None] = lambda _: None,
+) -> None:
+    """Scrape `url` every `interval_s` for `watch_s` seconds into `into`. The first scrape
+    must succeed (CliError, exit 3); later failures are counted and the watch goes on."""
+    from kvwatch.sidecar.metrics.observe import observe
+    from kvwatch.sidecar.metrics.scrape import metrics_url, scrape_once
+
+    target = metrics_url(url)
+    start = time.monotonic()
+    next_note = start + 30.0
+    async with httpx.AsyncClient() as client:
+        while True:
+            t = time.monotonic()
+            out = await scrape_once(client, target, SCRAPE_TIMEOUT_S)
+            if out.exposition is None:
+                if into.scrapes == 0:
+                    raise CliError(f"cannot scrape {url}: {out.error}", EXIT_UNREACHABLE)
+                into.failed_scrapes += 1
+            else:
+                if into.scrapes == 0 and out.time_scale:
+                    into.scale = out.time_scale
+                into.scrapes += 1
+                for (model, engine), obs in observe(out.exposition).items():
+                    name = f"{model or 'model'} engine {engine or '0'}"
+                    into.readings.setdefault(name, []).append(reading_of(t, obs, into.scale))
+            now = time.monotonic()
+            if now - start >= watch_s:
+                return
+            if now >= next_note:
+                progress(f"watched {now - start:.0f} of {watch_s:.0f} s ({into.scrapes} scrapes)")
+                next_note = now + 30.0
+            await asyncio.sleep(max(0.0, min(interval_s - (now - t), start + watch_s - now)))
+
+
+def watch(
+    url: str, watch_s: float, interval_s: float, slice_s: float, progress: Callable[[str], None]
+) -> tuple[dict[str, list[Slice]], float, list[str]]:
+    """Watch `/metrics` (Ctrl-C ends it early, keeping what was read) and cut it in slices."""
+    into = Watched()
+    notes = []
+    try:
+        asyncio.run(watch_metrics(url, watch_s, interval_s, into, progress))
+    except KeyboardInterrupt:
+        notes.append(f"the watch was ended early, after {into.scrapes} scrapes")
+    if into.failed_scrapes:
+        notes.append(f"{into.failed_scrapes} of the scrapes failed and were left out")
+    out: dict[str, list[Slice]] = {}
+    for name, readings in into.readings.items():
+        slices, skipped = slices_from_readings(readings, slice_s)
+        out[name] = slices
+        notes += [f"{name}: {s}" for s in skipped]
+    return out, into.scale, notes
+
+
+_BY = "instance, engine"
+
+
+def slices_from_prometheus(
+    base: str,
+    window_s: float,
+    slice_s: float,
+    instance: str | None = None,
+    end: float | None = None,
+    transport: httpx.BaseTransport | None = None,
+) -> tuple[dict[str, list[Slice]], list[str]]:
+    """Per (instance, engine) Prometheus scrapes, its slices of the last `window_s` seconds
+    (to `end`, unix; now by default): each point of a range query at step `slice_s` is the
+    slice ending there. `instance` keeps one instance's engines."""
+    end = time.time() if end is None else end
+    start = end - window_s + slice_s
+    rng = f"{max(1, round(slice_s))}s"
+    match = "" if instance is None else f'instance="{_promql_string(instance)}"'
+    notes: list[str] = []
+
+    def series(promql: str) -> dict[tuple[str, str], dict[float, float]]:
+        rows = prometheus_range(client, base, promql, start, end, slice_s)
+        got = series_by_labels(rows, ("instance", "engine"))
+        return {(k[0], k[1]): {t: v for t, v in pts.items() if v >= 0} for k, pts in got.items()}
+
+    def increase(fam: Family, suffix: str) -> dict[tuple[str, str], dict[float, float]]:
+        # newest spelling first: a server in a rename writes both, and a sum would count twice
+        for wire in fam.wire:
+            one = Family(fam.name, fam.kind, (wire,), fam.help, fam.bounds)
+            got = series(f"sum by ({_BY}) (increase({promql_selector(one, match, suffix)}[{rng}]))")
+            if got:
+                return got
+        return {}
+
+    with httpx.Client(timeout=30, transport=transport) as client:
+
+        def running_mean(over: str, offset: str = "") -> dict[tuple[str, str], dict[float, float]]:
+            return series(
+                f"sum by ({_BY}) (avg_over_time({promql_selector(RUNNING, match)}[{over}]{offset}))"
+            )
+
+        running = running_mean(rng)
+        half = f"{max(1, round(slice_s / 2))}s"
+        first, second = running_mean(half, f" offset {half}"), running_mean(half)
+        if not running:
+            where = f" for instance {instance!r}" if instance else ""
+            raise SizingError(
+                f"Prometheus at {base} has no vllm num_requests_running series{where} in the "
+                f"last {window_s:.0f} s"
+            )
+        itl_sum, itl_count = increase(ITL, "sum"), increase(ITL, "count")
+        if not itl_count:
+            raise SizingError(
+                f"Prometheus at {base} has no inter-token latency histogram "
+                "(vllm:inter_token_latency_seconds) in the window: nothing to calibrate from"
+            )
+        p_sum = increase(REQUEST_PROMPT_TOKENS, "sum")
+        p_count = increase(REQUEST_PROMPT_TOKENS, "count")
+        o_sum = increase(REQUEST_GENERATION_TOKENS, "sum")
+        o_count = increase(REQUEST_GENERATION_TOKENS, "count")
+        preempt = series(f"sum by ({_BY}) (increase({promql_selector(PREEMPTIONS, match)}[{rng}]))")
+    instances = sorted({k[0] for k in running})
+    if instance is None and len(instances) > 1:
+        raise SizingError(
+            f"Prometheus scrapes {len(instances)} vLLM instances ({', '.join(instances[:5])}"
+            f"{', ...' if len(instances) > 5 else ''}): name one with --instance (a calibration "
+            "is one deployment's)"
+        )
+    out: dict[str, list[Slice]] = {}
+    for key, points in sorted(running.items()):
+        name = f"{key[0]} engine {key[1] or '0'}"
+        slices = []
+        missing = 0
+        for t, run in sorted(points.items()):
+            vals = [d.get(key, {}).get(t) for d in (itl_sum, itl_count, p_sum, p_count, o_sum,
+                                                      o_count)]  # fmt: skip
+            if vals[0] is None or vals[1] is None:
+                missing += 1
+                continue
+            pre = preempt.get(key, {}).get(t, 0.0)
+            v = [x if x is not None else 0.0 for x in vals]
+            slices.append(Slice(t - slice_s, t, run, *v, preemptions=pre,
+                                running_first=first.get(key, {}).get(t),
+                                running_second=second.get(key, {}).get(t)))  # fmt: skip
+        if missing:
+            notes.append(f"{name}: {missing} slice(s) without inter-token latency in the history")
+        out[name] = slices
+    return out, notes
+
+
+def _promql_string(text: str) -> str:
+    """A label value inside a PromQL double-quoted string."""
+    return re.sub(r'(["\\])', r"\\\1", text).replace("\n", "\\n")

@@ -1,0 +1,218 @@
+"""A live server's counters, read at two times, as loads the step model can be held to.
+
+vLLM exports no step time, but between two readings of its `/metrics` (or two points of its
+Prometheus history) the counters say what it did: the inter-token latency histogram's sum over
+its count is the mean gap between a stream's tokens (the TPOT the step model predicts for N
+streams, the prefills landing inside their decode included); the running gauge, averaged over
+the slice, is N; the finished requests' prompt and output histograms give the lengths. A slice
+is left out, counted with why, when it holds a preemption (recompute is in its gaps), a
+counter reset (a restart), a load that moved inside it (running's mean differs by more than a
+third between its halves: a closed loop's start or drain, the next stage of a sweep), too few
+gaps to be a figure, or no running request. Slices of one load (the same streams, lengths
+within 5%) are pooled into one figure, weighted by their gaps, so an hour of history is a few
+dozen figures, not hundreds. Pure: the readers live in `kvwatch/advise/server_readings.py`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+from kvwatch.sizing.calibration import Figure
+from kvwatch.sizing.measured import Load
+
+__all__ = ["Reading", "Slice", "slices_from_readings", "figures_from_slices", "MIN_GAPS"]
+
+MIN_GAPS = 50  # a slice with fewer token gaps than this is no figure (a few streams' noise)
+MAX_FIGURES = 200  # the loads with the most gaps are kept beyond this (the fit's cost grows)
+_MAX_LEN = 10_000_000  # a mean length beyond this is a broken exporter, not a request
+_MAX_COUNT = 1e18  # as the sidecar's parser bounds a counter (sidecar/contract/vocabulary.py)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One reading of one engine's counters (cumulative) and its running gauge; None where the
+    server does not export the family."""
+
+    t: float  # seconds, any origin (monotonic, or unix for Prometheus)
+    running: float | None
+    itl_sum: float | None
+    itl_count: float | None
+    prompt_sum: float | None
+    prompt_count: float | None
+    output_sum: float | None
+    output_count: float | None
+    preemptions: float | None
+
+
+@dataclass(frozen=True)
+class Slice:
+    """What one engine did between two readings: counters' increases and the mean running."""
+
+    start: float
+    end: float
+    running: float
+    itl_sum: float
+    itl_count: float
+    prompt_sum: float
+    prompt_count: float
+    output_sum: float
+    output_count: float
+    preemptions: float
+    # the running gauge's mean over the slice's first and second half (None: not read)
+    running_first: float | None = None
+    running_second: float | None = None
+
+    def unsteady(self) -> bool:
+        """Whether the load moved inside the slice (a closed loop's start or drain, a sweep's
+        next stage): its gaps are a mix of loads, none of them the mean's. A trend between
+        its halves, not a dip: a closed loop's running dips each time a stream resends."""
+        if self.running_first is None or self.running_second is None:
+            return False
+        moved = abs(self.running_second - self.running_first)
+        return moved > max(1.0, _MOVED * self.running)
+
+
+_MOVED = 0.35  # a slice whose halves' running differ by more than this share is unsteady
+
+
+_COUNTERS = ("itl_sum", "itl_count", "prompt_sum", "prompt_count", "output_sum",
+             "output_count", "preemptions")  # fmt: skip
+_NEEDED = {"itl_sum": "the inter-token latency histogram", "running": "the running gauge"}
+
+
+def slices_from_readings(
+    readings: Sequence[Reading], slice_s: float
+) -> tuple[list[Slice], list[str]]:
+    """Cut one engine's readings into slices of about `slice_s` seconds (each from one reading
+    to the first at least `slice_s` later); the running gauge is the mean of the readings in
+    it. A counter that fell (a restart) or a family the server lacks leaves the slice out."""
+    pts = sorted((r for r in readings if math.isfinite(r.t)), key=lambda r: r.t)
+    slices: list[Slice] = []
+    skipped: list[str] = []
+    i = 0
+    while i < len(pts):
+        j = i + 1
+        while j < len(pts) and pts[j].t - pts[i].t < slice_s:
+            j += 1
+        if j >= len(pts):
+            break
+        a, b = pts[i], pts[j]
+        span = f"{b.t - a.t:.0f} s slice ending at {b.t:.0f}"
+        inside = [r for r in pts[i : j + 1] if r.running is not None]
+        running = [r.running for r in inside if r.running is not None]
+        missing = [why for name, why in _NEEDED.items()
+                   if (not running if name == "running" else getattr(b, name) is None)]  # fmt: skip
+        if missing:
+            skipped.append(f"{span}: the server exports no {' or '.join(missing)}")
+        else:
+            inc = {n: _increase(getattr(a, n), getattr(b, n)) for n in _COUNTERS}
+            if any(v is None for v in inc.values()) or _fell(pts[i : j + 1]):
+                skipped.append(f"{span}: a counter fell (the server restarted)")
+            else:
+                counts = {n: float(v or 0.0) for n, v in inc.items()}
+                mid = (a.t + b.t) / 2
+                first = [r.running for r in inside if r.t <= mid and r.running is not None]
+                second = [r.running for r in inside if r.t > mid and r.running is not None]
+                slices.append(Slice(a.t, b.t, _avg(running), **counts,
+                                    running_first=_avg(first) if first else None,
+                                    running_second=_avg(second) if second else None))  # fmt: skip
+        i = j
+    return slices, skipped
+
+
+def _avg(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def _fell(run: Sequence[Reading]) -> bool:
+    """Whether any counter fell between two readings of the run (a restart inside a slice)."""
+    for n in _COUNTERS:
+        vals = [v for r in run if (v := getattr(r, n)) is not None]
+        if any(y < x for x, y in zip(vals, vals[1:], strict=False)):
+            return True
+    return False
+
+
+def _increase(a: float | None, b: float | None) -> float | None:
+    """b - a; 0 where the server lacks the family at either end; None if it fell."""
+    if a is None or b is None:
+        return 0.0
+    return b - a if b >= a else None
+
+
+def figures_from_slices(
+    slices: Sequence[Slice], batched_tokens: int, max_num_seqs: int, source: str = ""
+) -> tuple[list[Figure], list[str]]:
+    """Each usable slice's load and TPOT, pooled by load; what was left out and why (counted).
+
+    A slice in which no request finished has no lengths of its own: it takes the mean lengths
+    of every slice (its requests were among them), and its figure's label says so."""
+    usable: list[Slice] = []
+    why: dict[str, int] = {}
+
+    def skip(reason: str) -> None:
+        why[reason] = why.get(reason, 0) + 1
+
+    for s in slices:
+        values = [getattr(s, f.name) for f in fields(s) if f.name not in ("start", "end")]
+        if not all(0 <= v <= _MAX_COUNT for v in values if v is not None):
+            skip("a value no server counts (negative, not a number, or past 1e18)")
+        elif s.unsteady():
+            skip(f"the load moved in it (running {_MOVED:.0%} more or less in its second half)")
+        elif s.preemptions > 0:
+            skip("preempted in it (recompute is in its gaps)")
+        elif s.running < 0.5:
+            skip("no request running")
+        elif s.itl_count < MIN_GAPS or s.itl_sum <= 0:
+            skip(f"fewer than {MIN_GAPS} token gaps")
+        else:
+            usable.append(s)
+    p_all = _mean(sum(s.prompt_sum for s in usable), sum(s.prompt_count for s in usable))
+    o_all = _mean(sum(s.output_sum for s in usable), sum(s.output_count for s in usable))
+    groups: dict[tuple[int, int, int, bool], list[tuple[Slice, float, float]]] = {}
+    for s in usable:
+        p = _mean(s.prompt_sum, s.prompt_count)
+        o = _mean(s.output_sum, s.output_count)
+        own = p is not None and o is not None
+        p, o = (p, o) if own else (p_all, o_all)
+        if p is None or o is None:
+            skip("no request finished in it or any other slice (lengths unknown)")
+            continue
+        if not (1 <= p <= _MAX_LEN and 1 <= o <= _MAX_LEN):
+            skip("request lengths no server has")
+            continue
+        key = (max(1, round(s.running)), _coarse(p), _coarse(o), own)
+        groups.setdefault(key, []).append((s, p, o))
+    ranked = sorted(groups.items(), key=lambda kv: -sum(s.itl_count for s, _, _ in kv[1]))
+    if len(ranked) > MAX_FIGURES:
+        why[f"past the {MAX_FIGURES} loads with the most gaps"] = sum(
+            len(g) for _, g in ranked[MAX_FIGURES:]
+        )
+        ranked = ranked[:MAX_FIGURES]
+    figures = []
+    for (conc, _, _, own), members in ranked:
+        gaps = sum(s.itl_count for s, _, _ in members)
+        p = round(sum(p * s.itl_count for s, p, _ in members) / gaps)
+        o = max(2, round(sum(o * s.itl_count for s, _, o in members) / gaps))
+        load = Load("fixed_concurrency", conc, max(1, p), o, batched_tokens, max_num_seqs)
+        tpot = sum(s.itl_sum for s, _, _ in members) / gaps
+        n = len(members)
+        label = (
+            f"{source}{' ' if source else ''}{n} slice{'s' if n > 1 else ''}: {conc} "
+            f"stream{'s' if conc > 1 else ''} of {p:,} + {o:,} tokens"
+            + ("" if own else " (lengths of the whole span: none finished in these)")
+        )
+        figures.append(Figure(label, load, "tpot_s", tpot))
+    skipped = [f"{n} slice{'s' if n > 1 else ''}: {r}" for r, n in why.items()]
+    return figures, skipped
+
+
+def _mean(total: float, count: float) -> float | None:
+    return total / count if count >= 1 and total >= 0 else None
+
+
+def _coarse(x: float) -> int:
+    """A length to 5%: slices within it are one load (a log scale, so short and long alike)."""
+    return round(math.log(max(x, 1.0)) / math.log(1.05))

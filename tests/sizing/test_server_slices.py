@@ -1,0 +1,121 @@
+"""A live server's counters as calibration figures (sizing/server_slices.py): readings cut into
+slices, slices left out with a counted reason, slices of one load pooled, and hidden constants
+given back through the whole path. The live proof: tests/sizing/test_calibrate_live.py and
+bench/bench_calibrate.py cpu-metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvwatch.sizing.calibration import calibrate
+from kvwatch.sizing.kvmath import lookup_gpu, lookup_model
+from kvwatch.sizing.measured import Load, predict
+from kvwatch.sizing.server_slices import (
+    MIN_GAPS,
+    Reading,
+    Slice,
+    figures_from_slices,
+    slices_from_readings,
+)
+from kvwatch.sizing.steptime import StepConstants, StepModel
+
+LLAMA = lookup_model("llama-3.1-8b")
+H100 = lookup_gpu("h100")
+
+
+def _reading(t: float, running: float = 4.0, gaps: float = 0.0, **kw: float | None) -> Reading:
+    values: dict[str, float | None] = dict(
+        itl_sum=gaps * 0.02, itl_count=gaps, prompt_sum=t * 100, prompt_count=t,
+        output_sum=t * 50, output_count=t, preemptions=0.0,
+    )  # fmt: skip
+    values.update(kw)
+    return Reading(t=t, running=running, **values)  # type: ignore[arg-type]
+
+
+def _slice(running: float = 4, gaps: float = 400, itl: float = 0.02, p: float = 512,
+           o: float = 128, n: float = 3, preempt: float = 0) -> Slice:  # fmt: skip
+    return Slice(0, 10, running, gaps * itl, gaps, p * n, n, o * n, n, preempt)
+
+
+def test_readings_become_slices_of_the_asked_length_with_the_mean_running() -> None:
+    readings = [_reading(t, running=t % 3, gaps=10 * t) for t in range(31)]
+    slices, skipped = slices_from_readings(readings, 10)
+    assert skipped == []
+    assert [(s.start, s.end) for s in slices] == [(0, 10), (10, 20), (20, 30)]
+    assert slices[0].itl_count == 100
+    assert slices[0].itl_sum == pytest.approx(2.0)
+    assert slices[0].prompt_count == 10 and slices[0].prompt_sum == 1000
+    assert slices[0].running == pytest.approx(sum(t % 3 for t in range(11)) / 11)
+    # the halves' means: t 0-5 and 6-10
+    assert slices[0].running_first == pytest.approx(sum(t % 3 for t in range(6)) / 6)
+    assert slices[0].running_second == pytest.approx(sum(t % 3 for t in range(6, 11)) / 5)
+
+
+def test_a_restart_and_a_missing_family_leave_their_slice_out_with_why() -> None:
+    readings = [_reading(t, gaps=10 * t) for t in range(21)]
+    readings[12] = _reading(12, gaps=1)  # a restart inside a slice: its counters fell
+    slices, skipped = slices_from_readings(readings, 5)
+    assert [s.start for s in slices] == [0, 5, 15] and len(skipped) == 1
+    assert all("a counter fell" in s for s in skipped)
+    bare = [_reading(t, itl_sum=None, itl_count=None) for t in range(11)]
+    slices, skipped = slices_from_readings(bare, 5)
+    assert slices == [] and "inter-token latency histogram" in skipped[0]
+
+
+def test_slices_left_out_are_counted_by_reason_and_one_load_is_pooled() -> None:
+    slices = [
+        _slice(itl=0.020, gaps=400),
+        _slice(itl=0.030, gaps=200),  # the same load: pooled, weighted by gaps
+        _slice(running=16, itl=0.05),
+        _slice(preempt=2),
+        _slice(preempt=1),
+        _slice(running=0.2),
+        _slice(gaps=MIN_GAPS - 1),
+        _slice(running=float("nan")),
+        Slice(0, 10, 8, 8, 400, 512, 1, 128, 1, 0, running_first=13, running_second=3),  # drain
+        Slice(0, 10, 8, 8, 400, 512, 1, 128, 1, 0, running_first=7, running_second=9),  # steady
+    ]
+    figures, skipped = figures_from_slices(slices, 8192, 256)
+    assert len(figures) == 3
+    four = next(f for f in figures if f.load.concurrency == 4)
+    assert four.value == pytest.approx((400 * 0.02 + 200 * 0.03) / 600)
+    assert (four.load.input_len, four.load.output_len) == (512, 128)
+    assert "2 slices: 4 streams of 512 + 128 tokens" in four.label
+    assert sorted(skipped) == sorted([
+        "2 slices: preempted in it (recompute is in its gaps)",
+        "1 slice: no request running",
+        f"1 slice: fewer than {MIN_GAPS} token gaps",
+        "1 slice: a value no server counts (negative, not a number, or past 1e18)",
+        "1 slice: the load moved in it (running 35% more or less in its second half)",
+    ])  # fmt: skip
+
+
+def test_a_slice_without_finished_requests_takes_the_span_lengths_and_says_so() -> None:
+    figures, _ = figures_from_slices([_slice(), _slice(running=9, n=0)], 8192, 256)
+    nine = next(f for f in figures if f.load.concurrency == 9)
+    assert (nine.load.input_len, nine.load.output_len) == (512, 128)
+    assert "lengths of the whole span" in nine.label
+    figures, skipped = figures_from_slices([_slice(n=0)], 8192, 256)
+    assert figures == [] and "lengths unknown" in skipped[0]
+
+
+def test_hidden_constants_come_back_through_slices() -> None:
+    """A server's slices made from hidden constants (each slice's gaps are what the step model
+    says for its streams and lengths) calibrate back to them."""
+    base = StepModel(LLAMA, H100)
+    hidden = {
+        "hbm_efficiency": base.hbm_efficiency * 1.2,
+        "kv_efficiency": base.constants.kv_efficiency * 0.6,
+        "mfu": base.mfu * 0.6,
+    }
+    truth = StepModel(LLAMA, H100, constants=StepConstants.with_overrides(hidden))
+    slices = []
+    for c in (1, 4, 16, 64, 128):
+        for p, o in ((512, 256), (4096, 128), (16000, 64)):
+            tpot = predict(truth, Load("fixed_concurrency", c, p, o, 8192, 1024), "tpot_s")
+            slices.append(_slice(running=c, gaps=1000, itl=tpot, p=p, o=o))
+    figures, skipped = figures_from_slices(slices, 8192, 1024)
+    assert skipped == [] and len(figures) == 15
+    cal = calibrate(LLAMA, H100, 1, "auto", figures, "slices")
+    for k in ("hbm_efficiency", "kv_efficiency", "mfu"):
+        assert cal.constants[k] == pytest.approx(hidden[k], rel=0.05), k
