@@ -1,30 +1,31 @@
 """`kvwatch calibrate` proven without circularity: calibrate on one load, predict others, rerun.
 
-    PYTHONPATH=. .venv/bin/python bench/bench_calibrate.py cpu    # the real vLLM (CPU), ~3 min
-    PYTHONPATH=. .venv/bin/python bench/bench_calibrate.py cpu-metrics   # from /metrics, ~3 min
-    PYTHONPATH=. .venv/bin/python bench/bench_calibrate.py twin   # hidden constants, ~4 min
+    PYTHONPATH=. .venv/bin/python bench/bench_calibrate.py cpu          # the real vLLM (CPU), 3 min
+    PYTHONPATH=. .venv/bin/python bench/bench_calibrate.py cpu-metrics  # from the server, 4 min
+    PYTHONPATH=. .venv/bin/python bench/bench_calibrate.py twin         # hidden constants, 4 min
 
 cpu: a real vLLM on this machine's CPU (the tiny model, 64 MiB of KV) serves the calibration
 loads (`loadgen run --sweep concurrency=1,4,16`, 128 + 64 tokens, and 4 streams of 768-token
-prompts, which pins the cost of reading the context); `kvwatch calibrate` fits the
-step model (the CPU has no data sheet: its bandwidth, FLOP/s and their overlap are fitted too);
-then loads it never saw run: 8 and 12 streams, and 4 streams of 384-token prompts. Their TPOT
-and output tokens/s (steady state: a closed loop's start wave and drain left out, as the
-calibration reads its own) are held against the prediction of `advise --what-if --gpu cpu
---calibration FILE`'s step model.
+prompts, which pins the cost of reading the context); `kvwatch calibrate` fits the step model
+(the CPU has no data sheet: its bandwidth, FLOP/s and their overlap are fitted too); then loads
+it never saw run: 8 and 12 streams, and 4 streams of 384-token prompts. Their TPOT and output
+tokens/s (steady state: a closed loop's start wave and drain left out, as the calibration reads
+its own) are held against the prediction of `advise --what-if --gpu cpu --calibration FILE`'s
+step model.
 
 cpu-metrics: the same, but calibrated from the server itself while the calibration loads run,
 with no run directory, as a server in production calibrates from its own traffic: its /metrics
-watched (`kvwatch calibrate --metrics URL --slice 3`, ended by Ctrl-C), and a real Prometheus
-scraping it every second (`kvwatch calibrate --prometheus URL --window`). The loads are
-longer stages than the run's sweep: a slice is a figure only where the load holds still.
+watched (`kvwatch calibrate --metrics URL --slice 3`, ended by Ctrl-C), a sidecar beside it
+(`kvwatch calibrate --sidecar URL`), and a real Prometheus scraping it every second (`kvwatch
+calibrate --prometheus URL --window`). The loads are longer stages than the run's sweep: a slice
+is a figure only where the load holds still.
 
-twin: the twin (Llama 3.1 8B on an H100, 8 GB of KV, time scale 2 so that this machine's
-host work hides under the simulated steps) runs with hidden constants, each moved by 40% from
-the shipped ones (hbm_efficiency by 20%: +40% would pass the card's ceiling); runs of 1, 8, 32
-and 64 streams and one of longer prompts calibrate; the fitted constants are held against
-the hidden ones (the pure version: tests/sizing/test_calibration.py).
-Results: bench/results/calibrate-{cpu,cpu-metrics,twin}.json, docs/twin.md.
+twin: the twin (Llama 3.1 8B on an H100, 8 GB of KV, time scale 2 so that this machine's host
+work hides under the simulated steps) runs with hidden constants, each moved by 40% from the
+shipped ones (hbm_efficiency by 20%: +40% would pass the card's ceiling); runs of 1, 8, 32 and
+64 streams and one of longer prompts calibrate; the fitted constants are held against the hidden
+ones (the pure version: tests/sizing/test_calibration.py). Results:
+bench/results/calibrate-{cpu,cpu-metrics,twin}.json, docs/twin.md.
 """
 
 from __future__ import annotations
@@ -41,11 +42,17 @@ from pathlib import Path
 from typing import Any
 
 from kvwatch.advise.calibrate import figures_from_run
-from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig
+from kvwatch.loadgen.local_server import (
+    LocalVLLM,
+    ServerConfig,
+    free_port,
+    stop_process,
+    wait_until_ok,
+)
 from kvwatch.loadgen.tiny_model import build_tiny_model
-from kvwatch.sizing.calibration import read_calibration
+from kvwatch.sizing.calibration import Figure, read_calibration
 from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
-from kvwatch.sizing.measured import predict
+from kvwatch.sizing.measured import Load, predict
 from kvwatch.sizing.steptime import StepModel
 
 RESULTS = Path(__file__).parent / "results"
@@ -82,21 +89,28 @@ def prove(
 ) -> dict[str, Any]:
     """Calibrate on one load, rerun the others, compare; what the bench and the test share.
     Each of `sources` calibrates from the same loads: "run" from their run directories,
-    "metrics" from the server's /metrics watched while they ran (`calibrate --metrics`, ended
-    by Ctrl-C), "prometheus" from a real Prometheus that scraped the server every second
-    meanwhile (`calibrate --prometheus --window`). Per source: its calibration and its
+    "metrics" from the server's /metrics watched while they ran (`calibrate --metrics`,
+    ended by Ctrl-C), "sidecar" from a sidecar that scraped it every half second meanwhile
+    (`calibrate --sidecar`), "prometheus" from a real Prometheus that scraped it every
+    second (`calibrate --prometheus --window`). Per source: its calibration and its
     predictions of the reruns; the first source's are also at the top level."""
     flags = ("--model", model, "--gpu", gpu)
     with ExitStack() as stack:
         watcher = prom = None
         if "metrics" in sources:
-            watcher = subprocess.Popen(
-                [sys.executable, "-m", "kvwatch", "calibrate", "--metrics", url, "--watch",
-                 "3600", "--slice", "3", "--interval", "0.5", *flags,
-                 "--out", str(work / "calibration-metrics.json")],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            )  # fmt: skip
+            watcher = _watch(url, flags, "--out", str(work / "calibration-metrics.json"))
             stack.callback(_stop, watcher)
+        sidecar = None
+        if "sidecar" in sources:
+            sidecar = f"http://127.0.0.1:{free_port()}"
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "kvwatch", "sidecar", "--target", url, "--interval", "0.5",
+                 "--listen", sidecar.removeprefix("http://"), "--db", ""],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            stack.callback(stop_process, proc)
+            if not wait_until_ok(sidecar + "/healthz", proc, 30.0, period_s=0.2):
+                raise SystemExit("the sidecar did not start")
         if "prometheus" in sources:
             from kvwatch.fleet.prometheus import running_prometheus, wait_for_series
 
@@ -118,12 +132,11 @@ def prove(
                 window = f"{round(time.time() - began) + 4}s"
                 done[source] = _kvwatch("calibrate", "--prometheus", prom, "--window", window,
                                         "--slice", "3", *flags, *out)  # fmt: skip
+            elif source == "sidecar" and sidecar is not None:
+                done[source] = _kvwatch("calibrate", "--sidecar", sidecar, "--slice", "3",
+                                        *flags, *out)  # fmt: skip
             elif watcher is not None:
-                watcher.send_signal(signal.SIGINT)
-                stdout, stderr = watcher.communicate(timeout=600)
-                done[source] = subprocess.CompletedProcess(
-                    watcher.args, watcher.returncode, stdout, stderr
-                )
+                done[source] = _ended(watcher)
     cals = {}
     for source, p in done.items():
         if p.returncode != 0:
@@ -132,26 +145,66 @@ def prove(
         cals[source] = read_calibration(work / f"calibration-{source}.json")
     spec = lookup_gpu(gpu)
     measured = []
-    for name, (streams, prompt, requests) in reruns.items():
-        d = work / name.replace(" ", "-").replace(",", "")
-        _load(url, d, "--concurrency", str(streams), "--requests", str(requests),
-              "--input-len", str(prompt), "--output-len", str(output))  # fmt: skip
-        figures, _, _ = figures_from_run(d, spec.batched_tokens, 256)
-        # the proof is TPOT and tokens/s; TTFT is in the calibration's own fit
-        measured += [(name, streams, prompt, f) for f in figures if f.metric != "ttft_s"]
+    # the server's own counters over the reruns, for the calibrations made from them: what a
+    # client measures includes the API server's and its own time, which the engine's counters
+    # do not (on this machine's two cores, a share that grows with the streams)
+    server_side = set(sources) - {"run"}
+    seen = _watch(url, flags, "--json") if server_side else None
+    try:
+        time.sleep(2.0 if seen else 0.0)
+        for name, (streams, prompt, requests) in reruns.items():
+            d = work / name.replace(" ", "-").replace(",", "")
+            _load(url, d, "--concurrency", str(streams), "--requests", str(requests),
+                  "--input-len", str(prompt), "--output-len", str(output))  # fmt: skip
+            figures, _, _ = figures_from_run(d, spec.batched_tokens, 256)
+            # the proof is TPOT and tokens/s; TTFT is in the calibration's own fit
+            measured += [(name, f) for f in figures if f.metric != "ttft_s"]
+        if seen is not None:
+            time.sleep(6.0)
+            p = _ended(seen)
+            if p.returncode != 0:
+                raise SystemExit(f"the server's figures of the reruns: {p.stderr.strip()}")
+            for row in json.loads(p.stdout)["figures"]:
+                load = Load("fixed_concurrency", row["concurrency"], row["input_len"],
+                            row["output_len"], spec.batched_tokens, 256)  # fmt: skip
+                server_figure = Figure(row["label"], load, row["metric"], row["measured"])
+                measured.append((f"server: {row['label']}", server_figure))
+    finally:
+        if seen is not None:
+            _stop(seen)
     by_source = {}
     for source, cal in cals.items():
         steps = StepModel(resolve_model(model), spec, constants=cal.step_constants())
         rows = []
-        for name, streams, prompt, f in measured:
+        for name, f in measured:
+            if name.startswith("server: ") and source not in server_side:
+                continue  # a run's calibration is held to what a client measures
             pred = predict(steps, f.load, f.metric)
             rows.append({"load": name, "metric": f.metric, "measured": f.value,
                          "predicted": pred, "error": pred / f.value - 1,
-                         "outside": cal.outside(streams, prompt, output)})  # fmt: skip
+                         "seen_by": "server" if name.startswith("server: ") else "client",
+                         "outside": cal.outside(f.load.concurrency, f.load.input_len,
+                                                f.load.output_len)})  # fmt: skip
             print(f"  {source}: {name}: {f.metric} measured {f.value:.4g}, predicted "
                   f"{pred:.4g} ({pred / f.value - 1:+.1%})")  # fmt: skip
         by_source[source] = {"calibration": cal.to_dict(), "reruns": rows}
     return {**by_source[sources[0]], "by_source": by_source}
+
+
+def _watch(url: str, flags: tuple[str, ...], *out: str) -> subprocess.Popen[str]:
+    """`kvwatch calibrate --metrics` watching until `_ended` (3 s slices, 2 scrapes a second)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "kvwatch", "calibrate", "--metrics", url, "--watch", "3600",
+         "--slice", "3", "--interval", "0.5", *flags, *out],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def _ended(watcher: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
+    """Ctrl-C to a watch: it calibrates on what it read."""
+    watcher.send_signal(signal.SIGINT)
+    stdout, stderr = watcher.communicate(timeout=600)
+    return subprocess.CompletedProcess(watcher.args, watcher.returncode, stdout, stderr)
 
 
 def _stop(p: subprocess.Popen[str]) -> None:
@@ -182,8 +235,15 @@ def cpu(source: str = "run") -> None:
                   for c, n in ((1, 24), (4, 64), (16, 192))],
                 calib[1],
             )  # fmt: skip
-        sources = ("run",) if source == "run" else ("metrics", "prometheus")
-        out = prove(server.base_url, Path(tmp), str(model), "cpu", calib, RERUNS, OUTPUT, sources)
+        sources = ("run",) if source == "run" else ("metrics", "sidecar", "prometheus")
+        reruns = (
+            RERUNS
+            if source == "run"
+            else {  # long enough for the server's slices
+                k: (c, p, 2 * n) for k, (c, p, n) in RERUNS.items()
+            }
+        )
+        out = prove(server.base_url, Path(tmp), str(model), "cpu", calib, reruns, OUTPUT, sources)
     out["date"] = time.strftime("%Y-%m-%d")
     name = "calibrate-cpu.json" if source == "run" else "calibrate-cpu-metrics.json"
     (RESULTS / name).write_text(json.dumps(out, indent=1) + "\n")

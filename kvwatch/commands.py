@@ -256,15 +256,16 @@ def _register_calibrate(sub: Any) -> None:
         description="Fit the step-time model's constants (docs/twin.md) to what your own vLLM "
         "served. From load runs (--run: each stage of a `kvwatch loadgen run` directory, e.g. "
         "--sweep concurrency=1,4,16, is one load, its TPOT, TTFT and tokens/s the figures), or "
-        "from the server as it serves its own traffic: its /metrics watched now (--metrics) or "
-        "its Prometheus history (--prometheus): each slice of time is a load of its mean "
-        "running requests and finished requests' lengths, its mean inter-token latency the "
-        "figure (slices with preemptions, restarts or too few tokens are left out and counted). "
-        "Writes a calibration file with the constants, every figure and its prediction, the "
-        "fit's error and the range of loads seen; constants the loads cannot pin (e.g. the "
-        "cost per request when the server never ran above batch 8) are named and left at the "
-        "model's defaults. `advise --what-if --calibration FILE` and `twin --calibration FILE` "
-        "use it. Exit 0 when written, 2 when the data cannot calibrate, 3 when the server or "
+        "from the server as it serves its own traffic: its /metrics watched now (--metrics), a "
+        "sidecar's readings of it (--sidecar) or its Prometheus history (--prometheus). There "
+        "each slice of time is a load of the requests it held and the finished requests' "
+        "lengths, its mean inter-token latency the figure; slices with preemptions, restarts, "
+        "a load that moved or too few tokens are left out and counted. Writes a calibration "
+        "file with the constants, every figure and its prediction, the fit's error and the "
+        "range of loads seen; constants the loads cannot pin (e.g. the cost per request when "
+        "the server never ran above batch 8) are named and left at the model's defaults. "
+        "`advise --what-if --calibration FILE` and `twin --calibration FILE` use it. Exit 0 "
+        "when written, 2 when the data cannot calibrate, 3 when the server, sidecar or "
         "Prometheus cannot be reached.",
     )
     src = c.add_mutually_exclusive_group(required=True)
@@ -284,6 +285,13 @@ def _register_calibrate(sub: Any) -> None:
         "keeping what was read) while it serves varied load",
     )
     src.add_argument(
+        "--sidecar",
+        metavar="URL",
+        type=http_url,
+        help="a kvwatch sidecar beside the server: what it has read of it already (up to 900 "
+        "scrapes an engine, /api/readings), no watch to wait through",
+    )
+    src.add_argument(
         "--prometheus",
         metavar="URL",
         type=http_url,
@@ -300,8 +308,8 @@ def _register_calibrate(sub: Any) -> None:
         "--slice",
         type=_SLICE,
         metavar="SECONDS",
-        help="one figure's span of time (--metrics 10, --prometheus 60: at least 4 of its "
-        "scrape intervals)",
+        help="one figure's span of time (--metrics and --sidecar 10, --prometheus 60: at least "
+        "4 of its scrape intervals)",
     )
     c.add_argument(
         "--instance",

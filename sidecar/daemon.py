@@ -255,10 +255,12 @@ def run_sidecar(cfg: SidecarConfig, echo: BinaryIO | None = None) -> int:
         state.episodes,
         state.record_load_event,
         os.environ.get(EVENTS_TOKEN_ENV) or None,
+        state.readings_json,
     )
     host, port = str(server.server_address[0]), int(server.server_address[1])
     print(
-        f"kvwatch sidecar: serving http://{host}:{port}/metrics, /healthz, /api/state; "
+        f"kvwatch sidecar: serving http://{host}:{port}/metrics, /healthz, /api/state, "
+        "/api/readings; "
         f"watching {', '.join(cfg.targets)}",
         file=sys.stderr,
         flush=True,

@@ -289,6 +289,63 @@ def check_prometheus_calibration(rng: random.Random) -> None:
             assert f.load.concurrency >= 1 and f.load.input_len >= 1 and f.load.output_len >= 2
 
 
+def _readings_doc() -> Any:
+    """A real /api/readings document whose counters grow: a sidecar's readings of vLLM's busy
+    body, each later one's counters larger, so its slices make figures."""
+    from kvwatch.sidecar.contract.readings import FIELDS
+    from kvwatch.sidecar.state.sidecar_state import SidecarState
+
+    body = (DATA / "vllm-0.32-metrics-busy.txt").read_text()
+    state = SidecarState(["http://a"])
+    state.record_scrape("http://a", 0.0, ScrapeOutcome(0.01, parse_exposition(body)))
+    doc = json.loads(json.dumps(state.readings_json()))
+    row = doc["engines"][0]["readings"][0]
+    still = {FIELDS.index("held"), FIELDS.index("preemptions")}  # a steady load, no preemption
+    doc["engines"][0]["readings"] = [
+        [float(t), *[v if i in still or v is None else v * (1 + t / 10)
+                     for i, v in enumerate(row[1:], 1)]]
+        for t in range(40)
+    ]  # fmt: skip
+    return doc
+
+
+_READINGS_DOC: list[Any] = []
+
+
+def check_sidecar_readings(rng: random.Random) -> None:
+    """`calibrate --sidecar` on a sidecar's /api/readings with one to three fields given any
+    value: figures a fit can take, or one ReadingsError line."""
+    from kvwatch.sidecar.contract.readings import ReadingsError, readings_from_json
+    from kvwatch.sizing.server_slices import figures_from_slices, slices_from_readings
+
+    if not _READINGS_DOC:
+        _READINGS_DOC.append(_readings_doc())
+    doc = json.loads(json.dumps(_READINGS_DOC[0]))
+    places = _places(doc)
+    places += [("engines", 0, "readings", rng.randrange(40), rng.randrange(11)) for _ in range(9)]
+    for _ in range(rng.randint(1, 3)):
+        at = rng.choice(places)
+        node = doc
+        try:
+            for k in at[:-1]:
+                node = node[k]
+            node[at[-1]] = rng.choice(_STATE_WRONG)
+        except (KeyError, IndexError, TypeError):
+            continue  # a container above it was replaced already
+    try:
+        per_engine, scales = readings_from_json(doc)
+    except ReadingsError as e:
+        assert "\n" not in str(e) and str(e)
+        return
+    assert all(0 < k < 1e6 for k in scales.values())
+    for readings in per_engine.values():
+        slices, skipped = slices_from_readings(readings, rng.choice([1.0, 5.0]))
+        figures, why = figures_from_slices(slices, 8192, 256)
+        assert all("\n" not in w for w in skipped + why)
+        for f in figures:
+            assert math.isfinite(f.value) and f.value > 0, f
+
+
 # --- another sidecar's /api/state (advise --sidecar) ----------------------------------------
 
 _STATE_WRONG: list[Any] = ["x", None, [], {}, -1, 0, True, 1e308, float("nan"), float("inf"),

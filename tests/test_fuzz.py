@@ -292,6 +292,19 @@ def test_prometheus_history_calibrates_or_says_why_in_one_line(rng: random.Rando
 
 
 @settings(
+    max_examples=max(1, EXAMPLES // 5), deadline=None, database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)  # fmt: skip
+@given(rng=st.randoms(use_true_random=False))
+def test_a_sidecars_readings_calibrate_or_say_why_in_one_line(rng: random.Random) -> None:
+    """`calibrate --sidecar` reads a sidecar's /api/readings: a real one with fields given any
+    value gives figures a fit can take, or one line."""
+    from tests.fuzzing import check_sidecar_readings
+
+    check_sidecar_readings(rng)
+
+
+@settings(
     max_examples=max(1, EXAMPLES // 4), deadline=None, database=None,
     suppress_health_check=[HealthCheck.too_slow],
 )  # fmt: skip

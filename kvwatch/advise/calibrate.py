@@ -183,7 +183,7 @@ def _from_server(
     ns: argparse.Namespace, batched: int, max_seqs: int
 ) -> tuple[list[Figure], list[str], float, str]:
     """A live server's slices (`--metrics`) or its history (`--prometheus`), as figures."""
-    from kvwatch.advise.server_readings import slices_from_prometheus, watch
+    from kvwatch.advise.server_readings import from_sidecar, slices_from_prometheus, watch
     from kvwatch.sidecar.contract.catalogue import duration_seconds
     from kvwatch.sizing.server_slices import figures_from_slices
 
@@ -197,6 +197,10 @@ def _from_server(
             ns.metrics, ns.watch, ns.interval, slice_s, lambda m: print(m, file=sys.stderr)
         )
         source = f"metrics {ns.metrics}, {slice_s:g} s slices"
+    elif ns.sidecar:
+        slice_s = ns.slice or 10.0
+        per_engine, scale, notes = from_sidecar(ns.sidecar, slice_s)
+        source = f"sidecar {ns.sidecar}, {slice_s:g} s slices"
     else:
         slice_s = ns.slice or 60.0
         window_s = duration_seconds(ns.window)

@@ -1,11 +1,13 @@
-"""Where `kvwatch calibrate` reads a live server: its `/metrics` watched now, or its Prometheus
-history. Each gives, per engine, the slices `sizing/server_slices.py` turns into figures.
+"""Where `kvwatch calibrate` reads a live server: its `/metrics` watched now, a sidecar's
+readings of it (the sidecar has watched already), or its Prometheus history. Each gives, per
+engine, the slices `sizing/server_slices.py` turns into figures.
 
 `/metrics` is read with the sidecar's own parser (every value checked where it enters), every
 `interval` seconds for `watch` seconds or until Ctrl-C, which ends the watch early and keeps
 what was read. A twin says its time scale on `/metrics`; its gaps are then divided by it, so
 the figures are in the twin's simulated seconds, and the calibration says so. Prometheus is
-asked, per slice of its history, each counter's `increase()` and the running gauge's mean.
+asked, per slice of its history, each counter's `increase()` and the mean of the running and
+waiting gauges (the requests held: a closed loop's streams, queued ones included).
 """
 
 from __future__ import annotations
@@ -26,32 +28,17 @@ from kvwatch.sidecar.contract.vocabulary import (
     REQUEST_GENERATION_TOKENS,
     REQUEST_PROMPT_TOKENS,
     RUNNING,
+    TTFT,
+    WAITING,
     Family,
     promql_selector,
 )
-from kvwatch.sidecar.metrics.observe import EngineObservation
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.server_slices import Reading, Slice, slices_from_readings
 
-__all__ = ["Watched", "watch", "watch_metrics", "slices_from_prometheus", "reading_of"]
+__all__ = ["Watched", "watch", "watch_metrics", "slices_from_prometheus", "from_sidecar"]
 
 SCRAPE_TIMEOUT_S = 5.0
-
-
-def reading_of(t: float, obs: EngineObservation, scale: float = 1.0) -> Reading:
-    """One engine's observation as a calibration reading; gaps divided by a twin's scale."""
-    itl = obs.itl_seconds_sum
-    return Reading(
-        t=t,
-        running=obs.running,
-        itl_sum=None if itl is None else itl / scale,
-        itl_count=obs.itl_count,
-        prompt_sum=obs.prompt_len_sum,
-        prompt_count=obs.prompt_len_count,
-        output_sum=obs.output_len_sum,
-        output_count=obs.output_len_count,
-        preemptions=obs.preemptions_total,
-    )
 
 
 @dataclass
@@ -94,7 +81,8 @@ async def watch_metrics(
                 into.scrapes += 1
                 for (model, engine), obs in observe(out.exposition).items():
                     name = f"{model or 'model'} engine {engine or '0'}"
-                    into.readings.setdefault(name, []).append(reading_of(t, obs, into.scale))
+                    reading = obs.calibration_reading(t, into.scale)
+                    into.readings.setdefault(name, []).append(reading)
             now = time.monotonic()
             if now - start >= watch_s:
                 return
@@ -122,6 +110,37 @@ def watch(
         out[name] = slices
         notes += [f"{name}: {s}" for s in skipped]
     return out, into.scale, notes
+
+
+SIDECAR_DEADLINE_S = 30.0  # for the whole of /api/readings (900 points an engine)
+
+
+def from_sidecar(
+    url: str, slice_s: float, transport: httpx.BaseTransport | None = None
+) -> tuple[dict[str, list[Slice]], float, list[str]]:
+    """A sidecar's recent readings (`GET /api/readings`), cut in slices: per engine its
+    slices, the time scale (1: wall; a twin's K: its simulated seconds), what was left out."""
+    from kvwatch.common.http_read import ReadError, get_json
+    from kvwatch.sidecar.contract.readings import ReadingsError, readings_from_json
+
+    where = url.rstrip("/") + "/api/readings"
+    try:
+        with httpx.Client(transport=transport) as client:
+            doc = get_json(client, where, deadline_s=SIDECAR_DEADLINE_S).body
+    except (ReadError, ValueError) as e:
+        raise CliError(f"cannot read {where}: {e}", EXIT_UNREACHABLE) from None
+    try:
+        per_engine, scales = readings_from_json(doc)
+    except ReadingsError as e:
+        raise CliError(f"{where}: {e}") from None
+    if len(set(scales.values())) > 1:
+        raise CliError(f"{where}: its engines run on different clocks; calibrate them apart")
+    out: dict[str, list[Slice]] = {}
+    notes = []
+    for name, readings in per_engine.items():
+        out[name], skipped = slices_from_readings(readings, slice_s)
+        notes += [f"{name}: {s}" for s in skipped]
+    return out, next(iter(scales.values()), 1.0), notes
 
 
 _BY = "instance, engine"
@@ -160,14 +179,21 @@ def slices_from_prometheus(
 
     with httpx.Client(timeout=30, transport=transport) as client:
 
-        def running_mean(over: str, offset: str = "") -> dict[tuple[str, str], dict[float, float]]:
-            return series(
-                f"sum by ({_BY}) (avg_over_time({promql_selector(RUNNING, match)}[{over}]{offset}))"
-            )
+        def held_mean(over: str, offset: str = "") -> dict[tuple[str, str], dict[float, float]]:
+            """Running + waiting, averaged over `over` (a closed loop's streams, queued ones
+            included); a point without the waiting gauge counts it 0."""
+            got = [
+                series(
+                    f"sum by ({_BY}) (avg_over_time({promql_selector(f, match)}[{over}]{offset}))"
+                )
+                for f in (RUNNING, WAITING)
+            ]
+            return {k: {t: v + got[1].get(k, {}).get(t, 0.0) for t, v in pts.items()}
+                    for k, pts in got[0].items()}  # fmt: skip
 
-        running = running_mean(rng)
+        running = held_mean(rng)
         half = f"{max(1, round(slice_s / 2))}s"
-        first, second = running_mean(half, f" offset {half}"), running_mean(half)
+        first, second = held_mean(half, f" offset {half}"), held_mean(half)
         if not running:
             where = f" for instance {instance!r}" if instance else ""
             raise SizingError(
@@ -184,6 +210,7 @@ def slices_from_prometheus(
         p_count = increase(REQUEST_PROMPT_TOKENS, "count")
         o_sum = increase(REQUEST_GENERATION_TOKENS, "sum")
         o_count = increase(REQUEST_GENERATION_TOKENS, "count")
+        ttft_sum, ttft_count = increase(TTFT, "sum"), increase(TTFT, "count")
         preempt = series(f"sum by ({_BY}) (increase({promql_selector(PREEMPTIONS, match)}[{rng}]))")
     instances = sorted({k[0] for k in running})
     if instance is None and len(instances) > 1:
@@ -197,17 +224,29 @@ def slices_from_prometheus(
         name = f"{key[0]} engine {key[1] or '0'}"
         slices = []
         missing = 0
-        for t, run in sorted(points.items()):
-            vals = [d.get(key, {}).get(t) for d in (itl_sum, itl_count, p_sum, p_count, o_sum,
-                                                      o_count)]  # fmt: skip
-            if vals[0] is None or vals[1] is None:
+        for t, held in sorted(points.items()):
+
+            def at(
+                d: dict[tuple[str, str], dict[float, float]],
+                t: float = t,
+                key: tuple[str, str] = key,
+            ) -> float | None:
+                return d.get(key, {}).get(t)
+
+            itl, gaps = at(itl_sum), at(itl_count)
+            if itl is None or gaps is None:
                 missing += 1
                 continue
-            pre = preempt.get(key, {}).get(t, 0.0)
-            v = [x if x is not None else 0.0 for x in vals]
-            slices.append(Slice(t - slice_s, t, run, *v, preemptions=pre,
-                                running_first=first.get(key, {}).get(t),
-                                running_second=second.get(key, {}).get(t)))  # fmt: skip
+            slices.append(
+                Slice(
+                    start=t - slice_s, end=t, held=held, itl_sum=itl, itl_count=gaps,
+                    prompt_sum=at(p_sum) or 0.0, prompt_count=at(p_count) or 0.0,
+                    output_sum=at(o_sum) or 0.0, output_count=at(o_count) or 0.0,
+                    preemptions=at(preempt) or 0.0, ttft_sum=at(ttft_sum) or 0.0,
+                    ttft_count=at(ttft_count) or 0.0, held_first=at(first),
+                    held_second=at(second),
+                )
+            )  # fmt: skip
         if missing:
             notes.append(f"{name}: {missing} slice(s) without inter-token latency in the history")
         out[name] = slices

@@ -3,14 +3,16 @@
 vLLM exports no step time, but between two readings of its `/metrics` (or two points of its
 Prometheus history) the counters say what it did: the inter-token latency histogram's sum over
 its count is the mean gap between a stream's tokens (the TPOT the step model predicts for N
-streams, the prefills landing inside their decode included); the running gauge, averaged over
-the slice, is N; the finished requests' prompt and output histograms give the lengths. A slice
-is left out, counted with why, when it holds a preemption (recompute is in its gaps), a
-counter reset (a restart), a load that moved inside it (running's mean differs by more than a
-third between its halves: a closed loop's start or drain, the next stage of a sweep), too few
-gaps to be a figure, or no running request. Slices of one load (the same streams, lengths
-within 5%) are pooled into one figure, weighted by their gaps, so an hour of history is a few
-dozen figures, not hundreds. Pure: the readers live in `kvwatch/advise/server_readings.py`.
+streams, the prefills landing inside their decode included), and the time-to-first-token
+histogram's the mean TTFT (a wave's prefill and its wait: what pins the cost of a prefill); the
+requests it holds (the running and waiting gauges), averaged over the slice, are N; the finished
+requests' prompt and output histograms give the lengths. A slice is left out, counted with why,
+when it holds a preemption (recompute is in its gaps), a counter reset (a restart), a load that
+moved inside it (the requests held differ by more than a third between its halves: a closed
+loop's start or drain, the next stage of a sweep), too few gaps to be a figure, or no request.
+Slices of one load (the same streams, lengths within 5%) are pooled into one figure, weighted by
+their gaps, so an hour of history is a few dozen figures, not hundreds. Pure: the readers live
+in `kvwatch/advise/server_readings.py`.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from dataclasses import dataclass, fields
 from kvwatch.sizing.calibration import Figure
 from kvwatch.sizing.measured import Load
 
-__all__ = ["Reading", "Slice", "slices_from_readings", "figures_from_slices", "MIN_GAPS"]
+__all__ = ["Reading", "Slice", "slices_from_readings", "figures_from_slices", "MIN_GAPS",
+           "MIN_FIRST_TOKENS"]  # fmt: skip
 
 MIN_GAPS = 50  # a slice with fewer token gaps than this is no figure (a few streams' noise)
+MIN_FIRST_TOKENS = 4  # a load's time to first token is a figure from this many first tokens
 MAX_FIGURES = 200  # the loads with the most gaps are kept beyond this (the fit's cost grows)
 _MAX_LEN = 10_000_000  # a mean length beyond this is a broken exporter, not a request
 _MAX_COUNT = 1e18  # as the sidecar's parser bounds a counter (sidecar/contract/vocabulary.py)
@@ -32,11 +36,11 @@ _MAX_COUNT = 1e18  # as the sidecar's parser bounds a counter (sidecar/contract/
 
 @dataclass(frozen=True)
 class Reading:
-    """One reading of one engine's counters (cumulative) and its running gauge; None where the
-    server does not export the family."""
+    """One reading of one engine's counters (cumulative) and the requests it holds; None where
+    the server does not export the family."""
 
     t: float  # seconds, any origin (monotonic, or unix for Prometheus)
-    running: float | None
+    held: float | None  # requests the server holds: running + waiting
     itl_sum: float | None
     itl_count: float | None
     prompt_sum: float | None
@@ -44,15 +48,17 @@ class Reading:
     output_sum: float | None
     output_count: float | None
     preemptions: float | None
+    ttft_sum: float | None = None
+    ttft_count: float | None = None
 
 
 @dataclass(frozen=True)
 class Slice:
-    """What one engine did between two readings: counters' increases and the mean running."""
+    """What one engine did between two readings: counters' increases and the requests held."""
 
     start: float
     end: float
-    running: float
+    held: float  # mean requests held (running + waiting): a closed loop's streams
     itl_sum: float
     itl_count: float
     prompt_sum: float
@@ -60,34 +66,36 @@ class Slice:
     output_sum: float
     output_count: float
     preemptions: float
-    # the running gauge's mean over the slice's first and second half (None: not read)
-    running_first: float | None = None
-    running_second: float | None = None
+    ttft_sum: float = 0.0
+    ttft_count: float = 0.0
+    # the requests held, mean over the slice's first and second half (None: not read)
+    held_first: float | None = None
+    held_second: float | None = None
 
     def unsteady(self) -> bool:
         """Whether the load moved inside the slice (a closed loop's start or drain, a sweep's
         next stage): its gaps are a mix of loads, none of them the mean's. A trend between
-        its halves, not a dip: a closed loop's running dips each time a stream resends."""
-        if self.running_first is None or self.running_second is None:
+        its halves, not a dip: a closed loop's count dips each time a stream resends."""
+        if self.held_first is None or self.held_second is None:
             return False
-        moved = abs(self.running_second - self.running_first)
-        return moved > max(1.0, _MOVED * self.running)
+        moved = abs(self.held_second - self.held_first)
+        return moved > max(1.0, _MOVED * self.held)
 
 
-_MOVED = 0.35  # a slice whose halves' running differ by more than this share is unsteady
+_MOVED = 0.35  # a slice whose halves' requests held differ by more than this share is unsteady
 
 
 _COUNTERS = ("itl_sum", "itl_count", "prompt_sum", "prompt_count", "output_sum",
-             "output_count", "preemptions")  # fmt: skip
-_NEEDED = {"itl_sum": "the inter-token latency histogram", "running": "the running gauge"}
+             "output_count", "preemptions", "ttft_sum", "ttft_count")  # fmt: skip
+_NEEDED = {"itl_sum": "the inter-token latency histogram", "held": "the running gauge"}
 
 
 def slices_from_readings(
     readings: Sequence[Reading], slice_s: float
 ) -> tuple[list[Slice], list[str]]:
-    """Cut one engine's readings into slices of about `slice_s` seconds (each from one reading
-    to the first at least `slice_s` later); the running gauge is the mean of the readings in
-    it. A counter that fell (a restart) or a family the server lacks leaves the slice out."""
+    """Cut one engine's readings into slices of about `slice_s` seconds (each from one reading to
+    the first at least `slice_s` later); the requests held are the mean of its readings. A
+    counter that fell (a restart) or a family the server lacks leaves the slice out."""
     pts = sorted((r for r in readings if math.isfinite(r.t)), key=lambda r: r.t)
     slices: list[Slice] = []
     skipped: list[str] = []
@@ -100,10 +108,10 @@ def slices_from_readings(
             break
         a, b = pts[i], pts[j]
         span = f"{b.t - a.t:.0f} s slice ending at {b.t:.0f}"
-        inside = [r for r in pts[i : j + 1] if r.running is not None]
-        running = [r.running for r in inside if r.running is not None]
+        inside = [r for r in pts[i : j + 1] if r.held is not None]
+        held = [r.held for r in inside if r.held is not None]
         missing = [why for name, why in _NEEDED.items()
-                   if (not running if name == "running" else getattr(b, name) is None)]  # fmt: skip
+                   if (not held if name == "held" else getattr(b, name) is None)]  # fmt: skip
         if missing:
             skipped.append(f"{span}: the server exports no {' or '.join(missing)}")
         else:
@@ -113,11 +121,11 @@ def slices_from_readings(
             else:
                 counts = {n: float(v or 0.0) for n, v in inc.items()}
                 mid = (a.t + b.t) / 2
-                first = [r.running for r in inside if r.t <= mid and r.running is not None]
-                second = [r.running for r in inside if r.t > mid and r.running is not None]
-                slices.append(Slice(a.t, b.t, _avg(running), **counts,
-                                    running_first=_avg(first) if first else None,
-                                    running_second=_avg(second) if second else None))  # fmt: skip
+                first = [r.held for r in inside if r.t <= mid and r.held is not None]
+                second = [r.held for r in inside if r.t > mid and r.held is not None]
+                slices.append(Slice(a.t, b.t, _avg(held), **counts,
+                                    held_first=_avg(first) if first else None,
+                                    held_second=_avg(second) if second else None))  # fmt: skip
         i = j
     return slices, skipped
 
@@ -160,11 +168,11 @@ def figures_from_slices(
         if not all(0 <= v <= _MAX_COUNT for v in values if v is not None):
             skip("a value no server counts (negative, not a number, or past 1e18)")
         elif s.unsteady():
-            skip(f"the load moved in it (running {_MOVED:.0%} more or less in its second half)")
+            skip(f"the load moved in it ({_MOVED:.0%} more or fewer requests in its second half)")
         elif s.preemptions > 0:
             skip("preempted in it (recompute is in its gaps)")
-        elif s.running < 0.5:
-            skip("no request running")
+        elif s.held < 0.5:
+            skip("no request in the server")
         elif s.itl_count < MIN_GAPS or s.itl_sum <= 0:
             skip(f"fewer than {MIN_GAPS} token gaps")
         else:
@@ -183,7 +191,7 @@ def figures_from_slices(
         if not (1 <= p <= _MAX_LEN and 1 <= o <= _MAX_LEN):
             skip("request lengths no server has")
             continue
-        key = (max(1, round(s.running)), _coarse(p), _coarse(o), own)
+        key = (max(1, round(s.held)), _coarse(p), _coarse(o), own)
         groups.setdefault(key, []).append((s, p, o))
     ranked = sorted(groups.items(), key=lambda kv: -sum(s.itl_count for s, _, _ in kv[1]))
     if len(ranked) > MAX_FIGURES:
@@ -198,6 +206,8 @@ def figures_from_slices(
         o = max(2, round(sum(o * s.itl_count for s, _, o in members) / gaps))
         load = Load("fixed_concurrency", conc, max(1, p), o, batched_tokens, max_num_seqs)
         tpot = sum(s.itl_sum for s, _, _ in members) / gaps
+        firsts = sum(s.ttft_count for s, _, _ in members)
+        ttft = sum(s.ttft_sum for s, _, _ in members) / firsts if firsts else 0.0
         n = len(members)
         label = (
             f"{source}{' ' if source else ''}{n} slice{'s' if n > 1 else ''}: {conc} "
@@ -205,6 +215,8 @@ def figures_from_slices(
             + ("" if own else " (lengths of the whole span: none finished in these)")
         )
         figures.append(Figure(label, load, "tpot_s", tpot))
+        if firsts >= MIN_FIRST_TOKENS and ttft > 0:  # what pins the prefill's cost
+            figures.append(Figure(label, load, "ttft_s", ttft))
     skipped = [f"{n} slice{'s' if n > 1 else ''}: {r}" for r, n in why.items()]
     return figures, skipped
 

@@ -33,11 +33,13 @@ from kvwatch.sidecar.contract.vocabulary import (
     REQUEST_PROMPT_TOKENS,
     RUNNING,
     SWAPPED,
+    TTFT,
     WAITING,
     WAITING_BY_REASON,
     Family,
 )
 from kvwatch.sidecar.metrics.exposition import Exposition, Sample
+from kvwatch.sizing.server_slices import Reading
 
 __all__ = [
     "EngineKey",
@@ -144,6 +146,26 @@ class EngineObservation:
     prompt_len_count: float | None = None
     output_len_sum: float | None = None
     output_len_count: float | None = None
+    ttft_seconds_sum: float | None = None
+    ttft_count: float | None = None
+
+    def calibration_reading(self, t: float, scale: float = 1.0) -> Reading:
+        """What `kvwatch calibrate` reads of it (sizing/server_slices.py): the requests held
+        (running + waiting) and its counters; the gaps divided by a twin's time scale."""
+        itl = self.itl_seconds_sum
+        return Reading(
+            t=t,
+            held=None if self.running is None else self.running + (self.waiting or 0.0),
+            itl_sum=None if itl is None else itl / scale,
+            itl_count=self.itl_count,
+            prompt_sum=self.prompt_len_sum,
+            prompt_count=self.prompt_len_count,
+            output_sum=self.output_len_sum,
+            output_count=self.output_len_count,
+            preemptions=self.preemptions_total,
+            ttft_sum=None if self.ttft_seconds_sum is None else self.ttft_seconds_sum / scale,
+            ttft_count=self.ttft_count,
+        )
 
 
 def _key(s: Sample) -> EngineKey:
@@ -201,6 +223,7 @@ def observe(exp: Exposition) -> dict[EngineKey, EngineObservation]:
     itl_sum, itl_count = _sum_count(exp.family(ITL))
     prompt_sum, prompt_count = _sum_count(exp.family(REQUEST_PROMPT_TOKENS))
     output_sum, output_count = _sum_count(exp.family(REQUEST_GENERATION_TOKENS))
+    ttft_sum, ttft_count = _sum_count(exp.family(TTFT))
     out: dict[EngineKey, EngineObservation] = {}
     for k in keys:
         fin = finished.get(k)
@@ -236,6 +259,8 @@ def observe(exp: Exposition) -> dict[EngineKey, EngineObservation]:
             prompt_len_count=prompt_count.get(k),
             output_len_sum=output_sum.get(k),
             output_len_count=output_count.get(k),
+            ttft_seconds_sum=ttft_sum.get(k),
+            ttft_count=ttft_count.get(k),
         )
     return out
 

@@ -1,6 +1,7 @@
-"""The sidecar's own HTTP endpoint: `/metrics` (kvwatch_*), `/healthz`, `/api/state` and
-`/api/episodes` (JSON), and `POST /api/events` (a load generator's stage marks: from loopback,
-or with the bearer token in $KVWATCH_EVENTS_TOKEN where that is set).
+"""The sidecar's own HTTP endpoint: `/metrics` (kvwatch_*), `/healthz`, `/api/state`,
+`/api/episodes` and `/api/readings` (JSON; the last for `kvwatch calibrate --sidecar`), and
+`POST /api/events` (a load generator's stage marks: from loopback, or with the bearer token in
+$KVWATCH_EVENTS_TOKEN where that is set).
 
 Metrics are built from a state view at scrape time (a custom collector on our own registry),
 with the names, types, labels and help of sidecar/contract/catalogue.py. A target that is down
@@ -148,6 +149,7 @@ def _responder(
     episodes: Callable[[], list[Episode]],
     on_load_event: Callable[[object], None] | None,
     refuse_event: Callable[[str | None], tuple[int, str] | None],
+    readings: Callable[[], dict[str, object]] | None = None,
 ) -> Callable[[Request], Response]:
     def get(path: str) -> Response:
         if path == "/metrics":
@@ -168,7 +170,11 @@ def _responder(
         if path == "/api/episodes":
             body = json.dumps([e.to_dict() for e in episodes()], indent=1).encode()
             return Response(200, body, "application/json")
-        return Response(404, b"not found: try /metrics, /healthz, /api/state, /api/episodes\n")
+        if path == "/api/readings" and readings is not None:
+            return Response(200, json.dumps(readings()).encode(), "application/json")
+        return Response(
+            404, b"not found: try /metrics, /healthz, /api/state, /api/episodes, /api/readings\n"
+        )
 
     def post(req: Request) -> Response:
         if req.path != "/api/events" or on_load_event is None:
@@ -202,6 +208,7 @@ def serve(
     episodes: Callable[[], list[Episode]] = list,
     on_load_event: Callable[[object], None] | None = None,
     events_token: str | None = None,
+    readings: Callable[[], dict[str, object]] | None = None,
 ) -> EndpointServer:
     """Start the endpoint in a daemon thread; `server.shutdown()` stops it. `POST /api/events`
     needs `Authorization: Bearer <events_token>` when a token is given, and is refused beyond
@@ -210,7 +217,7 @@ def serve(
     collector = StateCollector(view)
     registry.register(collector)
     refusal = functools.partial(events_refusal, events_token, _is_loopback(host))
-    respond = _responder(registry, view, stale_after_s, episodes, on_load_event, refusal)
+    respond = _responder(registry, view, stale_after_s, episodes, on_load_event, refusal, readings)
     server = EndpointServer(host, port, respond)
     collector.server = server
     return server

@@ -16,6 +16,8 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
+from kvwatch.sidecar.contract.readings import FIELDS as READING_FIELDS
+from kvwatch.sidecar.contract.readings import FORMAT as READINGS_FORMAT
 from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.judge.episodes import Episode
 from kvwatch.sidecar.judge.liveness import Liveness, Status, judge_liveness
@@ -364,6 +366,22 @@ class SidecarState:
                 targets=tuple(ts.view(now, self.stale_after_s) for ts in self.targets.values()),
                 loops=self.loops.status(),
             )
+
+    def readings_json(self) -> dict[str, object]:
+        """`GET /api/readings` (sidecar/contract/readings.py): each engine's timeline as the
+        counters `kvwatch calibrate --sidecar` fits a step model to, in the judges' clock."""
+        engines = []
+        with self._lock:
+            for ts in self.targets.values():
+                scale = ts.time_scale or 1.0
+                for (model, engine), ej in ts.engines.items():
+                    rows = []
+                    for t, obs in ej.timeline.points:
+                        r = obs.calibration_reading(t, scale)
+                        rows.append([getattr(r, name) for name in READING_FIELDS])
+                    engines.append({"target": ts.url, "model": model, "engine": engine,
+                                    "time_scale": ts.time_scale, "readings": rows})  # fmt: skip
+        return {"format": READINGS_FORMAT, "fields": list(READING_FIELDS), "engines": engines}
 
     def episodes(self, limit: int = 50) -> list[Episode]:
         return self.store.recent(limit)

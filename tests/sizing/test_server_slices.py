@@ -23,32 +23,32 @@ LLAMA = lookup_model("llama-3.1-8b")
 H100 = lookup_gpu("h100")
 
 
-def _reading(t: float, running: float = 4.0, gaps: float = 0.0, **kw: float | None) -> Reading:
+def _reading(t: float, held: float = 4.0, gaps: float = 0.0, **kw: float | None) -> Reading:
     values: dict[str, float | None] = dict(
         itl_sum=gaps * 0.02, itl_count=gaps, prompt_sum=t * 100, prompt_count=t,
         output_sum=t * 50, output_count=t, preemptions=0.0,
     )  # fmt: skip
     values.update(kw)
-    return Reading(t=t, running=running, **values)  # type: ignore[arg-type]
+    return Reading(t=t, held=held, **values)  # type: ignore[arg-type]
 
 
-def _slice(running: float = 4, gaps: float = 400, itl: float = 0.02, p: float = 512,
+def _slice(held: float = 4, gaps: float = 400, itl: float = 0.02, p: float = 512,
            o: float = 128, n: float = 3, preempt: float = 0) -> Slice:  # fmt: skip
-    return Slice(0, 10, running, gaps * itl, gaps, p * n, n, o * n, n, preempt)
+    return Slice(0, 10, held, gaps * itl, gaps, p * n, n, o * n, n, preempt)
 
 
-def test_readings_become_slices_of_the_asked_length_with_the_mean_running() -> None:
-    readings = [_reading(t, running=t % 3, gaps=10 * t) for t in range(31)]
+def test_readings_become_slices_of_the_asked_length_with_the_mean_requests_held() -> None:
+    readings = [_reading(t, held=t % 3, gaps=10 * t) for t in range(31)]
     slices, skipped = slices_from_readings(readings, 10)
     assert skipped == []
     assert [(s.start, s.end) for s in slices] == [(0, 10), (10, 20), (20, 30)]
     assert slices[0].itl_count == 100
     assert slices[0].itl_sum == pytest.approx(2.0)
     assert slices[0].prompt_count == 10 and slices[0].prompt_sum == 1000
-    assert slices[0].running == pytest.approx(sum(t % 3 for t in range(11)) / 11)
+    assert slices[0].held == pytest.approx(sum(t % 3 for t in range(11)) / 11)
     # the halves' means: t 0-5 and 6-10
-    assert slices[0].running_first == pytest.approx(sum(t % 3 for t in range(6)) / 6)
-    assert slices[0].running_second == pytest.approx(sum(t % 3 for t in range(6, 11)) / 5)
+    assert slices[0].held_first == pytest.approx(sum(t % 3 for t in range(6)) / 6)
+    assert slices[0].held_second == pytest.approx(sum(t % 3 for t in range(6, 11)) / 5)
 
 
 def test_a_restart_and_a_missing_family_leave_their_slice_out_with_why() -> None:
@@ -66,14 +66,14 @@ def test_slices_left_out_are_counted_by_reason_and_one_load_is_pooled() -> None:
     slices = [
         _slice(itl=0.020, gaps=400),
         _slice(itl=0.030, gaps=200),  # the same load: pooled, weighted by gaps
-        _slice(running=16, itl=0.05),
+        _slice(held=16, itl=0.05),
         _slice(preempt=2),
         _slice(preempt=1),
-        _slice(running=0.2),
+        _slice(held=0.2),
         _slice(gaps=MIN_GAPS - 1),
-        _slice(running=float("nan")),
-        Slice(0, 10, 8, 8, 400, 512, 1, 128, 1, 0, running_first=13, running_second=3),  # drain
-        Slice(0, 10, 8, 8, 400, 512, 1, 128, 1, 0, running_first=7, running_second=9),  # steady
+        _slice(held=float("nan")),
+        Slice(0, 10, 8, 8, 400, 512, 1, 128, 1, 0, held_first=13, held_second=3),  # drain
+        Slice(0, 10, 8, 8, 400, 512, 1, 128, 1, 0, held_first=7, held_second=9),  # steady
     ]
     figures, skipped = figures_from_slices(slices, 8192, 256)
     assert len(figures) == 3
@@ -83,15 +83,15 @@ def test_slices_left_out_are_counted_by_reason_and_one_load_is_pooled() -> None:
     assert "2 slices: 4 streams of 512 + 128 tokens" in four.label
     assert sorted(skipped) == sorted([
         "2 slices: preempted in it (recompute is in its gaps)",
-        "1 slice: no request running",
+        "1 slice: no request in the server",
         f"1 slice: fewer than {MIN_GAPS} token gaps",
         "1 slice: a value no server counts (negative, not a number, or past 1e18)",
-        "1 slice: the load moved in it (running 35% more or less in its second half)",
+        "1 slice: the load moved in it (35% more or fewer requests in its second half)",
     ])  # fmt: skip
 
 
 def test_a_slice_without_finished_requests_takes_the_span_lengths_and_says_so() -> None:
-    figures, _ = figures_from_slices([_slice(), _slice(running=9, n=0)], 8192, 256)
+    figures, _ = figures_from_slices([_slice(), _slice(held=9, n=0)], 8192, 256)
     nine = next(f for f in figures if f.load.concurrency == 9)
     assert (nine.load.input_len, nine.load.output_len) == (512, 128)
     assert "lengths of the whole span" in nine.label
@@ -113,7 +113,7 @@ def test_hidden_constants_come_back_through_slices() -> None:
     for c in (1, 4, 16, 64, 128):
         for p, o in ((512, 256), (4096, 128), (16000, 64)):
             tpot = predict(truth, Load("fixed_concurrency", c, p, o, 8192, 1024), "tpot_s")
-            slices.append(_slice(running=c, gaps=1000, itl=tpot, p=p, o=o))
+            slices.append(_slice(held=c, gaps=1000, itl=tpot, p=p, o=o))
     figures, skipped = figures_from_slices(slices, 8192, 1024)
     assert skipped == [] and len(figures) == 15
     cal = calibrate(LLAMA, H100, 1, "auto", figures, "slices")
