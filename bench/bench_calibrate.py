@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from kvwatch.advise.calibrate import figures_from_run
+from kvwatch.advise.server_readings import from_sidecar
 from kvwatch.loadgen.local_server import (
     LocalVLLM,
     ServerConfig,
@@ -52,10 +53,13 @@ from kvwatch.loadgen.local_server import (
 from kvwatch.loadgen.tiny_model import build_tiny_model
 from kvwatch.sizing.calibration import Figure, read_calibration
 from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
-from kvwatch.sizing.measured import Load, predict
+from kvwatch.sizing.measured import predict
+from kvwatch.sizing.server_slices import figures_from_slices
 from kvwatch.sizing.steptime import StepModel
 
 RESULTS = Path(__file__).parent / "results"
+SLICE_S = 3  # seconds of a slice of the server's counters (calibrate --slice), read twice a second
+PROM_SLICE_S = 4  # Prometheus scrapes once a second: two points in each half of a slice
 PROMPT, OUTPUT = 128, 64
 RERUNS = {  # name: (streams, prompt tokens, requests); inside the range calibrated on
     "8 streams": (8, PROMPT, 40),
@@ -93,14 +97,15 @@ def prove(
     ended by Ctrl-C), "sidecar" from a sidecar that scraped it every half second meanwhile
     (`calibrate --sidecar`), "prometheus" from a real Prometheus that scraped it every
     second (`calibrate --prometheus --window`). Per source: its calibration and its
-    predictions of the reruns; the first source's are also at the top level."""
+    predictions of the reruns (as the client measured them, and where a sidecar ran, as the
+    server's counters did); the first source's are also at the top level."""
     flags = ("--model", model, "--gpu", gpu)
+    spec = lookup_gpu(gpu)
     with ExitStack() as stack:
-        watcher = prom = None
+        watcher = prom = sidecar = None
         if "metrics" in sources:
             watcher = _watch(url, flags, "--out", str(work / "calibration-metrics.json"))
             stack.callback(_stop, watcher)
-        sidecar = None
         if "sidecar" in sources:
             sidecar = f"http://127.0.0.1:{free_port()}"
             proc = subprocess.Popen(
@@ -116,13 +121,13 @@ def prove(
 
             prom = stack.enter_context(running_prometheus({"vllm": [url.removeprefix("http://")]}))
             wait_for_series(prom, '{__name__=~"vllm[:_]num_requests_running"}')
-        time.sleep(2.0)  # the watchers read the server idle before the load
+        time.sleep(1.0)  # the watchers read the server idle before the load
         began = time.time()
         runs: list[str] = []
         for i, args in enumerate(calib):
             _load(url, work / f"calibration-{i}", *args)
             runs += ["--run", str(work / f"calibration-{i}")]
-        time.sleep(6.0)  # the last slice closes
+        time.sleep((PROM_SLICE_S if prom else SLICE_S) + 0.5)  # the last slice closes
         done: dict[str, subprocess.CompletedProcess[str]] = {}
         for source in sources:
             out = ("--out", str(work / f"calibration-{source}.json"))
@@ -131,27 +136,20 @@ def prove(
             elif source == "prometheus" and prom is not None:
                 window = f"{round(time.time() - began) + 4}s"
                 done[source] = _kvwatch("calibrate", "--prometheus", prom, "--window", window,
-                                        "--slice", "3", *flags, *out)  # fmt: skip
+                                        "--slice", str(PROM_SLICE_S), *flags, *out)  # fmt: skip
             elif source == "sidecar" and sidecar is not None:
-                done[source] = _kvwatch("calibrate", "--sidecar", sidecar, "--slice", "3",
-                                        *flags, *out)  # fmt: skip
+                done[source] = _kvwatch("calibrate", "--sidecar", sidecar, "--slice",
+                                        str(SLICE_S), *flags, *out)  # fmt: skip
             elif watcher is not None:
                 done[source] = _ended(watcher)
-    cals = {}
-    for source, p in done.items():
-        if p.returncode != 0:
-            raise SystemExit(f"calibrate from {source} failed: {p.stderr.strip()}")
-        print(f"from {source}:\n{p.stdout}")
-        cals[source] = read_calibration(work / f"calibration-{source}.json")
-    spec = lookup_gpu(gpu)
-    measured = []
-    # the server's own counters over the reruns, for the calibrations made from them: what a
-    # client measures includes the API server's and its own time, which the engine's counters
-    # do not (on this machine's two cores, a share that grows with the streams)
-    server_side = set(sources) - {"run"}
-    seen = _watch(url, flags, "--json") if server_side else None
-    try:
-        time.sleep(2.0 if seen else 0.0)
+        cals = {}
+        for source, p in done.items():
+            if p.returncode != 0:
+                raise SystemExit(f"calibrate from {source} failed: {p.stderr.strip()}")
+            print(f"from {source}:\n{p.stdout}")
+            cals[source] = read_calibration(work / f"calibration-{source}.json")
+        measured: list[tuple[str, Figure]] = []
+        rerun_began = time.monotonic()
         for name, (streams, prompt, requests) in reruns.items():
             d = work / name.replace(" ", "-").replace(",", "")
             _load(url, d, "--concurrency", str(streams), "--requests", str(requests),
@@ -159,30 +157,28 @@ def prove(
             figures, _, _ = figures_from_run(d, spec.batched_tokens, 256)
             # the proof is TPOT and tokens/s; TTFT is in the calibration's own fit
             measured += [(name, f) for f in figures if f.metric != "ttft_s"]
-        if seen is not None:
-            time.sleep(6.0)
-            p = _ended(seen)
-            if p.returncode != 0:
-                raise SystemExit(f"the server's figures of the reruns: {p.stderr.strip()}")
-            for row in json.loads(p.stdout)["figures"]:
-                load = Load("fixed_concurrency", row["concurrency"], row["input_len"],
-                            row["output_len"], spec.batched_tokens, 256)  # fmt: skip
-                server_figure = Figure(row["label"], load, row["metric"], row["measured"])
-                measured.append((f"server: {row['label']}", server_figure))
-    finally:
-        if seen is not None:
-            _stop(seen)
+        if sidecar is not None:
+            # the server's own figures of the reruns, as the sidecar read them: what a client
+            # measures includes the API server's and its own time, which the engine's
+            # counters do not (on two cores, a share that grows with the streams)
+            time.sleep(SLICE_S + 0.5)
+            per_engine, _, _ = from_sidecar(sidecar, SLICE_S)
+            for slices in per_engine.values():
+                since = [x for x in slices if x.start >= rerun_began]  # one monotonic clock
+                got, _ = figures_from_slices(since, spec.batched_tokens, 256)
+                measured += [(f"server: {f.label}", f) for f in got]
     by_source = {}
     for source, cal in cals.items():
         steps = StepModel(resolve_model(model), spec, constants=cal.step_constants())
         rows = []
         for name, f in measured:
-            if name.startswith("server: ") and source not in server_side:
+            by_server = name.startswith("server: ")
+            if by_server and source == "run":
                 continue  # a run's calibration is held to what a client measures
             pred = predict(steps, f.load, f.metric)
             rows.append({"load": name, "metric": f.metric, "measured": f.value,
                          "predicted": pred, "error": pred / f.value - 1,
-                         "seen_by": "server" if name.startswith("server: ") else "client",
+                         "seen_by": "server" if by_server else "client",
                          "outside": cal.outside(f.load.concurrency, f.load.input_len,
                                                 f.load.output_len)})  # fmt: skip
             print(f"  {source}: {name}: {f.metric} measured {f.value:.4g}, predicted "
@@ -195,7 +191,7 @@ def _watch(url: str, flags: tuple[str, ...], *out: str) -> subprocess.Popen[str]
     """`kvwatch calibrate --metrics` watching until `_ended` (3 s slices, 2 scrapes a second)."""
     return subprocess.Popen(
         [sys.executable, "-m", "kvwatch", "calibrate", "--metrics", url, "--watch", "3600",
-         "--slice", "3", "--interval", "0.5", *flags, *out],
+         "--slice", str(SLICE_S), "--interval", "0.5", *flags, *out],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 

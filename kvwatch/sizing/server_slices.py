@@ -8,11 +8,11 @@ histogram's the mean TTFT (a wave's prefill and its wait: what pins the cost of 
 requests it holds (the running and waiting gauges), averaged over the slice, are N; the finished
 requests' prompt and output histograms give the lengths. A slice is left out, counted with why,
 when it holds a preemption (recompute is in its gaps), a counter reset (a restart), a load that
-moved inside it (the requests held differ by more than a third between its halves: a closed
-loop's start or drain, the next stage of a sweep), too few gaps to be a figure, or no request.
-Slices of one load (the same streams, lengths within 5%) are pooled into one figure, weighted by
-their gaps, so an hour of history is a few dozen figures, not hundreds. Pure: the readers live
-in `kvwatch/advise/server_readings.py`.
+moved inside it (the requests held differ by more than half between its halves: a closed loop's
+start or drain, the next stage of a sweep), too few gaps to be a figure, or no request. Slices
+of one load (the same streams, lengths within 5%) are pooled into one figure, weighted by their
+gaps, so an hour of history is a few dozen figures, not hundreds. Pure: the readers live in
+`kvwatch/advise/server_readings.py`.
 """
 
 from __future__ import annotations
@@ -79,10 +79,14 @@ class Slice:
         if self.held_first is None or self.held_second is None:
             return False
         moved = abs(self.held_second - self.held_first)
-        return moved > max(1.0, _MOVED * self.held)
+        return moved > max(_MOVED_AT_LEAST, _MOVED * self.held)
 
 
-_MOVED = 0.35  # a slice whose halves' requests held differ by more than this share is unsteady
+# a slice whose halves' requests held differ by more than half the mean, and by more than two
+# requests, is unsteady: a sweep's next stage or a drain moves that much, while a few sampled
+# dips (a closed loop's streams resending; Prometheus has two or three points a half) do not
+_MOVED = 0.5
+_MOVED_AT_LEAST = 2.0
 
 
 _COUNTERS = ("itl_sum", "itl_count", "prompt_sum", "prompt_count", "output_sum",
