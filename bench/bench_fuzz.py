@@ -1,5 +1,5 @@
-"""10^5 fuzz cases per target, with plain random mutations of real vLLM output, traces and
-Prometheus answers: how many crash (raise) or break a property. The same properties as
+"""10^5 fuzz cases per target, with plain random mutations of real vLLM output, traces,
+Prometheus answers, a sidecar's documents and a server's answers to the load generator: how many crash (raise) or break a property. The same properties as
 tests/test_fuzz.py (tests/fuzzing.py).
 
     PYTHONPATH=. .venv/bin/python bench/bench_fuzz.py [--cases 100000] [--seed 1] [--only traces]
@@ -20,10 +20,15 @@ from tests.fuzzing import (
     check_exposition,
     check_log_line,
     check_prometheus_answers,
+    check_prometheus_calibration,
+    check_server_answers,
+    check_sidecar_readings,
     check_sidecar_state,
+    check_streamed_answer,
     check_splitter,
     check_trace,
     mutate,
+    sse_response,
     trace_text,
 )
 
@@ -52,6 +57,12 @@ def _trace(rng: random.Random) -> None:
                 rng.choice([1.0, 0.25, 1e-6, 1e6]))  # fmt: skip
 
 
+def _streamed(rng: random.Random) -> None:
+    raw = sse_response(rng)
+    cuts = [rng.randrange(len(raw) + 1) for _ in range(rng.randint(0, 12))]
+    check_streamed_answer(raw, cuts, rng.random() < 0.5)
+
+
 TARGETS: dict[str, Callable[[random.Random], None]] = {
     "metrics (parse, observe, judge, export)": _metrics,
     "log lines": _log,
@@ -59,6 +70,10 @@ TARGETS: dict[str, Callable[[random.Random], None]] = {
     "traces (three formats, read and planned)": _trace,
     "Prometheus answers (advise --prometheus)": check_prometheus_answers,
     "another sidecar's /api/state (advise --sidecar)": check_sidecar_state,
+    "Prometheus range answers (calibrate --prometheus)": check_prometheus_calibration,
+    "a sidecar's /api/readings (calibrate --sidecar)": check_sidecar_readings,
+    "a streamed completion (HTTP/1.1, SSE, chunk JSON)": _streamed,
+    "/v1/models, /tokenize, /version answers": check_server_answers,
 }
 
 

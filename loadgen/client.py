@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import msgspec
 
+from kvwatch.common.command import one_line
 from kvwatch.loadgen.http1 import Http1Pool
 from kvwatch.loadgen.records import RequestRecord
 
@@ -24,16 +25,23 @@ __all__ = [
 
 _DATA = b"data:"
 _ERROR_BODY = 300  # bytes of an error response kept in the record
+_MAX_MODEL_NAME = 1024
+_MAX_COUNT = 2**53  # a token count or id at or past this is no server's
 
 
 async def served_model(client: httpx.AsyncClient, base_url: str) -> str:
-    """The first model id that `/v1/models` lists."""
+    """The first model id that `/v1/models` lists; ValueError (one line) where it lists none
+    (an answer not of that shape included: it is where the load would go)."""
     r = await client.get(base_url.rstrip("/") + "/v1/models")
-    r.raise_for_status()
-    data = r.json().get("data") or []
-    if not data:
-        raise ValueError(f"{base_url}/v1/models lists no model")
-    return str(data[0]["id"])
+    if r.status_code != 200:  # httpx's own message runs to a second line
+        raise ValueError(f"{base_url}/v1/models answered HTTP {r.status_code}")
+    doc = r.json()
+    data = doc.get("data") if isinstance(doc, dict) else None
+    first = data[0] if isinstance(data, list) and data else None
+    name = first.get("id") if isinstance(first, dict) else None
+    if not isinstance(name, str) or not name.strip() or len(name) > _MAX_MODEL_NAME:
+        raise ValueError(f"{base_url}/v1/models lists no model (give one with --model)")
+    return one_line(name)
 
 
 async def max_model_len(client: httpx.AsyncClient, base_url: str, model: str) -> int | None:
@@ -50,7 +58,8 @@ async def max_model_len(client: httpx.AsyncClient, base_url: str, model: str) ->
     for entry in data:
         if isinstance(entry, dict) and entry.get("id") == model:
             n = entry.get("max_model_len")
-            return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+            ok = isinstance(n, int) and not isinstance(n, bool) and 0 < n < _MAX_COUNT
+            return n if ok else None
     return None
 
 
@@ -130,10 +139,10 @@ class _StreamRecorder:
         if rec.error is not None:
             return
         if error is not None:
-            rec.error = error
+            rec.error = one_line(error)
         elif self.failed:
             text = self.error_body.decode("utf-8", "replace")
-            rec.error = f"HTTP {rec.status}: {text}"
+            rec.error = one_line(f"HTTP {rec.status}: {text}")  # a record's error is one line
         elif not self.done:
             rec.error = "stream ended without [DONE]"
 
@@ -180,10 +189,13 @@ _TIMINGS = msgspec.json.Decoder(_ServerTimings)
 def _take_chunk(chunk: _Chunk, record: RequestRecord, now: float) -> None:
     if chunk.error is not msgspec.UNSET:
         what = bytes(chunk.error)[:200].decode("utf-8", "replace")
-        record.error = f"server error in stream: {what}"
+        record.error = one_line(f"server error in stream: {what}")
         return
     for choice in chunk.choices or ():
         if record.output_token_ids is not None and choice.token_ids:
+            if not all(0 <= t < _MAX_COUNT for t in choice.token_ids):
+                record.error = "the server's token_ids are not token ids (negative or huge)"
+                return
             record.output_token_ids.extend(choice.token_ids)
         if _carries_output(choice):
             if record.first_token_at is None:
@@ -191,11 +203,15 @@ def _take_chunk(chunk: _Chunk, record: RequestRecord, now: float) -> None:
             record.token_times.append(now)
             break
     usage = chunk.usage
-    if usage is not None:
-        record.prompt_tokens = usage.prompt_tokens
-        record.output_tokens = usage.completion_tokens
+    if usage is not None:  # a count no request has is not the server's word on it
+        record.prompt_tokens = _count(usage.prompt_tokens)
+        record.output_tokens = _count(usage.completion_tokens)
     if chunk.metrics is not msgspec.UNSET:
         _take_timings(bytes(chunk.metrics), record)
+
+
+def _count(n: int | None) -> int | None:
+    return n if n is not None and 0 <= n < _MAX_COUNT else None
 
 
 def _take_timings(raw: bytes, record: RequestRecord) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from kvwatch.common.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
+from kvwatch.common.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError, one_line
 from kvwatch.loadgen.arrivals import Concurrency, Constant, Gamma, Pattern, Poisson, Ramp, Replay
 from kvwatch.loadgen.client import max_model_len, served_model
 from kvwatch.loadgen.measure import measure, print_progress, run_spec
@@ -235,7 +235,7 @@ async def prepare_run(
             else:
                 model = await served_model(client, ns.url)
         except (httpx.HTTPError, ValueError, KeyError) as e:
-            raise CliError(f"cannot reach {ns.url}: {e}", EXIT_UNREACHABLE) from None
+            raise CliError(one_line(f"cannot reach {ns.url}: {e}"), EXIT_UNREACHABLE) from None
         metrics_url = server_metrics_url(ns)
         time_scale = None if metrics_url is None else await _time_scale(client, metrics_url)
         try:

@@ -407,3 +407,173 @@ def check_sidecar_state(rng: random.Random) -> None:
             advise(obs, server=server)
     except (ValueError, SizingError) as e:
         assert "\n" not in str(e) and str(e), repr(e)
+
+
+# --- a completion's streamed answer (HTTP/1.1 bytes, SSE lines, chunk JSON) ---------------
+
+_CHUNK_WRONG: list[Any] = [-1, -(2**40), 2**63, 2**70, 1.5, "7", None, [], {}, True, "x\ny",
+                           float("nan")]  # fmt: skip
+
+
+def _completion_chunks(rng: random.Random) -> list[Any]:
+    """vLLM-shaped chunks of a streamed completion, some fields made hostile."""
+    out: list[Any] = []
+    for i in range(rng.randrange(1, 8)):
+        choice: dict[str, Any] = {"index": 0, "text": f"t{i}", "token_ids": [i, i + 1]}
+        if rng.random() < 0.3:
+            choice = {"index": 0, "delta": {"content": f"t{i}", "role": "assistant"}}
+        out.append({"id": "cmpl-1", "choices": [choice]})
+    usage: dict[str, Any] = {"prompt_tokens": 12, "completion_tokens": len(out)}
+    timings = {"queue_time_ms": 1.5, "time_to_first_token_ms": 20}
+    last: dict[str, Any] = {"choices": [], "usage": usage, "metrics": timings}
+    out.append(last)
+    for _ in range(rng.randrange(4)):
+        target = rng.choice(out)
+        where = rng.choice(["usage", "choices", "metrics", "error", "token_ids", "text"])
+        value = rng.choice(_CHUNK_WRONG)
+        if where in ("usage", "metrics") and isinstance(target.get(where), dict) and target[where]:
+            target[where][rng.choice(list(target[where]))] = value
+        elif (
+            where in ("token_ids", "text")
+            and isinstance(target.get("choices"), list)
+            and (target["choices"] and isinstance(target["choices"][0], dict))
+        ):
+            target["choices"][0][where] = rng.choice([value, [value], [1, value]])
+        else:
+            target[where] = value
+    return out
+
+
+def sse_response(rng: random.Random) -> bytes:
+    """A FAKE server's whole HTTP/1.1 answer to a streamed completion (in process, hostile on
+    demand): chunked, Content-Length or read-until-close, an error status with a body of
+    several lines, SSE lines broken, [DONE] missing."""
+    status = rng.choice([200] * 8 + [400, 500, 503])
+    if status != 200:
+        body = b'{"error": "bad\nrequest\r\nsecond line"}'
+    else:
+        lines = []
+        for c in _completion_chunks(rng):
+            try:
+                text = json.dumps(c, allow_nan=rng.random() < 0.5)
+            except ValueError:
+                text = "{"
+            if rng.random() < 0.05:
+                text = text[: rng.randrange(len(text) + 1)]  # cut mid-JSON
+            lines.append(f"data: {text}")
+        if rng.random() < 0.9:
+            lines.append("data: [DONE]")
+        sep = rng.choice(["\n\n", "\r\n\r\n", "\n"])
+        body = (sep.join(lines) + sep).encode()
+        if rng.random() < 0.05:
+            body = body.replace(b"data:", rng.choice([b"dat:", b"data:data:", b"\x00"]), 1)
+    framing = rng.choice(["chunked", "length", "close"])
+    head = f"HTTP/1.1 {status} X\r\nContent-Type: text/event-stream\r\n"
+    if framing == "chunked":
+        parts = [body[i : i + 37] for i in range(0, len(body), 37)]
+        sizes = [format(len(p), "x") if rng.random() < 0.98 else rng.choice(["zz", "-1", ""])
+                 for p in parts]  # fmt: skip
+        payload = b"".join(
+            f"{s}\r\n".encode() + p + b"\r\n" for s, p in zip(sizes, parts, strict=True)
+        )
+        raw = (head + "Transfer-Encoding: chunked\r\n\r\n").encode() + payload + b"0\r\n\r\n"
+    elif framing == "length":
+        raw = (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    else:
+        raw = (head + "Connection: close\r\n\r\n").encode() + body
+    if rng.random() < 0.03:
+        raw = raw[: rng.randrange(len(raw))]  # the connection cut short
+    return raw
+
+
+def check_streamed_answer(raw: bytes, cuts: list[int], want_ids: bool) -> None:
+    """One answer fed to the load generator's parser split anywhere: the record ends with
+    figures a run can keep (counts, times) or one error line; never an exception."""
+    from kvwatch.loadgen.client import _StreamRecorder
+    from kvwatch.loadgen.http1 import HttpProtocolError, ResponseParser
+    from kvwatch.loadgen.records import RequestRecord
+
+    rec = RequestRecord("r", 0.0, output_token_ids=[] if want_ids else None)
+    sink = _StreamRecorder(rec)
+    parser = ResponseParser(sink)
+    error = None
+    points = sorted({c % (len(raw) + 1) for c in cuts} | {0, len(raw)})
+    try:
+        for t, (a, b) in enumerate(zip(points, points[1:], strict=False)):
+            parser.feed(raw[a:b], float(t))
+            if parser.done:
+                break
+        else:
+            parser.eof()
+    except HttpProtocolError as e:
+        error = f"HttpProtocolError: {e}"
+    sink.end(error)
+    assert rec.error is None or (rec.error and "\n" not in rec.error and "\r" not in rec.error)
+    if rec.error is None:
+        assert rec.status == 200
+        for n in (rec.prompt_tokens, rec.output_tokens):
+            assert n is None or (isinstance(n, int) and 0 <= n < 2**53), rec
+        assert all(isinstance(i, int) and i >= 0 for i in rec.output_token_ids or ()), rec
+        for s in (rec.server_queue_time, rec.server_ttft):
+            assert s is None or 0 <= s < math.inf, rec
+        assert rec.token_times == sorted(rec.token_times)
+
+
+# --- the server's one-off answers: /v1/models, /tokenize, /version ------------------------
+
+_ANSWER_WRONG: list[Any] = [None, [], {}, "x", 1, -1, True, 2**70, 1e308, [None], [{}], [1, "a"],
+                            {"id": None}, [{"id": 7}], [{"id": ""}], [{"id": "m\nx"}]]  # fmt: skip
+
+
+def server_answer(rng: random.Random, path: str) -> httpx.Response:
+    """A FAKE vLLM's answer to one of the load generator's and the sidecar's one-off calls (in
+    process, hostile on demand): the right shape, a field made wrong, or not that at all."""
+    good: dict[str, Any] = {
+        "/v1/models": {"object": "list", "data": [{"id": "m", "max_model_len": 4096}]},
+        "/tokenize": {"tokens": [1, 2, 3], "count": 3, "max_model_len": 4096},
+        "/version": {"version": "0.32.0"},
+    }[path]
+    pick = rng.random()
+    if pick < 0.1:
+        return httpx.Response(rng.choice([404, 500, 503]), content=b"<html>no\n</html>")
+    if pick < 0.2:
+        return httpx.Response(200, content=rng.choice([b"", b"{", b"\xff\xfe", b"null", b"[]"]))
+    doc = json.loads(json.dumps(good))
+    if pick < 0.8:
+        key = rng.choice(list(doc))
+        if key == "data" and rng.random() < 0.5:
+            doc["data"][0][rng.choice(["id", "max_model_len"])] = rng.choice(_ANSWER_WRONG)
+        else:
+            doc[key] = rng.choice(_ANSWER_WRONG)
+    return httpx.Response(200, json=doc)
+
+
+def check_server_answers(rng: random.Random) -> None:
+    """`/v1/models` gives a model name or one line; its context length, `/tokenize`'s tokens
+    and `/version`'s release are what the server said, or None: never an exception."""
+    import asyncio
+
+    from kvwatch.loadgen.client import max_model_len, served_model
+    from kvwatch.loadgen.workload import tokenize_corpus
+    from kvwatch.sidecar.metrics.scrape import fetch_version
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return server_answer(rng, request.url.path)
+
+    async def ask() -> None:
+        transport = httpx.MockTransport(answer)
+        async with httpx.AsyncClient(transport=transport) as client:
+            try:
+                name = await served_model(client, "http://vllm.fuzz:8000")
+                assert isinstance(name, str) and name and "\n" not in name
+            except (httpx.HTTPError, ValueError) as e:
+                assert "\n" not in str(e) and str(e)
+            n = await max_model_len(client, "http://vllm.fuzz:8000", "m")
+            assert n is None or (isinstance(n, int) and 0 < n < 2**53)
+            got = await tokenize_corpus(client, "http://vllm.fuzz:8000", "m", 1)
+            if got is not None:
+                assert all(isinstance(t, int) and 0 <= t < 2**53 for t in got[0]) and got[0]
+            v = await fetch_version(client, "http://vllm.fuzz:8000", 5.0)
+            assert v is None or (isinstance(v, str) and "\n" not in v)
+
+    asyncio.run(ask())

@@ -315,3 +315,33 @@ def test_another_sidecars_state_advises_or_says_why_in_one_line(rng: random.Rand
     from tests.fuzzing import check_sidecar_state
 
     check_sidecar_state(rng)
+
+
+@_FUZZ
+@given(
+    rng=st.randoms(use_true_random=False),
+    cuts=st.lists(st.integers(min_value=0, max_value=10**6), max_size=12),
+    want_ids=st.booleans(),
+)
+def test_a_streamed_answer_is_recorded_or_is_one_error_line(
+    rng: random.Random, cuts: list[int], want_ids: bool
+) -> None:
+    """The load generator's HTTP/1.1 parser and SSE reader on a completion's answer (chunked,
+    Content-Length or until close; JSON with hostile fields; cut anywhere): a record of
+    counts and times a run can keep, or one error line."""
+    from tests.fuzzing import check_streamed_answer, sse_response
+
+    check_streamed_answer(sse_response(rng), cuts, want_ids)
+
+
+@settings(
+    max_examples=max(1, EXAMPLES // 5), deadline=None, database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)  # fmt: skip
+@given(rng=st.randoms(use_true_random=False))
+def test_the_servers_one_off_answers_are_read_or_refused_in_one_line(rng: random.Random) -> None:
+    """`/v1/models` (the model to load), `/tokenize` (token-exact prompts) and `/version` (the
+    release the advice names) with any answer: what the server said, None, or one line."""
+    from tests.fuzzing import check_server_answers
+
+    check_server_answers(rng)
