@@ -1,6 +1,7 @@
 """10^5 fuzz cases per target, with plain random mutations of real vLLM output, traces,
-Prometheus answers, a sidecar's documents and a server's answers to the load generator: how many crash (raise) or break a property. The same properties as
-tests/test_fuzz.py (tests/fuzzing.py).
+Prometheus answers, a sidecar's documents and a server's answers to the load generator: how
+many crash (raise) or break a property. The same properties as tests/test_fuzz.py
+(tests/fuzzing.py).
 
     PYTHONPATH=. .venv/bin/python bench/bench_fuzz.py [--cases 100000] [--seed 1] [--only traces]
 """
@@ -24,8 +25,8 @@ from tests.fuzzing import (
     check_server_answers,
     check_sidecar_readings,
     check_sidecar_state,
-    check_streamed_answer,
     check_splitter,
+    check_streamed_answer,
     check_trace,
     mutate,
     sse_response,
