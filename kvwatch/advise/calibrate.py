@@ -4,8 +4,10 @@ From load runs (`--run DIR`, repeatable; `kvwatch loadgen run`'s directories): e
 load; its streams in flight (Little's law over the stage: the requests' time in the server
 over the stage's span), its mean prompt and output lengths, and its mean TPOT and TTFT become
 figures for `sizing/calibration.py`. A twin's run is read in the twin's simulated seconds (the
-run's time scale), and the file says so. The calibration file goes to `--out`; `advise
---what-if --calibration FILE` and `kvwatch twin --calibration FILE` predict with it.
+run's time scale), and the file says so. From the server itself (`--metrics`, `--sidecar`,
+`--prometheus`): its counters cut into slices of steady load (`advise/server_readings.py`,
+`sizing/server_slices.py`). The calibration file goes to `--out`; `advise --what-if
+--calibration FILE` and `kvwatch twin --calibration FILE` predict with it.
 """
 
 from __future__ import annotations
