@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import csv
 import functools
+import itertools
 import json
 import math
+import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -66,6 +68,8 @@ class Trace:
     block_tokens: int
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> rows
     examples: dict[str, list[int]] = field(default_factory=dict)  # reason -> first rows
+    # rows whose time falls outside the window asked for: left unread past their time
+    outside_window: int = 0
 
 
 def _skip(skipped: Counter[str], examples: dict[str, list[int]], reason: str, row: int) -> None:
@@ -160,18 +164,44 @@ def _sniff(path: Path, head: str) -> str:
     )
 
 
-def _read_text(path: Path) -> str:
+def _lines(path: Path) -> Iterator[str]:
+    """The file's lines as they are read (a 100 MB trace is never held whole), a UTF-8 BOM
+    dropped; TraceError where it cannot be read or is not UTF-8."""
     try:
-        return path.read_text(encoding="utf-8-sig")
+        with path.open(encoding="utf-8-sig", newline="") as f:
+            for line in f:
+                yield line.rstrip("\r\n")
     except OSError as e:
         raise TraceError(f"{path}: cannot read ({e.strerror})") from None
     except UnicodeDecodeError:
         raise TraceError(f"{path}: not UTF-8 text") from None
 
 
-def _azure_rows(path: Path, text: str, skipped: Counter[str], ex: dict[str, list[int]]
-                ) -> Iterator[TraceRequest]:  # fmt: skip
-    reader = csv.reader(text.splitlines())
+# where a JSONL row's time is, read without parsing the row: a row outside the window is
+# counted and not parsed (a short window of a 100 MB trace parses only its own rows). Used
+# only where the key appears once in the line; anything else is parsed in full
+_TIME_KEY = {"mooncake": ('"timestamp"', 1e-3), "kvwatch": ('"t"', 1.0)}
+_NUMBER = re.compile(r"\s*:\s*(-?[0-9][0-9.eE+-]{0,30})\s*[,}]")
+
+
+def _quick_time(fmt: str, line: str) -> float | None:
+    key, scale = _TIME_KEY[fmt]
+    at = line.find(key)
+    if at < 0 or line.find(key, at + 1) >= 0:
+        return None
+    m = _NUMBER.match(line, at + len(key))
+    if m is None:
+        return None
+    try:
+        v = float(m.group(1)) * scale
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _azure_rows(path: Path, lines: Iterator[str], skipped: Counter[str],
+                ex: dict[str, list[int]]) -> Iterator[TraceRequest]:  # fmt: skip
+    reader = csv.reader(lines)
     header = next(reader, None) or []
     cols = {name.strip(): i for i, name in enumerate(header)}
     missing = [c for c in ("TIMESTAMP", "ContextTokens", "GeneratedTokens") if c not in cols]
@@ -206,38 +236,63 @@ def _azure_rows(path: Path, text: str, skipped: Counter[str], ex: dict[str, list
             yield TraceRequest(at, inp, out, row=row_no)
 
 
-def read_trace(path: Path, fmt: str | None = None, block_tokens: int | None = None) -> Trace:
-    """Every usable request of the file, sorted by time (stable); the rest counted by reason."""
-    text = _read_text(path)
+def read_trace(
+    path: Path,
+    fmt: str | None = None,
+    block_tokens: int | None = None,
+    window_s: tuple[float, float] | None = None,
+) -> Trace:
+    """Every usable request of the file, sorted by time (stable); the rest counted by reason.
+    With `window_s` (START, END seconds of trace time), only the rows in it are kept, and a
+    JSONL row whose time says it is outside is counted without being parsed."""
     if fmt is not None and fmt not in FORMATS:
         raise TraceError(f"trace format {fmt!r}: one of {', '.join(FORMATS)}")
+    lines = _lines(path)
+    numbered = ((n, line) for n, line in enumerate(lines, 1) if line.strip())
+    first = next(numbered, None)
     # the whole first line, however long: a 4 KB cut left a long first record unrecognised
-    fmt = fmt or _sniff(path, text.lstrip().split("\n", 1)[0])
+    fmt = fmt or _sniff(path, first[1] if first else "")
     skipped: Counter[str] = Counter()
     examples: dict[str, list[int]] = {}
     requests: list[TraceRequest] = []
+    lo, hi = window_s if window_s is not None else (-math.inf, math.inf)
+    outside = 0
     if fmt == "azure":
-        requests.extend(_azure_rows(path, text, skipped, examples))
+        head = [] if first is None else [first[1]]
+        for r in _azure_rows(path, itertools.chain(head, lines), skipped, examples):
+            if lo <= r.at_s < hi:
+                requests.append(r)
+            else:
+                outside += 1
     else:
-        for line_no, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
+        for line_no, line in itertools.chain([first] if first else [], numbered):
+            if window_s is not None:
+                quick = _quick_time(fmt, line)
+                if quick is not None and not lo <= quick < hi:
+                    outside += 1
+                    continue
             try:
                 got = _json_row(fmt, json.loads(line))
             except ValueError:
                 got = "not valid JSON"
+            except RecursionError:
+                got = "JSON nested too deep"
             if isinstance(got, str):
                 _skip(skipped, examples, got, line_no)
-            else:
+            elif lo <= got.at_s < hi:
                 requests.append(replace(got, row=line_no))
+            else:
+                outside += 1
     if not requests:
         said = "; ".join(f"{n} {why} (e.g. line {examples[why][0]})" for why, n in skipped.items())
+        if outside:
+            said = f"{outside} outside the window" + (f"; {said}" if said else "")
         raise TraceError(f"{path}: no usable {fmt} rows" + (f": {said}" if said else ""))
     bt = MOONCAKE_BLOCK_TOKENS if block_tokens is None else block_tokens
     if bt < MIN_BLOCK_TOKENS:
         raise TraceError(f"block tokens {bt}: at least {MIN_BLOCK_TOKENS}")
     requests.sort(key=lambda r: r.at_s)
-    return Trace(path, fmt, tuple(requests), bt, dict(skipped), examples)
+    return Trace(path, fmt, tuple(requests), bt, dict(skipped), examples, outside)
 
 
 @dataclass(frozen=True)
@@ -253,7 +308,7 @@ class ReplayPlan:
     length_scale: float
     window_s: tuple[float, float] | None
     clipped: int  # requests shortened to fit max_model_len
-    left_out: int  # usable requests outside the window or over the cap
+    left_out: int  # requests outside the window (read or only counted) or over the cap
 
 
 def _scaled(n: int, k: float) -> int:
@@ -307,7 +362,7 @@ def plan_replay(
         out.append(replace(r, input_tokens=inp, output_tokens=gen))
     return ReplayPlan(
         tuple(out), tuple(offsets), block, speed, length_scale, window_s, clipped,
-        len(trace.requests) - len(out),
+        len(trace.requests) + trace.outside_window - len(out),
     )  # fmt: skip
 
 
@@ -365,7 +420,7 @@ class TraceReplay:
             key = (st.st_mtime_ns, st.st_size)
         except OSError:
             key = (0, 0)  # read_trace says why
-        trace = _read_once(self.path, self.format, self.block_tokens, key)
+        trace = _read_once(self.path, self.format, self.block_tokens, self.window_s, key)
         return trace, plan_replay(
             trace, self.speed / self.time_scale, self.window_s, self.max_requests,
             self.max_duration_s, self.length_scale, self.max_model_len,
@@ -390,6 +445,7 @@ def replay_report(
         "path": str(trace.path),
         "format": trace.format,
         "usable_rows": len(trace.requests),
+        "rows_outside_window": trace.outside_window,
         "skipped_rows": trace.skipped,
         "replayed": len(plan.requests),
         "left_out": plan.left_out,
@@ -420,6 +476,10 @@ def render_replay(rep: dict[str, Any]) -> str:
             f"trace: the target is a twin at time scale {rep['time_scale']:g}: the trace's "
             f"times were stretched as much, so its card sees the trace's own pace"
         )
+    if rep.get("rows_outside_window"):
+        lines.append(
+            f"trace: {rep['rows_outside_window']} rows outside the window were counted, not read"
+        )
     if rep["skipped_rows"]:
         said = ", ".join(f"{n} {why}" for why, n in rep["skipped_rows"].items())
         lines.append(f"trace: rows skipped: {said}")
@@ -443,9 +503,13 @@ def _planned(replay: TraceReplay) -> tuple[Trace, ReplayPlan]:
 
 @functools.lru_cache(maxsize=1)
 def _read_once(
-    path: Path, fmt: str | None, block_tokens: int | None, changed: tuple[int, int]
+    path: Path,
+    fmt: str | None,
+    block_tokens: int | None,
+    window_s: tuple[float, float] | None,
+    changed: tuple[int, int],
 ) -> Trace:
     """One read of a file per process, while it is unchanged (`changed`: its mtime and size):
     a run plans its replay twice (checked before the server is asked, then fitted to its
     context length), and a 100 MB trace was parsed, and held, twice."""
-    return read_trace(path, fmt, block_tokens)
+    return read_trace(path, fmt, block_tokens, window_s)

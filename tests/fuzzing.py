@@ -164,6 +164,20 @@ def check_trace(path: Path, fmt: str | None, speed: float, scale: float) -> None
     assert plan.offsets_s[0] == 0 and all(math.isfinite(o) for o in plan.offsets_s)
     assert list(plan.offsets_s) == sorted(plan.offsets_s)
     assert all(r.input_tokens + r.output_tokens <= 4096 + 1 for r in plan.requests)
+    # a window read (rows outside it counted, not parsed) keeps exactly the whole read's rows
+    # that fall in it
+    times = sorted(r.at_s for r in trace.requests)
+    lo = times[len(times) // 3]
+    hi = lo + 1.0
+    inside = [r for r in trace.requests if lo <= r.at_s < hi]
+    try:
+        windowed = read_trace(path, fmt, window_s=(lo, hi))
+    except TraceError as e:
+        assert not inside and "\n" not in str(e), (e, inside)
+        return
+    assert windowed.requests == tuple(inside)
+    read = len(trace.requests) + sum(trace.skipped.values())
+    assert windowed.outside_window + len(inside) <= read
 
 
 # --- Prometheus API answers ---------------------------------------------------------------

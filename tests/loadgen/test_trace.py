@@ -335,3 +335,29 @@ def test_a_run_reads_its_trace_once(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     _jsonl(f, [{"t": 0, "input_tokens": 9, "output_tokens": 2}, {"t": 1, "input_tokens": 9,
                                                                 "output_tokens": 2}])  # fmt: skip
     assert len(trace_mod.TraceReplay(f, max_requests=6).plan()[0].requests) == 2
+
+
+def test_a_window_reads_only_its_rows_and_counts_the_rest(tmp_path: Path) -> None:
+    """A short --trace-window of a big trace parses only its own rows (100 MB: 5.5 s and 667
+    MB before, 1.1 s and 43 MB now, bench/bench_trace_read.py); the rest are counted, and a
+    row whose time cannot be read without parsing it is parsed."""
+    from kvwatch.loadgen.trace import TraceReplay, replay_report
+
+    f = tmp_path / "t.jsonl"
+    rows = [json.dumps({"timestamp": ms, "input_length": 600, "output_length": 5})
+            for ms in (0, 1000, 2000, 3000)]  # fmt: skip
+    rows.insert(1, '{"timestamp": 9000, "input_length": broken')  # outside: never parsed
+    rows.insert(2, '{"timestamp": 9000, "timestamp": 1500, "input_length": 7, "output_length": 1}')
+    rows.append('{"timestamp": 2500, "input_length": broken')  # inside: parsed, and skipped
+    f.write_text("\n".join(rows) + "\n")
+    tr = read_trace(f, window_s=(1.0, 2.6))
+    assert [(r.at_s, r.row) for r in tr.requests] == [(1.0, 4), (1.5, 3), (2.0, 5)]
+    assert tr.outside_window == 3 and tr.skipped == {"not valid JSON": 1}
+    replay = TraceReplay(f, window_s=(1.0, 2.6), max_requests=2)
+    trace, plan = replay.plan()
+    assert plan.left_out == 1 + 3  # over the cap, and outside the window
+    rep = replay_report(replay, None, None)
+    assert (rep["usable_rows"], rep["rows_outside_window"], rep["replayed"]) == (3, 3, 2)
+    with pytest.raises(TraceError, match="no usable mooncake rows: 7 outside the window"):
+        read_trace(f, window_s=(100.0, 200.0))
+    assert len(read_trace(f).requests) == 5  # no window: every usable row
