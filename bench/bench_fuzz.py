@@ -22,6 +22,7 @@ from tests.fuzzing import (
     check_log_line,
     check_prometheus_answers,
     check_prometheus_calibration,
+    check_run_dir,
     check_server_answers,
     check_sidecar_readings,
     check_sidecar_state,
@@ -64,6 +65,10 @@ def _streamed(rng: random.Random) -> None:
     check_streamed_answer(raw, cuts, rng.random() < 0.5)
 
 
+def _run_dir(rng: random.Random) -> None:
+    check_run_dir(rng, _TMP)
+
+
 TARGETS: dict[str, Callable[[random.Random], None]] = {
     "metrics (parse, observe, judge, export)": _metrics,
     "log lines": _log,
@@ -75,6 +80,7 @@ TARGETS: dict[str, Callable[[random.Random], None]] = {
     "a sidecar's /api/readings (calibrate --sidecar)": check_sidecar_readings,
     "a streamed completion (HTTP/1.1, SSE, chunk JSON)": _streamed,
     "/v1/models, /tokenize, /version answers": check_server_answers,
+    "an edited run directory (report, advise --run, calibrate --run)": _run_dir,
 }
 
 

@@ -591,3 +591,73 @@ def check_server_answers(rng: random.Random) -> None:
             assert v is None or (isinstance(v, str) and "\n" not in v)
 
     asyncio.run(ask())
+
+
+# --- a run directory someone edited (report, advise --run, calibrate --run) ----------------
+
+_RUN_FILES = ("spec.json", "summary.json", "requests.jsonl", "timeline.jsonl", "events.jsonl")
+_RUN_DIR: list[Path] = []
+
+
+def _jsonl_doc(path: Path) -> Any:
+    if path.suffix == ".json":
+        return json.loads(path.read_text())
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _write_doc(path: Path, doc: Any) -> None:
+    if path.suffix == ".json":
+        path.write_text(json.dumps(doc))
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in doc))
+
+
+def check_run_dir(rng: random.Random, tmp: Path) -> None:
+    """A real run directory with one to three fields of its files given any value: the
+    report renders, `advise --run` advises and `calibrate --run` reads figures, or each says
+    why in one line (CliError, SizingError, ValueError); never a traceback."""
+    import shutil
+
+    from kvwatch.advise.calibrate import figures_from_run
+    from kvwatch.common.command import CliError
+    from kvwatch.loadgen.rundir import observed_from_run
+    from kvwatch.report.run_page import render_report
+    from kvwatch.sizing.advice import advise
+    from kvwatch.sizing.errors import SizingError
+
+    if not _RUN_DIR:
+        from tests.report.test_run_page import _run_dir
+
+        _RUN_DIR.append(_run_dir(tmp / "fuzz-run-base"))
+    run = tmp / "fuzz-run"
+    shutil.rmtree(run, ignore_errors=True)
+    shutil.copytree(_RUN_DIR[0], run)
+    for _ in range(rng.randint(1, 3)):
+        path = run / rng.choice(_RUN_FILES)
+        doc = _jsonl_doc(path)
+        places = _places(doc)
+        if not places:
+            continue
+        at = rng.choice(places)
+        node = doc
+        try:
+            for k in at[:-1]:
+                node = node[k]
+            node[at[-1]] = rng.choice(_STATE_WRONG)
+        except (KeyError, IndexError, TypeError):
+            continue
+        try:
+            _write_doc(path, doc)
+        except ValueError:
+            continue  # a value JSON cannot hold (nan is written; this is past that)
+    for step in ("report", "advise", "calibrate"):
+        try:
+            if step == "report":
+                assert "<html" in render_report(run)
+            elif step == "advise":
+                advise(observed_from_run(run))
+            else:
+                figures, _, skipped = figures_from_run(run, 8192, 256)
+                assert all(math.isfinite(f.value) and f.value >= 0 for f in figures)
+        except (CliError, SizingError, ValueError) as e:
+            assert str(e) and "\n" not in str(e), (step, e)

@@ -345,3 +345,18 @@ def test_the_servers_one_off_answers_are_read_or_refused_in_one_line(rng: random
     from tests.fuzzing import check_server_answers
 
     check_server_answers(rng)
+
+
+@settings(
+    max_examples=max(1, EXAMPLES // 10), deadline=None, database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)  # fmt: skip
+@given(rng=st.randoms(use_true_random=False))
+def test_an_edited_run_directory_reports_advises_calibrates_or_says_why(
+    rng: random.Random, tmp_path: Path
+) -> None:
+    """`kvwatch report`, `advise --run` and `calibrate --run` on a real run directory with
+    fields of its files given any value: each works, or says why in one line."""
+    from tests.fuzzing import check_run_dir
+
+    check_run_dir(rng, tmp_path)
