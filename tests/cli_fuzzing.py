@@ -201,7 +201,11 @@ BASES: dict[tuple[str, ...], list[list[str]]] = {
     ("demo",): [[], ["--target", DEAD_URL], ["--twin", "llama-3.1-8b:h100"]],
     ("advise",): [["--what-if", "--model", "llama-3.1-8b", "--gpu", "h100"],
                   ["--run", "{run}"], ["--metrics", DEAD_URL], ["--prometheus", DEAD_URL]],
-    ("calibrate",): [["--run", "{run}", "--model", "llama-3.1-8b", "--gpu", "h100"]],
+    ("calibrate",): [
+        [*src, "--model", "llama-3.1-8b", "--gpu", "h100"]
+        for src in (["--run", "{run}"], ["--metrics", DEAD_URL], ["--sidecar", DEAD_URL],
+                    ["--prometheus", DEAD_URL])
+    ],  # fmt: skip
     ("report",): [["{run}", "--out", "{out}"]],
     ("alerts",): [[], ["--out", "{out}"]],
     ("runbook",): [[]],
