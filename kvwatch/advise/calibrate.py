@@ -33,6 +33,7 @@ from kvwatch.sizing.measured import Load
 __all__ = ["run", "figures_from_run", "render"]
 
 _MIN_REQUESTS = 4  # a stage with fewer completed requests gives no figure
+_PROMETHEUS_POINTS = 11_000  # the most points Prometheus returns for one range query
 _CLOSED = re.compile(r"Concurrency\(n=(\d+)\)")  # a closed-loop stage in spec.json
 
 
@@ -208,6 +209,12 @@ def _from_server(
         window_s = duration_seconds(ns.window)
         if window_s < 2 * slice_s:
             raise CliError(f"--window {ns.window} holds no two slices of {slice_s:g} s")
+        if window_s / slice_s > _PROMETHEUS_POINTS:
+            raise CliError(
+                f"--window {ns.window} in slices of {slice_s:g} s is {window_s / slice_s:,.0f} "
+                f"points; Prometheus answers at most {_PROMETHEUS_POINTS:,} a series: raise "
+                "--slice or shorten --window"
+            )
         try:
             per_engine, notes = slices_from_prometheus(
                 ns.prometheus, window_s, slice_s, ns.instance

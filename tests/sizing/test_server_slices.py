@@ -119,3 +119,21 @@ def test_hidden_constants_come_back_through_slices() -> None:
     cal = calibrate(LLAMA, H100, 1, "auto", figures, "slices")
     for k in ("hbm_efficiency", "kv_efficiency", "mfu"):
         assert cal.constants[k] == pytest.approx(hidden[k], rel=0.05), k
+
+
+def test_calibrate_from_a_server_refuses_what_cannot_work_in_one_line() -> None:
+    import subprocess
+    import sys
+
+    base = [sys.executable, "-m", "kvwatch", "calibrate", "--model", "llama-3.1-8b",
+            "--gpu", "h100"]  # fmt: skip
+    cases = [
+        (["--prometheus", "http://127.0.0.1:9", "--window", "30d"], 2, "43,200 points"),
+        (["--metrics", "http://127.0.0.1:9", "--watch", "15"], 2, "holds no two slices"),
+        (["--sidecar", "http://127.0.0.1:9"], 3, "cannot read http://127.0.0.1:9/api/readings"),
+        (["--metrics", "http://127.0.0.1:9", "--watch", "30"], 3, "cannot scrape"),
+    ]
+    for args, code, said in cases:
+        p = subprocess.run([*base, *args], capture_output=True, text=True, timeout=60)
+        assert p.returncode == code and said in p.stderr, (args, p.returncode, p.stderr)
+        assert len(p.stderr.strip().splitlines()) <= 2 and "Traceback" not in p.stderr
