@@ -21,8 +21,8 @@ from pathlib import Path
 import httpx
 
 from kvwatch.fleet.alertmanager import running_alertmanager
-from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig
-from kvwatch.loadgen.tiny_model import build_tiny_model
+from kvwatch.local.server import LocalVLLM, ServerConfig
+from kvwatch.local.tiny_model import build_tiny_model
 from kvwatch.sidecar.contract.vocabulary import PREEMPTIONS
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from tests.burst import run_burst

@@ -43,14 +43,14 @@ from typing import Any
 
 from kvwatch.advise.calibrate import figures_from_run
 from kvwatch.advise.server_readings import from_sidecar
-from kvwatch.loadgen.local_server import (
+from kvwatch.local.server import (
     LocalVLLM,
     ServerConfig,
     free_port,
     stop_process,
     wait_until_ok,
 )
-from kvwatch.loadgen.tiny_model import build_tiny_model
+from kvwatch.local.tiny_model import build_tiny_model
 from kvwatch.sizing.calibration import Figure, read_calibration
 from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
 from kvwatch.sizing.measured import predict

@@ -25,7 +25,7 @@ import time
 import httpx
 from procfs import status_kb
 
-from kvwatch.loadgen.local_server import free_port, stop_process, wait_until_ok
+from kvwatch.local.server import free_port, stop_process, wait_until_ok
 
 _PATHS = ("/metrics", "/healthz", "/api/state")
 

@@ -69,8 +69,8 @@ from fixture_sim import FIXTURE, Engine, Shape, Speeds, run_until_out
 from procfs import session_pids
 from twins import twin_from_spec
 
-from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig, set_autogroup_nice, stop_process
-from kvwatch.loadgen.tiny_model import build_tiny_model
+from kvwatch.local.server import LocalVLLM, ServerConfig, set_autogroup_nice, stop_process
+from kvwatch.local.tiny_model import build_tiny_model
 from kvwatch.sidecar.contract.levels import Level
 from kvwatch.sidecar.contract.thresholds import Thresholds, parse_overrides
 from kvwatch.sidecar.judge.forecast import MIN_POINTS, line_fit, quadratic_fit

@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 from twins import twin_from_spec
 
-from kvwatch.loadgen.tiny_model import build_tiny_model
+from kvwatch.local.tiny_model import build_tiny_model
 
 HERE = Path(__file__).resolve().parent
 CLIENT_CORE = "1"

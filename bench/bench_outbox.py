@@ -19,7 +19,7 @@ from pathlib import Path
 
 from procfs import cpu_seconds
 
-from kvwatch.loadgen.local_server import free_port, stop_process, wait_until_ok
+from kvwatch.local.server import free_port, stop_process, wait_until_ok
 from kvwatch.sidecar.outputs.webhooks import Receiver
 from tests.receiver import receiver
 

@@ -29,8 +29,8 @@ import httpx
 from procfs import cpu_seconds, status_kb
 from twins import twin_from_spec
 
-from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig, free_port
-from kvwatch.loadgen.tiny_model import build_tiny_model
+from kvwatch.local.server import LocalVLLM, ServerConfig, free_port
+from kvwatch.local.tiny_model import build_tiny_model
 from tests.burst import run_burst
 
 

@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kvwatch.loadgen.tiny_model import build_tiny_model
+from kvwatch.local.tiny_model import build_tiny_model
 from tests.sizing.test_advice_proven import LENGTHS, WORKLOAD, rerun
 
 # the spikes are exactly what the test runs, and run the same way, so the two cannot drift apart

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kvwatch.loadgen.tiny_model import SWA_SPEC, build_tiny_model
+from kvwatch.local.tiny_model import SWA_SPEC, build_tiny_model
 from tests.sizing.test_advice_proven import rerun
 from tests.sizing.test_advice_proven_swa import KV_BYTES, SWA_WORKLOAD
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from fast_server import serving  # bench/, the script's own folder
 
-from kvwatch.loadgen.tiny_model import build_tiny_model
+from kvwatch.local.tiny_model import build_tiny_model
 
 HERE = Path(__file__).resolve().parent
 SERVER_CORE, CLIENT_CORE = "0", "1"

@@ -120,7 +120,7 @@ def serving(core: str | None = None) -> Iterator[str]:
     answers, and yield its URL; stopped on the way out. For the benchmarks that drive it."""
     import httpx
 
-    from kvwatch.loadgen.local_server import free_port
+    from kvwatch.local.server import free_port
 
     port = free_port()
     pin = ["taskset", "-c", core] if core is not None else []

@@ -24,13 +24,13 @@ import httpx
 from kvwatch.common.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError, make_dir
 from kvwatch.common.post_receiver import PostReceiver
 from kvwatch.fleet.sidecars import start_sidecar
-from kvwatch.loadgen.local_server import (
+from kvwatch.loadgen.schedule import ramp_stages
+from kvwatch.local.server import (
     LocalVLLM,
     ServerConfig,
     ServerStartError,
     stop_process,
 )
-from kvwatch.loadgen.schedule import ramp_stages
 from kvwatch.sidecar.state.views import EngineView, engines_from_json
 
 __all__ = ["run_demo", "AlertReceiver"]
@@ -110,7 +110,7 @@ class _LiveView:
 
 
 def run_demo(ns: argparse.Namespace) -> int:
-    from kvwatch.loadgen.tiny_model import build_tiny_model
+    from kvwatch.local.tiny_model import build_tiny_model
 
     if getattr(ns, "fleet", None) is not None:
         from kvwatch.demo_fleet import run_fleet_demo

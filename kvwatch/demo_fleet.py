@@ -16,7 +16,7 @@ from typing import Any
 from kvwatch.common.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError, make_dir
 from kvwatch.fleet.lab import Fleet, FleetSpec
 from kvwatch.fleet.prometheus import query
-from kvwatch.loadgen.local_server import ServerStartError
+from kvwatch.local.server import ServerStartError
 from kvwatch.sidecar.contract import catalogue as cat
 
 __all__ = ["run_fleet_demo"]

@@ -89,7 +89,7 @@ def _length(text: str) -> str:
 
 
 def _build_model(ns: argparse.Namespace) -> int:
-    from kvwatch.loadgen.tiny_model import SPECS, build_tiny_model
+    from kvwatch.local.tiny_model import SPECS, build_tiny_model
 
     try:
         print(build_tiny_model(SPECS[ns.size], cache_dir=ns.cache_dir, force=ns.force))
@@ -99,13 +99,13 @@ def _build_model(ns: argparse.Namespace) -> int:
 
 
 def _serve_local(ns: argparse.Namespace) -> int:
-    from kvwatch.loadgen.local_server import (
+    from kvwatch.local.server import (
         LocalVLLM,
         ServerConfig,
         ServerStartError,
         serve_until_stopped,
     )
-    from kvwatch.loadgen.tiny_model import build_tiny_model
+    from kvwatch.local.tiny_model import build_tiny_model
 
     extra = [a for a in ns.vllm_args if a != "--"] if ns.vllm_args else []
     model = ns.model or build_tiny_model()

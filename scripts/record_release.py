@@ -39,8 +39,8 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig, ServerStartError
-from kvwatch.loadgen.tiny_model import build_tiny_model
+from kvwatch.local.server import LocalVLLM, ServerConfig, ServerStartError
+from kvwatch.local.tiny_model import build_tiny_model
 from tests.burst import run_burst
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -315,7 +315,7 @@ def _stopped_at_the_start() -> Iterator[None]:
     import multiprocessing.process as mp_process
 
     from kvwatch.fleet import lab
-    from kvwatch.loadgen import tiny_model
+    from kvwatch.local import tiny_model
     from kvwatch.sidecar import daemon
 
     saved_popen, saved_run = subprocess.Popen, daemon.run_sidecar

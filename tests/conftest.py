@@ -13,7 +13,7 @@ DATA = Path(__file__).parent / "data"
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
-    from kvwatch.loadgen.tiny_model import build_tiny_model
+    from kvwatch.local.tiny_model import build_tiny_model
 
     return build_tiny_model()
 
@@ -21,7 +21,7 @@ def tiny_model() -> Path:
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A real vLLM (CPU) with 40 KV blocks of 32 tokens: 32 concurrent 300-token streams preempt."""
-    from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig
+    from kvwatch.local.server import LocalVLLM, ServerConfig
 
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     # nice 10: the observers under test get their CPU, as beside a GPU server (docs/testing.md)

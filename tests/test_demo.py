@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch.loadgen.local_server import LocalVLLM
+from kvwatch.local.server import LocalVLLM
 from tests.browser import open_page
 
 pytestmark = pytest.mark.integration

@@ -39,7 +39,7 @@ FLOORS: list[list[str]] = [
     ["kvwatch.sidecar.metrics"],
     ["kvwatch.sidecar.contract"],
     ["kvwatch.sizing"],
-    ["kvwatch.common"],
+    ["kvwatch.local", "kvwatch.common"],
 ]
 FLOOR_OF = {room: i for i, rooms in enumerate(FLOORS) for room in rooms}
 # What alerts/ and dashboards/ may read of the sidecar: the names and thresholds they share.

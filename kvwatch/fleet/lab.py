@@ -30,7 +30,7 @@ from kvwatch.fleet.prometheus import running_prometheus, wait_for_series, write_
 from kvwatch.fleet.receiver import NotificationReceiver
 from kvwatch.fleet.router import Router
 from kvwatch.fleet.sidecars import start_sidecar
-from kvwatch.loadgen.local_server import restore_sigterm, sigterm_interrupts, stop_process
+from kvwatch.local.server import restore_sigterm, sigterm_interrupts, stop_process
 from kvwatch.twin.serve import TwinServer, kv_bytes_for_blocks, start_twin
 
 __all__ = [

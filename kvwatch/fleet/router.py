@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 
 from kvwatch.common.command import CliError
-from kvwatch.loadgen.local_server import free_port, stop_process, wait_until_ok
+from kvwatch.local.server import free_port, stop_process, wait_until_ok
 
 __all__ = ["Router", "router_binary", "POLICIES"]
 

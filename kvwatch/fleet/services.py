@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from kvwatch.loadgen.local_server import free_port, stop_process, wait_until_ok
+from kvwatch.local.server import free_port, stop_process, wait_until_ok
 
 __all__ = ["running_service"]
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from kvwatch.common.command import CliError
-from kvwatch.loadgen.local_server import free_port, stop_process, wait_until_ok
+from kvwatch.local.server import free_port, stop_process, wait_until_ok
 
 __all__ = ["start_sidecar", "SIDECAR_READY_S"]
 

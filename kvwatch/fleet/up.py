@@ -17,7 +17,7 @@ from kvwatch.fleet.lab import (
     parallel_starts,
 )
 from kvwatch.fleet.router import POLICIES
-from kvwatch.loadgen.local_server import ServerStartError
+from kvwatch.local.server import ServerStartError
 from kvwatch.sizing.errors import SizingError
 
 __all__ = ["run_fleet"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvwatch.loadgen.tiny_model import build_dir_atomically, build_tokenizer, default_cache_dir
+from kvwatch.local.tiny_model import build_dir_atomically, build_tokenizer, default_cache_dir
 from kvwatch.sizing.archconfig import read_config
 from kvwatch.sizing.presets import MODEL_PRESETS
 

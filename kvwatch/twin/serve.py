@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvwatch.common.command import EXIT_UNREACHABLE, CliError, writable_file
-from kvwatch.loadgen.local_server import (
+from kvwatch.local.server import (
     LocalVLLM,
     ServerConfig,
     ServerStartError,

@@ -10,7 +10,7 @@ import sys
 import httpx
 import pytest
 
-from kvwatch.loadgen.local_server import LocalVLLM
+from kvwatch.local.server import LocalVLLM
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.observe import observe
 from tests.burst import run_burst

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from kvwatch.fleet.alertmanager import running_alertmanager, shipped_config
-from kvwatch.loadgen.local_server import LocalVLLM
+from kvwatch.local.server import LocalVLLM
 from tests.burst import run_burst
 from tests.prometheus import prometheus_alerting
 from tests.receiver import receiver

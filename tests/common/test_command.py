@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvwatch.common.command import http_url
-from kvwatch.loadgen.local_server import free_port
+from kvwatch.local.server import free_port
 
 
 @pytest.mark.parametrize("command", ["alerts", "dashboards"])

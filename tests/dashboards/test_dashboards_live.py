@@ -29,7 +29,7 @@ from kvwatch.dashboards.build import (
     ROUTER_PANELS,
     build,
 )
-from kvwatch.loadgen.local_server import LocalVLLM
+from kvwatch.local.server import LocalVLLM
 from tests.dashboards.live import (
     annotation_queries,
     fill_variables,

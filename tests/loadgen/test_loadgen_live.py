@@ -11,7 +11,7 @@ import httpx
 import pandas as pd
 import pytest
 
-from kvwatch.loadgen.local_server import LocalVLLM
+from kvwatch.local.server import LocalVLLM
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.observe import observe
 

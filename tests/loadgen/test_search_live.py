@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from kvwatch.loadgen.local_server import LocalVLLM
+from kvwatch.local.server import LocalVLLM
 from tests.browser import open_page
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from kvwatch.loadgen.local_server import free_port, stop_process, wait_until_ok
+from kvwatch.local.server import free_port, stop_process, wait_until_ok
 from kvwatch.sidecar.metrics.exposition import Sample
 
 __all__ = ["running_sidecar", "kvwatch_samples", "Sidecar", "runs", "ran_out_at"]

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig
+from kvwatch.local.server import LocalVLLM, ServerConfig
 from kvwatch.sidecar.contract.vocabulary import ADMISSION_REJECTIONS, promql_selector
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from tests.advise.test_sources import advise

@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig
+from kvwatch.local.server import LocalVLLM, ServerConfig
 from tests.burst import run_burst
 from tests.receiver import receiver
 from tests.sidecar.running import running_sidecar

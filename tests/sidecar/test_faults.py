@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
-from kvwatch.loadgen.local_server import free_port
+from kvwatch.local.server import free_port
 from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.judge.timeline import Timeline
 from kvwatch.sidecar.logs.logformats import Malformed, parse_line

@@ -29,8 +29,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvwatch.loadgen.local_server import LocalVLLM, stop_process
 from kvwatch.loadgen.server_metrics import TimelineRecorder
+from kvwatch.local.server import LocalVLLM, stop_process
 from tests.burst import rate_for_in_flight
 from tests.receiver import alert_events, receiver
 from tests.sidecar.running import ran_out_at, running_sidecar, runs

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig, free_port
+from kvwatch.local.server import LocalVLLM, ServerConfig, free_port
 from tests.burst import run_burst
 from tests.sidecar.running import Sidecar, kvwatch_samples, running_sidecar
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig
 from kvwatch.loadgen.rundir import run_outcome
+from kvwatch.local.server import LocalVLLM, ServerConfig
 from tests.loadgen.test_loadgen_live import run as loadgen_run
 
 pytestmark = pytest.mark.integration

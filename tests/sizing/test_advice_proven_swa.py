@@ -1,10 +1,10 @@
 """Advice on a REAL sliding-window server, proven by rerunning the load.
 
 The model is the tiny Llama with a 64-token sliding window on every other layer
-(`loadgen.tiny_model.SWA_SPEC`): vLLM gives it two KV cache groups (4 full-attention layers,
-4 sliding-window layers), so a block is half the dense size and a 330-token request holds 11
-blocks in the full group and at most 3 in the sliding one. Sized as full attention (the old
-arithmetic, or `advise` without `--model`), the same load needs a different memory, wrongly.
+(`kvwatch/local/tiny_model.py`, `SWA_SPEC`): vLLM gives it two KV cache groups (4 full-attention
+layers, 4 sliding-window layers), so a block is half the dense size and a 330-token request
+holds 11 blocks in the full group and at most 3 in the sliding one. Sized as full attention (the
+old arithmetic, or `advise` without `--model`), the same load needs a different memory, wrongly.
 
 Checked here: vLLM's startup figures equal the what-if's; `advise --run --model` counts the
 groups. The advised `--kv-cache-memory-bytes` applied to a restarted server and the same seeded
@@ -22,8 +22,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig
 from kvwatch.loadgen.rundir import run_outcome
+from kvwatch.local.server import LocalVLLM, ServerConfig
 from tests.advise.test_sources import advise
 from tests.loadgen.test_loadgen_live import run as loadgen_run
 from tests.sidecar.running import running_sidecar
@@ -42,7 +42,7 @@ def advise_json(*args: str) -> tuple[int, dict]:
 
 @pytest.fixture(scope="module")
 def swa_model() -> Path:
-    from kvwatch.loadgen.tiny_model import SWA_SPEC, build_tiny_model
+    from kvwatch.local.tiny_model import SWA_SPEC, build_tiny_model
 
     return build_tiny_model(SWA_SPEC)
 

@@ -36,7 +36,7 @@ def test_settings_are_checked_where_they_enter() -> None:
 
 @pytest.mark.integration
 def test_a_plain_vllm_cpu_server_is_untouched(vllm_server: object) -> None:
-    from kvwatch.loadgen.local_server import LocalVLLM
+    from kvwatch.local.server import LocalVLLM
 
     assert isinstance(vllm_server, LocalVLLM)
     # the entry point is installed where vLLM looks for it ...

@@ -65,7 +65,7 @@ def test_the_command_serves_says_what_it_is_and_stops_on_sigterm(tmp_path: Path)
     import subprocess
     import sys
 
-    from kvwatch.loadgen.local_server import group_alive
+    from kvwatch.local.server import group_alive
 
     with subprocess.Popen(
         [sys.executable, "-m", "kvwatch", "twin", "--model", "llama-3.1-8b", "--gpu", "h200",

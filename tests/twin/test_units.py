@@ -178,7 +178,7 @@ def test_the_demo_refuses_a_twin_it_cannot_name(tmp_path: Path) -> None:
 def test_a_second_twin_in_the_same_log_reads_its_own_lines(tmp_path: Path) -> None:
     """The log is appended to: a second twin printed the first one's capacity (431,392 tokens
     where its vLLM logged 761,680). Lines are read from where this start began."""
-    from kvwatch.loadgen.local_server import LocalVLLM, ServerConfig
+    from kvwatch.local.server import LocalVLLM, ServerConfig
     from kvwatch.twin.serve import TwinServer
     from kvwatch.twin.settings import TwinSettings
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from kvwatch.common.backoff import backoff_s
-from kvwatch.loadgen.local_server import free_port
+from kvwatch.local.server import free_port
 from kvwatch.sidecar.outputs.alerting import Alert, AlertTracker, Notification
 from kvwatch.sidecar.outputs.webhooks import Receiver, load_receivers, redact_url, render, sign
 from kvwatch.sidecar.store.outbox import Outbox

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvwatch.loadgen.local_server import restore_sigterm, sigterm_interrupts
+from kvwatch.local.server import restore_sigterm, sigterm_interrupts
 
 
 @pytest.fixture

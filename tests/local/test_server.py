@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvwatch.loadgen.local_server import (
+from kvwatch.local.server import (
     LocalVLLM,
     ServerConfig,
     ServerStartError,

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from kvwatch.loadgen import local_server
+from kvwatch.local import server as local_server
 
 
 def test_a_port_handed_out_before_is_not_handed_out_again(monkeypatch: pytest.MonkeyPatch) -> None:
