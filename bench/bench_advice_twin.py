@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kvwatch.loadgen.rundir import run_outcome
+from kvwatch.loadgen.results.rundir import run_outcome
 from kvwatch.twin.serve import start_twin
 
 OUT = Path(__file__).resolve().parent / "results" / "twin" / "advice.json"

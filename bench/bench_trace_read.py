@@ -23,7 +23,7 @@ from pathlib import Path
 _CHILD = """
 import sys
 from pathlib import Path
-from kvwatch.loadgen.trace import TraceReplay
+from kvwatch.loadgen.workload.trace import TraceReplay
 window = None if sys.argv[2] == "-" else tuple(float(x) for x in sys.argv[2].split(":"))
 trace, plan = TraceReplay(Path(sys.argv[1]), window_s=window, max_requests=20).plan()
 print(len(trace.requests), trace.outside_window, len(plan.requests))

@@ -7,7 +7,7 @@ and length scale as given), then says:
 - token counts: requests whose prompt and output token counts, as the server reported them in
   its usage, equal the trace's (scaled) lengths;
 - the prefix cache: the hit rate vLLM's counters measured (prompt tokens by source) against the
-  one the trace's `hash_ids` imply for a cache that holds everything (loadgen/trace.py).
+  one the trace's `hash_ids` imply for a cache that holds everything (loadgen/workload/trace.py).
 Results: docs/loadgen.md.
 
     PYTHONPATH=. .venv/bin/python bench/bench_trace_replay.py \

@@ -165,7 +165,7 @@ def _compare() -> list[dict[str, Any]]:
 def _stalls(dest: Path) -> dict[str, int]:
     """The load generator's stalls over every probe, split by whether the probe preempted, and
     those of the preempting probes that came while the server preempted (loadgen's own
-    attribution, loadgen/stall_causes.py)."""
+    attribution, loadgen/results/stall_causes.py)."""
     out = {"clean_probes_stalls": 0, "preempting_probes_stalls": 0, "stalls_preempting": 0}
     for summary_path in sorted((dest / "probes").glob("*/summary.json")):
         s = json.loads(summary_path.read_text())

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_forecast import OUT, _full_at, _load_run, sidecar  # noqa: E402
 from fixture_sim import SCRAPE_S, SEGMENT_S, Engine, Speeds, run_until_out  # noqa: E402
 
-from kvwatch.loadgen.arrivals import Ramp  # noqa: E402
+from kvwatch.loadgen.workload.arrivals import Ramp  # noqa: E402
 from kvwatch.sidecar.judge.timeline import Timeline  # noqa: E402
 from kvwatch.sidecar.metrics.observe import CacheConfig, EngineObservation  # noqa: E402
 

@@ -24,7 +24,7 @@ import httpx
 from kvwatch.common.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError, make_dir
 from kvwatch.common.post_receiver import PostReceiver
 from kvwatch.fleet.sidecars import start_sidecar
-from kvwatch.loadgen.schedule import ramp_stages
+from kvwatch.loadgen.workload.schedule import ramp_stages
 from kvwatch.local.server import (
     LocalVLLM,
     ServerConfig,
@@ -197,7 +197,7 @@ def _write_extras(run_dir: Path, state: dict[str, Any], alerts: list[dict[str, A
     """The sidecar's last state, the alerts, the dashboards, the rules and the report."""
     from kvwatch.alerts.build import write_all as write_rules
     from kvwatch.dashboards.build import write_all as write_dashboards
-    from kvwatch.loadgen.rundir import write_jsonl
+    from kvwatch.loadgen.results.rundir import write_jsonl
     from kvwatch.report.run_page import render_report
 
     (run_dir / "sidecar-state.json").write_text(json.dumps(state, indent=1))
@@ -210,8 +210,8 @@ def _write_extras(run_dir: Path, state: dict[str, Any], alerts: list[dict[str, A
 def _print_summary(
     run_dir: Path, state: dict[str, Any], view: _LiveView, alerts: list[dict[str, Any]]
 ) -> None:
-    from kvwatch.loadgen.rundir import observed_from_run, server_from_run
-    from kvwatch.loadgen.summary import render_table
+    from kvwatch.loadgen.results.rundir import observed_from_run, server_from_run
+    from kvwatch.loadgen.results.summary import render_table
     from kvwatch.sizing.advice import advise
     from kvwatch.sizing.kvmath import SizingError
 

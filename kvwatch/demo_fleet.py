@@ -70,7 +70,7 @@ class _FleetView:
 
 def run_fleet_demo(ns: argparse.Namespace) -> int:
     from kvwatch.advise.fleet_source import fleets_from_prometheus
-    from kvwatch.loadgen.schedule import ramp_stages
+    from kvwatch.loadgen.workload.schedule import ramp_stages
     from kvwatch.sidecar.contract.thresholds import DEFAULT_THRESHOLDS
     from kvwatch.sizing.errors import SizingError
     from kvwatch.sizing.fleet import advise_fleet

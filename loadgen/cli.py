@@ -79,7 +79,7 @@ def register(sub: Any) -> None:
 def _length(text: str) -> str:
     """An argparse `type` for a length distribution: checked where it enters (a bad one with
     an unreachable --url said "cannot reach", hiding the real mistake); kept as its text."""
-    from kvwatch.loadgen.lengths import DatasetError, parse_length
+    from kvwatch.loadgen.workload.lengths import DatasetError, parse_length
 
     try:
         parse_length(text)

@@ -14,23 +14,31 @@ from typing import Any
 import httpx
 
 from kvwatch.common.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError, one_line
-from kvwatch.loadgen.arrivals import Concurrency, Constant, Gamma, Pattern, Poisson, Ramp, Replay
-from kvwatch.loadgen.client import max_model_len, served_model
 from kvwatch.loadgen.measure import measure, print_progress, run_spec
-from kvwatch.loadgen.priorities import parse_priorities
-from kvwatch.loadgen.probes import ProbeSpec
-from kvwatch.loadgen.records import StallRule
-from kvwatch.loadgen.runner import Progress, RunOptions, run_loop, run_stages
-from kvwatch.loadgen.schedule import Stage, StageSpecError, parse_stage, sweep_stages
-from kvwatch.loadgen.server_metrics import sidecar_incidents
-from kvwatch.loadgen.sessions import SessionShape
-from kvwatch.loadgen.trace import TraceError, TraceReplay, render_replay, replay_report
-from kvwatch.loadgen.working_set import (
+from kvwatch.loadgen.results.records import StallRule
+from kvwatch.loadgen.results.server_metrics import sidecar_incidents
+from kvwatch.loadgen.results.working_set import (
     render_working_set,
     session_working_set,
     working_set_advice,
 )
-from kvwatch.loadgen.workload import DatasetError, WorkloadSpec, tokenize_corpus
+from kvwatch.loadgen.send.client import max_model_len, served_model
+from kvwatch.loadgen.send.runner import Progress, RunOptions, run_loop, run_stages
+from kvwatch.loadgen.workload.arrivals import (
+    Concurrency,
+    Constant,
+    Gamma,
+    Pattern,
+    Poisson,
+    Ramp,
+    Replay,
+)
+from kvwatch.loadgen.workload.priorities import parse_priorities
+from kvwatch.loadgen.workload.probes import ProbeSpec
+from kvwatch.loadgen.workload.schedule import Stage, StageSpecError, parse_stage, sweep_stages
+from kvwatch.loadgen.workload.sessions import SessionShape
+from kvwatch.loadgen.workload.spec import DatasetError, WorkloadSpec, tokenize_corpus
+from kvwatch.loadgen.workload.trace import TraceError, TraceReplay, render_replay, replay_report
 
 __all__ = [
     "run_command",
@@ -295,7 +303,7 @@ def send_stages(
 ) -> tuple[float, list[dict[str, Any]], list[dict[str, Any]]]:
     """Runs the stages in this process or in worker processes; (start, records, events)."""
     if ns.workers > 1:
-        from kvwatch.loadgen.workers import run_in_workers
+        from kvwatch.loadgen.send.workers import run_in_workers
 
         print(f"starting {ns.workers} sender processes ...", file=sys.stderr)
         start_unix, records, events = run_in_workers(ns.workers, stages, opts, workload, stall)
@@ -323,8 +331,8 @@ def send_stages(
 
 
 def run_command(ns: argparse.Namespace) -> int:
-    from kvwatch.loadgen.rundir import discard_if_empty, prepare_run_dir
-    from kvwatch.loadgen.summary import SloError, parse_slo
+    from kvwatch.loadgen.results.rundir import discard_if_empty, prepare_run_dir
+    from kvwatch.loadgen.results.summary import SloError, parse_slo
 
     stages = build_stages(ns)
     if not ns.request_timeout > 0:
@@ -350,8 +358,8 @@ def _run_into(
     ns: argparse.Namespace, run_dir: Path, stages: list[Stage], slo: dict[str, float]
 ) -> int:
     """The load, then its records written into `run_dir` (made and probed already)."""
-    from kvwatch.loadgen.rundir import write_run
-    from kvwatch.loadgen.summary import (
+    from kvwatch.loadgen.results.rundir import write_run
+    from kvwatch.loadgen.results.summary import (
         render_classes,
         render_probes,
         render_server_timings,

@@ -18,7 +18,6 @@ from typing import Any
 import httpx
 
 from kvwatch.common.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
-from kvwatch.loadgen.arrivals import Concurrency, Poisson
 from kvwatch.loadgen.cmd_run import (
     announce_time_scale,
     in_wall_time,
@@ -27,14 +26,15 @@ from kvwatch.loadgen.cmd_run import (
     server_metrics_url,
 )
 from kvwatch.loadgen.measure import Measured, measure, run_spec
-from kvwatch.loadgen.records import StallRule
-from kvwatch.loadgen.rundir import discard_if_empty, prepare_run_dir, write_run
-from kvwatch.loadgen.runner import Progress, RunOptions, run_loop
-from kvwatch.loadgen.schedule import Stage
+from kvwatch.loadgen.results.records import StallRule
+from kvwatch.loadgen.results.rundir import discard_if_empty, prepare_run_dir, write_run
+from kvwatch.loadgen.results.server_metrics import sidecar_preemptions
+from kvwatch.loadgen.results.summary import SloError, parse_slo, summarize_records
 from kvwatch.loadgen.search import CapacitySearch, LoadVerdict, ProbeResult, SearchPlan
-from kvwatch.loadgen.server_metrics import sidecar_preemptions
-from kvwatch.loadgen.summary import SloError, parse_slo, summarize_records
-from kvwatch.loadgen.workload import WorkloadSpec
+from kvwatch.loadgen.send.runner import Progress, RunOptions, run_loop
+from kvwatch.loadgen.workload.arrivals import Concurrency, Poisson
+from kvwatch.loadgen.workload.schedule import Stage
+from kvwatch.loadgen.workload.spec import WorkloadSpec
 
 __all__ = [
     "search_command", "probe_stage", "search_doc", "render_search", "kv_ran_out", "SEARCH_FILE",
@@ -289,7 +289,7 @@ def search_doc(
 def _advice(run_dir: Path, doc: dict[str, Any]) -> dict[str, Any] | None:
     """The sizing advice where the binding limit is met: the KV onset's first probe (the
     cache ran out there), else the lowest failing load's."""
-    from kvwatch.loadgen.rundir import observed_from_run, server_from_run
+    from kvwatch.loadgen.results.rundir import observed_from_run, server_from_run
     from kvwatch.sizing.advice import advise
     from kvwatch.sizing.kvmath import SizingError
 

@@ -13,13 +13,13 @@ from typing import Any
 
 import httpx
 
-from kvwatch.loadgen.arrivals import describe
-from kvwatch.loadgen.records import StallRule
-from kvwatch.loadgen.runner import Progress, run_loop
-from kvwatch.loadgen.schedule import Stage
-from kvwatch.loadgen.server_metrics import TimelineRecorder, server_snapshot
-from kvwatch.loadgen.stall_causes import PreemptionCounter, mark_preempting_stalls
-from kvwatch.loadgen.workload import WorkloadSpec
+from kvwatch.loadgen.results.records import StallRule
+from kvwatch.loadgen.results.server_metrics import TimelineRecorder, server_snapshot
+from kvwatch.loadgen.results.stall_causes import PreemptionCounter, mark_preempting_stalls
+from kvwatch.loadgen.send.runner import Progress, run_loop
+from kvwatch.loadgen.workload.arrivals import describe
+from kvwatch.loadgen.workload.schedule import Stage
+from kvwatch.loadgen.workload.spec import WorkloadSpec
 from kvwatch.sidecar.judge.timeline import COUNTERS, counter_increase
 
 __all__ = ["Measured", "measure", "print_progress", "server_delta", "run_spec"]

@@ -10,9 +10,9 @@ import time
 
 import httpx
 
-from kvwatch.loadgen.client import served_model, stream_completion
-from kvwatch.loadgen.http1 import Http1Pool
-from kvwatch.loadgen.records import RequestRecord
+from kvwatch.loadgen.results.records import RequestRecord
+from kvwatch.loadgen.send.client import served_model, stream_completion
+from kvwatch.loadgen.send.http1 import Http1Pool
 
 __all__ = ["burst_prompts", "rate_for_in_flight", "run_burst"]
 

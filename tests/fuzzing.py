@@ -143,7 +143,7 @@ def trace_text(fmt: str, rng: random.Random) -> str:
 
 def check_trace(path: Path, fmt: str | None, speed: float, scale: float) -> None:
     """Read and planned: a TraceError of one line, or requests every later step can use."""
-    from kvwatch.loadgen.trace import (
+    from kvwatch.loadgen.workload.trace import (
         MAX_TOKENS,
         PRIORITY_RANGE,
         TraceError,
@@ -503,9 +503,9 @@ def sse_response(rng: random.Random) -> bytes:
 def check_streamed_answer(raw: bytes, cuts: list[int], want_ids: bool) -> None:
     """One answer fed to the load generator's parser split anywhere: the record ends with
     figures a run can keep (counts, times) or one error line; never an exception."""
-    from kvwatch.loadgen.client import _StreamRecorder
-    from kvwatch.loadgen.http1 import HttpProtocolError, ResponseParser
-    from kvwatch.loadgen.records import RequestRecord
+    from kvwatch.loadgen.results.records import RequestRecord
+    from kvwatch.loadgen.send.client import _StreamRecorder
+    from kvwatch.loadgen.send.http1 import HttpProtocolError, ResponseParser
 
     rec = RequestRecord("r", 0.0, output_token_ids=[] if want_ids else None)
     sink = _StreamRecorder(rec)
@@ -567,8 +567,8 @@ def check_server_answers(rng: random.Random) -> None:
     and `/version`'s release are what the server said, or None: never an exception."""
     import asyncio
 
-    from kvwatch.loadgen.client import max_model_len, served_model
-    from kvwatch.loadgen.workload import tokenize_corpus
+    from kvwatch.loadgen.send.client import max_model_len, served_model
+    from kvwatch.loadgen.workload.spec import tokenize_corpus
     from kvwatch.sidecar.metrics.scrape import fetch_version
 
     def answer(request: httpx.Request) -> httpx.Response:
@@ -620,7 +620,7 @@ def check_run_dir(rng: random.Random, tmp: Path) -> None:
 
     from kvwatch.advise.calibrate import figures_from_run
     from kvwatch.common.command import CliError
-    from kvwatch.loadgen.rundir import observed_from_run
+    from kvwatch.loadgen.results.rundir import observed_from_run
     from kvwatch.report.run_page import render_report
     from kvwatch.sizing.advice import advise
     from kvwatch.sizing.errors import SizingError

@@ -30,6 +30,8 @@ FLOORS: list[list[str]] = [
     ["kvwatch.fleet"],
     ["kvwatch.advise", "kvwatch.report", "kvwatch.twin"],
     ["kvwatch.loadgen", "kvwatch.alerts", "kvwatch.dashboards"],
+    ["kvwatch.loadgen.send"],
+    ["kvwatch.loadgen.workload", "kvwatch.loadgen.results"],
     ["kvwatch.sidecar"],
     ["kvwatch.sidecar.outputs"],
     ["kvwatch.sidecar.state"],

@@ -41,7 +41,7 @@ def figures_from_run(
     run_dir: Path, batched_tokens: int, max_num_seqs: int
 ) -> tuple[list[Figure], float, list[str]]:
     """The run's stages as figures, the time scale they were divided by, and what was skipped."""
-    from kvwatch.loadgen.rundir import read_run
+    from kvwatch.loadgen.results.rundir import read_run
 
     try:
         files = read_run(run_dir)

@@ -26,7 +26,7 @@ def observed_from_source(ns: argparse.Namespace) -> tuple[list[tuple[str, Observ
     server (`--model` re-plans each engine's KV groups from the model)."""
     server = ServerInfo()  # one server's version, where the source tells it
     if ns.run:
-        from kvwatch.loadgen.rundir import observed_from_run, server_from_run
+        from kvwatch.loadgen.results.rundir import observed_from_run, server_from_run
 
         items = [(str(ns.run), observed_from_run(ns.run))]
         server = server_from_run(ns.run)

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from kvwatch.common.command import EXIT_USAGE, CliError, os_error
-from kvwatch.loadgen.rundir import read_run
-from kvwatch.loadgen.trace import render_replay
-from kvwatch.loadgen.working_set import render_working_set
+from kvwatch.loadgen.results.rundir import read_run
+from kvwatch.loadgen.results.working_set import render_working_set
+from kvwatch.loadgen.workload.trace import render_replay
 from kvwatch.report.parts import CSS, advice_html, model_html
 from kvwatch.report.svgplot import Line, Mark, Span, bar_chart, format_value, line_chart
 from kvwatch.sidecar.contract.levels import Level

@@ -162,7 +162,7 @@ def test_a_lognormal_tail_is_cut_where_lengths_end() -> None:
     """lognormal:100,1000 drew past any float: OverflowError, or a prompt of 10^300 tokens."""
     import random
 
-    from kvwatch.loadgen.lengths import MAX_LENGTH, parse_length
+    from kvwatch.loadgen.workload.lengths import MAX_LENGTH, parse_length
 
     d = parse_length("lognormal:100,1000")
     draws = [d.sample(random.Random(i)) for i in range(50)]
@@ -206,7 +206,7 @@ def test_a_record_parquet_cannot_hold_loses_no_run(
 ) -> None:
     """Before: an int past 64 bits in a record (a priority of 2^64) crashed the Parquet write,
     and summary.json, written after it, was never written: the run was lost."""
-    from kvwatch.loadgen.rundir import read_records, write_run
+    from kvwatch.loadgen.results.rundir import read_records, write_run
 
     recs = [{"ok": False, "priority": 2**64, "error": "HTTP 400"}, {"ok": True, "priority": 1}]
     write_run(tmp_path / "run", {"stages": []}, recs, [], {"overall": {"requests": 2}})

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kvwatch.fleet.workloads import PileSpec, session_pile_trace
-from kvwatch.loadgen.trace import read_trace
+from kvwatch.loadgen.workload.trace import read_trace
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:

@@ -7,7 +7,7 @@ import json
 import time
 from http.server import BaseHTTPRequestHandler
 
-from kvwatch.loadgen.runner import _post_event
+from kvwatch.loadgen.send.runner import _post_event
 from tests.http_server import serving
 
 

@@ -154,7 +154,7 @@ def test_bad_plans_are_refused(kwargs: dict[str, object], why: str) -> None:
 
 def _doc(search: CapacitySearch) -> dict[str, object]:
     from kvwatch.loadgen.cmd_search import search_doc
-    from kvwatch.loadgen.workload import WorkloadSpec
+    from kvwatch.loadgen.workload.spec import WorkloadSpec
 
     meta = [{"name": f"p{i}", **{k: getattr(p, k) for k in ("load", "requests", "attained",
             "preemptions", "duration_s")}} for i, p in enumerate(search.probes)]  # fmt: skip
@@ -228,8 +228,8 @@ def test_refusals_are_one_line(args: list[str], code: int, says: str) -> None:
 
 
 def test_a_probe_is_one_stage_sized_for_its_load() -> None:
-    from kvwatch.loadgen.arrivals import Concurrency, Poisson
     from kvwatch.loadgen.cmd_search import probe_stage
+    from kvwatch.loadgen.workload.arrivals import Concurrency, Poisson
 
     c = probe_stage("concurrency", 8, "p", None, None)
     assert c.pattern == Concurrency(8) and c.count == 32 and c.duration_s is None

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler
 
 import httpx
 
-from kvwatch.loadgen.server_metrics import sidecar_incidents
+from kvwatch.loadgen.results.server_metrics import sidecar_incidents
 from tests.http_server import serving
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from kvwatch.common.command import CliError
-from kvwatch.loadgen.rundir import observed_from_run, server_from_run
+from kvwatch.loadgen.results.rundir import observed_from_run, server_from_run
 from kvwatch.report.run_page import render_report
 from kvwatch.sizing.advice import advise
 from kvwatch.sizing.errors import SizingError

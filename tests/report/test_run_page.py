@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch.loadgen.rundir import write_run
+from kvwatch.loadgen.results.rundir import write_run
 from kvwatch.report.run_page import bucket_delta, counter_rate, render_report, state_spans
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvwatch.loadgen.server_metrics import TimelineRecorder
+from kvwatch.loadgen.results.server_metrics import TimelineRecorder
 from kvwatch.local.server import LocalVLLM
 from tests.burst import run_burst
 from tests.loadgen.test_loadgen_live import run as loadgen_run

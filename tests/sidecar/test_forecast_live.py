@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvwatch.loadgen.server_metrics import TimelineRecorder
+from kvwatch.loadgen.results.server_metrics import TimelineRecorder
 from kvwatch.local.server import LocalVLLM, stop_process
 from tests.burst import rate_for_in_flight
 from tests.receiver import alert_events, receiver

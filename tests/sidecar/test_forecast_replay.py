@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from kvwatch.loadgen.server_metrics import summarize_engines
+from kvwatch.loadgen.results.server_metrics import summarize_engines
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.observe import observe
 from tests.http_server import ExpositionHandler, serving

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch.loadgen.rundir import run_outcome
+from kvwatch.loadgen.results.rundir import run_outcome
 from kvwatch.local.server import LocalVLLM, ServerConfig
 from tests.loadgen.test_loadgen_live import run as loadgen_run
 

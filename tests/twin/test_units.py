@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvwatch.loadgen.cmd_run import in_wall_time
-from kvwatch.loadgen.records import StallRule
+from kvwatch.loadgen.results.records import StallRule
 from kvwatch.sidecar.metrics.twin import read_time_scale
 from kvwatch.sizing.kvmath import lookup_gpu, lookup_model
 from kvwatch.sizing.steptime import ScheduledRequest, StepConstants, StepError, StepModel

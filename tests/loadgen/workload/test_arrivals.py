@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from kvwatch.loadgen.arrivals import Burst, Concurrency, Constant, Gamma, Poisson, Ramp
+from kvwatch.loadgen.workload.arrivals import Burst, Concurrency, Constant, Gamma, Poisson, Ramp
 
 
 def gaps(offsets: list[float]) -> list[float]:
@@ -93,7 +93,7 @@ class TestValidation:
 
 class TestBunches:
     def test_counts_what_is_due_together(self) -> None:
-        from kvwatch.loadgen.runner import _bunched
+        from kvwatch.loadgen.send.runner import _bunched
 
         offs = [0, 0, 0, 0.5, 0.505, 1.0]
         assert list(_bunched(iter(offs), 0.01)) == [
@@ -105,7 +105,7 @@ class TestBunches:
     def test_reads_ahead_only_as_far_as_the_window(self) -> None:
         import itertools
 
-        from kvwatch.loadgen.runner import _bunched
+        from kvwatch.loadgen.send.runner import _bunched
 
         first = next(_bunched(itertools.count(0, 0.004), 0.01))  # an endless schedule
         assert first == (0, 3)

@@ -20,7 +20,15 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvwatch.loadgen.arrivals import Burst, Concurrency, Constant, Gamma, Pattern, Poisson, Ramp
+from kvwatch.loadgen.workload.arrivals import (
+    Burst,
+    Concurrency,
+    Constant,
+    Gamma,
+    Pattern,
+    Poisson,
+    Ramp,
+)
 
 __all__ = ["Stage", "parse_stage", "sweep_stages", "StageSpecError", "ramp_stages"]
 

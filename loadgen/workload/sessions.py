@@ -19,9 +19,9 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from kvwatch.loadgen.lengths import DatasetError, LengthDist, parse_length
-from kvwatch.loadgen.priorities import Classes, draw_priority
-from kvwatch.loadgen.token_blocks import TokenBlocks
+from kvwatch.loadgen.workload.lengths import DatasetError, LengthDist, parse_length
+from kvwatch.loadgen.workload.priorities import Classes, draw_priority
+from kvwatch.loadgen.workload.token_blocks import TokenBlocks
 
 __all__ = ["SessionShape", "Conversation", "Conversations", "parse_think_time"]
 

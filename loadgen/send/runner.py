@@ -22,14 +22,14 @@ from typing import Any
 
 import httpx
 
-from kvwatch.loadgen.arrivals import Concurrency
-from kvwatch.loadgen.client import completion_request, start_completion
-from kvwatch.loadgen.http1 import Http1Pool
-from kvwatch.loadgen.probes import ProbeSpec
-from kvwatch.loadgen.records import RequestRecord
-from kvwatch.loadgen.schedule import Stage
-from kvwatch.loadgen.sessions import Conversation, Conversations
-from kvwatch.loadgen.workload import WorkItem
+from kvwatch.loadgen.results.records import RequestRecord
+from kvwatch.loadgen.send.client import completion_request, start_completion
+from kvwatch.loadgen.send.http1 import Http1Pool
+from kvwatch.loadgen.workload.arrivals import Concurrency
+from kvwatch.loadgen.workload.probes import ProbeSpec
+from kvwatch.loadgen.workload.schedule import Stage
+from kvwatch.loadgen.workload.sessions import Conversation, Conversations
+from kvwatch.loadgen.workload.spec import WorkItem
 
 __all__ = ["RunOptions", "RunResult", "Progress", "Share", "run_stages", "run_loop"]
 

@@ -12,12 +12,12 @@ import sys
 import msgspec
 import pytest
 
-from kvwatch.loadgen.client import _CHUNK, _take_chunk
-from kvwatch.loadgen.lengths import DatasetError
-from kvwatch.loadgen.probes import ProbeSpec
-from kvwatch.loadgen.records import RequestRecord
-from kvwatch.loadgen.summary import render_probes, render_server_timings, summarize_records
-from kvwatch.loadgen.workload import WorkloadSpec
+from kvwatch.loadgen.results.records import RequestRecord
+from kvwatch.loadgen.results.summary import render_probes, render_server_timings, summarize_records
+from kvwatch.loadgen.send.client import _CHUNK, _take_chunk
+from kvwatch.loadgen.workload.lengths import DatasetError
+from kvwatch.loadgen.workload.probes import ProbeSpec
+from kvwatch.loadgen.workload.spec import WorkloadSpec
 
 
 def _usage_chunk(metrics: object) -> bytes:
@@ -145,7 +145,7 @@ def test_decoder_refuses_nothing_for_metrics() -> None:
 def test_the_timeline_thread_hands_the_gil_over_often_while_it_runs() -> None:
     """A /metrics body parsed in the sampler thread must not hold the sender back for the
     interpreter's default 5 ms (docs/loadgen.md, Trace replay: Timing)."""
-    from kvwatch.loadgen.server_metrics import TimelineRecorder
+    from kvwatch.loadgen.results.server_metrics import TimelineRecorder
 
     before = sys.getswitchinterval()
     with TimelineRecorder("http://127.0.0.1:9", period_s=0.05):

@@ -9,12 +9,12 @@ from collections import Counter
 
 import pytest
 
-from kvwatch.loadgen.lengths import DatasetError
-from kvwatch.loadgen.priorities import parse_priorities
-from kvwatch.loadgen.records import RequestRecord
-from kvwatch.loadgen.sessions import Conversations, SessionShape
-from kvwatch.loadgen.summary import render_classes, summarize_records
-from kvwatch.loadgen.workload import WorkItem, WorkloadSpec
+from kvwatch.loadgen.results.records import RequestRecord
+from kvwatch.loadgen.results.summary import render_classes, summarize_records
+from kvwatch.loadgen.workload.lengths import DatasetError
+from kvwatch.loadgen.workload.priorities import parse_priorities
+from kvwatch.loadgen.workload.sessions import Conversations, SessionShape
+from kvwatch.loadgen.workload.spec import WorkItem, WorkloadSpec
 
 _RNG = random.Random(9)
 TOKENS = tuple(_RNG.randrange(2, 9000) for _ in range(3000))
@@ -50,7 +50,7 @@ def test_classes_are_drawn_apart_from_the_prompts() -> None:
 
 
 def test_a_class_a_trace_row_carries_is_kept() -> None:
-    from kvwatch.loadgen.workload import _with_priorities
+    from kvwatch.loadgen.workload.spec import _with_priorities
 
     items = iter([WorkItem("", 1, priority=7), WorkItem("", 1)])
     got = list(_with_priorities(items, ((0, 1.0),), 0))

@@ -12,10 +12,10 @@ import multiprocessing as mp
 import time
 from typing import Any
 
-from kvwatch.loadgen.records import StallRule
-from kvwatch.loadgen.runner import RunOptions, Share, run_loop, run_stages
-from kvwatch.loadgen.schedule import Stage
-from kvwatch.loadgen.workload import WorkloadSpec
+from kvwatch.loadgen.results.records import StallRule
+from kvwatch.loadgen.send.runner import RunOptions, Share, run_loop, run_stages
+from kvwatch.loadgen.workload.schedule import Stage
+from kvwatch.loadgen.workload.spec import WorkloadSpec
 
 __all__ = ["run_in_workers"]
 

@@ -21,12 +21,12 @@ from typing import Any
 
 import httpx
 
-from kvwatch.loadgen.lengths import DatasetError, LengthDist, parse_length
-from kvwatch.loadgen.priorities import Classes, draw_priority
-from kvwatch.loadgen.probes import PROBE_SEED_OFFSET, ProbeSpec
-from kvwatch.loadgen.sessions import Conversations, SessionShape
-from kvwatch.loadgen.trace import TraceReplay
-from kvwatch.loadgen.trace_prompts import trace_prompts
+from kvwatch.loadgen.workload.lengths import DatasetError, LengthDist, parse_length
+from kvwatch.loadgen.workload.priorities import Classes, draw_priority
+from kvwatch.loadgen.workload.probes import PROBE_SEED_OFFSET, ProbeSpec
+from kvwatch.loadgen.workload.sessions import Conversations, SessionShape
+from kvwatch.loadgen.workload.trace import TraceReplay
+from kvwatch.loadgen.workload.trace_prompts import trace_prompts
 
 __all__ = [
     "LengthDist",

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvwatch.loadgen.records import RequestRecord, StallRule
-from kvwatch.loadgen.summary import (
+from kvwatch.loadgen.results.records import RequestRecord, StallRule
+from kvwatch.loadgen.results.summary import (
     SloError,
     parse_slo,
     render_table,

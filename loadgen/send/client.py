@@ -2,7 +2,7 @@
 
 Errors (refused connections, HTTP errors, a stream cut mid-way, malformed SSE) become fields of
 the record, so a run with failures still yields a full set of records. Requests go through the
-lean HTTP/1.1 pool (`loadgen.http1`); the one-off `/v1/models` lookup uses httpx.
+lean HTTP/1.1 pool (`send/http1.py`); the one-off `/v1/models` lookup uses httpx.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import httpx
 import msgspec
 
 from kvwatch.common.command import one_line
-from kvwatch.loadgen.http1 import Http1Pool
-from kvwatch.loadgen.records import RequestRecord
+from kvwatch.loadgen.results.records import RequestRecord
+from kvwatch.loadgen.send.http1 import Http1Pool
 
 __all__ = [
     "completion_request", "start_completion", "stream_completion", "served_model", "max_model_len",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvwatch.loadgen.stall_causes import PreemptionCounter, mark_preempting_stalls
+from kvwatch.loadgen.results.stall_causes import PreemptionCounter, mark_preempting_stalls
 
 # the counter, sampled once a second from unix time 1000: flat, then it rises at 1003-1004
 COUNTER = PreemptionCounter([(1000.0 + i, v) for i, v in enumerate([5, 5, 5, 5, 7, 7, 7, 7])])

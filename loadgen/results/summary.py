@@ -117,7 +117,7 @@ def _server_timings(ok: pd.DataFrame) -> dict[str, Any]:
 
 
 def _preempting(ok: pd.DataFrame) -> int | None:
-    """Stalls while the server preempted (loadgen/stall_causes.py); None unless every stall
+    """Stalls while the server preempted (loadgen/results/stall_causes.py); None unless every stall
     was judged."""
     if "stalls_preempting" not in ok:
         return None

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch.loadgen.client import stream_completion
-from kvwatch.loadgen.http1 import Http1Pool
-from kvwatch.loadgen.records import RequestRecord
+from kvwatch.loadgen.results.records import RequestRecord
+from kvwatch.loadgen.send.client import stream_completion
+from kvwatch.loadgen.send.http1 import Http1Pool
 from tests.loadgen.fake_openai import fake_openai
 from tests.sidecar.fakes import raw_http_server
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvwatch.loadgen.arrivals import Burst, Concurrency, Gamma, Poisson, Ramp
-from kvwatch.loadgen.schedule import Stage, StageSpecError, parse_stage, sweep_stages
+from kvwatch.loadgen.workload.arrivals import Burst, Concurrency, Gamma, Poisson, Ramp
+from kvwatch.loadgen.workload.schedule import Stage, StageSpecError, parse_stage, sweep_stages
 
 
 class TestParseStage:

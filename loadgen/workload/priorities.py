@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 
-from kvwatch.loadgen.lengths import DatasetError
+from kvwatch.loadgen.workload.lengths import DatasetError
 
 __all__ = ["Classes", "parse_priorities", "draw_priority"]
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvwatch.loadgen.run_schema import (
+from kvwatch.loadgen.results.run_schema import (
     EVENT,
     RECORD,
     SPEC,

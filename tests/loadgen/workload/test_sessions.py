@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from kvwatch.loadgen.client import _CHUNK, _take_chunk
-from kvwatch.loadgen.lengths import DatasetError
-from kvwatch.loadgen.records import RequestRecord
-from kvwatch.loadgen.sessions import Conversations, SessionShape, parse_think_time
-from kvwatch.loadgen.summary import render_turns, summarize_records
-from kvwatch.loadgen.token_blocks import TokenBlocks
+from kvwatch.loadgen.results.records import RequestRecord
+from kvwatch.loadgen.results.summary import render_turns, summarize_records
+from kvwatch.loadgen.send.client import _CHUNK, _take_chunk
+from kvwatch.loadgen.workload.lengths import DatasetError
+from kvwatch.loadgen.workload.sessions import Conversations, SessionShape, parse_think_time
+from kvwatch.loadgen.workload.token_blocks import TokenBlocks
 
 _RNG = random.Random(5)
 TOKENS = tuple(_RNG.randrange(2, 9000) for _ in range(6000))
@@ -136,7 +136,7 @@ class TestWorkingSet:
                 "prompt_tokens": prompt, "output_tokens": out}  # fmt: skip
 
     def test_the_peak_of_the_live_contexts(self) -> None:
-        from kvwatch.loadgen.working_set import session_working_set
+        from kvwatch.loadgen.results.working_set import session_working_set
 
         recs = [
             self._turn("a", 0.0, 1.0, 100, 17), self._turn("a", 3.0, 4.0, 150, 17),
@@ -152,7 +152,7 @@ class TestWorkingSet:
         assert ws.advised_blocks == 19  # 16 x 1.1 -> 18, and the null block
 
     def test_a_fanned_out_turn_holds_the_context_once(self) -> None:
-        from kvwatch.loadgen.working_set import session_working_set
+        from kvwatch.loadgen.results.working_set import session_working_set
 
         recs = [self._turn("a", 0.0, 1.0, 100, 1)] + [
             self._turn("a", 2.0, 3.0, 110, 5)
@@ -164,7 +164,7 @@ class TestWorkingSet:
     def test_fanned_out_calls_are_one_turn_though_sent_microseconds_apart(self) -> None:
         """Before: grouped by exact send time, each call counted as a turn of its own (at
         fanout 4, 60 blocks advised where 80 were needed)."""
-        from kvwatch.loadgen.working_set import session_working_set
+        from kvwatch.loadgen.results.working_set import session_working_set
 
         recs = [{**self._turn("a", 0.0, 1.0, 100, 1), "turn": 0}] + [
             {**self._turn("a", 2.0 + k * 1e-5, 3.0, 110, 5), "turn": 1} for k in range(3)
@@ -173,14 +173,14 @@ class TestWorkingSet:
         assert ws is not None and ws.peak_tokens == 3 * 114 - 2 * 100
 
     def test_a_shared_system_prompt_is_held_once(self) -> None:
-        from kvwatch.loadgen.working_set import session_working_set
+        from kvwatch.loadgen.results.working_set import session_working_set
 
         recs = [self._turn(s, 0.0, 1.0, 96, 1) for s in "abc"]
         ws = session_working_set(recs, block_size=16, shared_tokens=32)
         assert ws is not None and ws.peak_blocks == 3 * 6 - 2 * 2
 
     def test_the_advice_says_the_bytes_that_hold_it(self) -> None:
-        from kvwatch.loadgen.working_set import (
+        from kvwatch.loadgen.results.working_set import (
             render_working_set,
             session_working_set,
             working_set_advice,
@@ -201,9 +201,9 @@ def test_worker_processes_number_their_sessions_apart(monkeypatch: pytest.Monkey
     cap on sessions shared out, as the one-process run would open them."""
     import asyncio
 
-    from kvwatch.loadgen import runner
-    from kvwatch.loadgen.arrivals import Concurrency
-    from kvwatch.loadgen.schedule import Stage
+    from kvwatch.loadgen.send import runner
+    from kvwatch.loadgen.workload.arrivals import Concurrency
+    from kvwatch.loadgen.workload.schedule import Stage
 
     opened: list[int] = []
 

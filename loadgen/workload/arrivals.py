@@ -12,7 +12,7 @@ their next request when the previous one ends.
 | gamma | rate, burstiness | gamma(shape=burstiness, mean 1/rate); 1 = Poisson, < 1 burstier |
 | ramp | start, end (rates), poisson (0/1) | the rate grows linearly; sends spaced by its integral |
 | burst | size, every (seconds) | `size` at once, every `every` seconds (traffic spikes) |
-| replay | a trace's send times | as recorded (`--trace`: loadgen/trace.py) |
+| replay | a trace's send times | as recorded (`--trace`: loadgen/workload/trace.py) |
 | concurrency | n | closed loop, n in flight |
 """
 

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvwatch.loadgen.client import stream_completion
-from kvwatch.loadgen.http1 import Http1Pool, HttpProtocolError, ResponseParser, Target
-from kvwatch.loadgen.records import RequestRecord
+from kvwatch.loadgen.results.records import RequestRecord
+from kvwatch.loadgen.send.client import stream_completion
+from kvwatch.loadgen.send.http1 import Http1Pool, HttpProtocolError, ResponseParser, Target
 
 
 class _Sink:
@@ -328,7 +328,7 @@ def test_tls_target_verified(tmp_path: Path) -> None:
     ],
 )
 def test_odd_sse_data_is_a_record_error(data: bytes, why: str) -> None:
-    from kvwatch.loadgen.client import _StreamRecorder
+    from kvwatch.loadgen.send.client import _StreamRecorder
 
     rec = RequestRecord("r", 0.0)
     sink = _StreamRecorder(rec)
@@ -341,7 +341,7 @@ def test_odd_sse_data_is_a_record_error(data: bytes, why: str) -> None:
 def test_which_sse_chunks_are_tokens() -> None:
     """What counts as a token, read by the typed chunk decoder: text "" is one (a token that
     ends mid-way through a UTF-8 character), null is none; chat's role-only delta is none."""
-    from kvwatch.loadgen.client import _StreamRecorder
+    from kvwatch.loadgen.send.client import _StreamRecorder
 
     rec = RequestRecord("r", 0.0)
     sink = _StreamRecorder(rec)

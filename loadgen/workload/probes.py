@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvwatch.loadgen.lengths import DatasetError
+from kvwatch.loadgen.workload.lengths import DatasetError
 
 __all__ = ["ProbeSpec", "PROBE_SEED_OFFSET"]
 

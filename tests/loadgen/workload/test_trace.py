@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch.loadgen.arrivals import Replay, describe
-from kvwatch.loadgen.trace import (
+from kvwatch.loadgen.workload.arrivals import Replay, describe
+from kvwatch.loadgen.workload.trace import (
     TraceError,
     TraceRequest,
     implied_hit_rate,
     plan_replay,
     read_trace,
 )
-from kvwatch.loadgen.trace_prompts import trace_prompts
+from kvwatch.loadgen.workload.trace_prompts import trace_prompts
 
 TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
 MOONCAKE = TRACES / "mooncake-conversation-first120.jsonl"
@@ -172,7 +172,7 @@ class TestPlan:
 
 
 def _plan(*reqs: TraceRequest, block: int = 512):  # type: ignore[no-untyped-def]
-    from kvwatch.loadgen.trace import Trace
+    from kvwatch.loadgen.workload.trace import Trace
 
     return plan_replay(Trace(Path("t"), "kvwatch", tuple(reqs), block))
 
@@ -267,7 +267,7 @@ class TestCommandLine:
 
 def test_naive_and_zoned_azure_times_are_a_counted_skip(tmp_path: Path) -> None:
     """Before: TypeError (naive minus aware) and a traceback."""
-    from kvwatch.loadgen.trace import read_trace
+    from kvwatch.loadgen.workload.trace import read_trace
 
     p = tmp_path / "t.csv"
     p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,10,5\n"
@@ -290,7 +290,7 @@ def test_numbers_past_what_a_request_can_carry_are_a_counted_skip(
 ) -> None:
     """Before: OverflowError for the timestamp and the lengths' scaling; a priority past 64 bits
     got every request a 400 from vLLM, then the run was lost."""
-    from kvwatch.loadgen.trace import read_trace
+    from kvwatch.loadgen.workload.trace import read_trace
 
     p = tmp_path / "t.jsonl"
     good = ({"timestamp": 0, "input_length": 5, "output_length": 5} if "timestamp" in record
@@ -303,9 +303,9 @@ def test_numbers_past_what_a_request_can_carry_are_a_counted_skip(
 def test_a_traces_priorities_are_sent_and_priorities_fill_only_the_rest(tmp_path: Path) -> None:
     """Before: the replay's items carried no priority, so the rows' were never sent and
     --priorities gave every request a drawn one (docs/loadgen.md promises the row's is kept)."""
-    from kvwatch.loadgen.priorities import parse_priorities
-    from kvwatch.loadgen.trace import TraceReplay
-    from kvwatch.loadgen.workload import WorkloadSpec
+    from kvwatch.loadgen.workload.priorities import parse_priorities
+    from kvwatch.loadgen.workload.spec import WorkloadSpec
+    from kvwatch.loadgen.workload.trace import TraceReplay
 
     f = _jsonl(tmp_path / "t.jsonl", [
         {"t": i * 0.1, "input_tokens": 20, "output_tokens": 2,
@@ -323,7 +323,7 @@ def test_a_run_reads_its_trace_once(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     """A run plans its replay twice (checked before the server is asked, then fitted to the
     server's context): a 100 MB trace was parsed and held twice (9.0 s and 1.08 GB; once:
     5.6 s, 654 MB). Changed on disk, it is read again."""
-    import kvwatch.loadgen.trace as trace_mod
+    import kvwatch.loadgen.workload.trace as trace_mod
 
     f = _jsonl(tmp_path / "t.jsonl", [{"t": 0, "input_tokens": 9, "output_tokens": 2}])
     reads = []
@@ -341,7 +341,7 @@ def test_a_window_reads_only_its_rows_and_counts_the_rest(tmp_path: Path) -> Non
     """A short --trace-window of a big trace parses only its own rows (100 MB: 5.5 s and 667
     MB before, 1.1 s and 43 MB now, bench/bench_trace_read.py); the rest are counted, and a
     row whose time cannot be read without parsing it is parsed."""
-    from kvwatch.loadgen.trace import TraceReplay, replay_report
+    from kvwatch.loadgen.workload.trace import TraceReplay, replay_report
 
     f = tmp_path / "t.jsonl"
     rows = [json.dumps({"timestamp": ms, "input_length": 600, "output_length": 5})

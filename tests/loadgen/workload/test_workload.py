@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch.loadgen.workload import (
+from kvwatch.loadgen.workload.spec import (
     DatasetError,
     LengthDist,
     load_dataset,
@@ -117,7 +117,7 @@ class TestDatasets:
 def test_lengths_that_are_not_finite_are_refused(spec: str) -> None:
     """`--input-len nan` became a length of 1, `inf` a traceback and `--think-time inf` a run
     that never ended."""
-    from kvwatch.loadgen.lengths import DatasetError, parse_length
+    from kvwatch.loadgen.workload.lengths import DatasetError, parse_length
 
     with pytest.raises(DatasetError):
         parse_length(spec)

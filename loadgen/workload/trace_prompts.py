@@ -1,17 +1,17 @@
 """Token-exact prompts for a trace replay, sharing exactly the prefixes the trace's `hash_ids` say.
 
-Block `h` of the trace is numbered block `h` (loadgen/token_blocks.py) wherever it appears, so two
-different ids never start alike and a prompt's first block decides whether it shares anything. A
-prompt is its blocks in order, cut to its length; tokens past the last id are the request's own
-(a block numbered from the request's position, above every trace id).
+Block `h` of the trace is numbered block `h` (loadgen/workload/token_blocks.py) wherever it
+appears, so two different ids never start alike and a prompt's first block decides whether it
+shares anything. A prompt is its blocks in order, cut to its length; tokens past the last id are
+the request's own (a block numbered from the request's position, above every trace id).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from kvwatch.loadgen.token_blocks import TokenBlocks
-from kvwatch.loadgen.trace import ReplayPlan, TraceError
+from kvwatch.loadgen.workload.token_blocks import TokenBlocks
+from kvwatch.loadgen.workload.trace import ReplayPlan, TraceError
 
 __all__ = ["trace_prompts"]
 
