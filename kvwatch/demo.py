@@ -213,7 +213,7 @@ def _print_summary(
     from kvwatch.loadgen.results.rundir import observed_from_run, server_from_run
     from kvwatch.loadgen.results.summary import render_table
     from kvwatch.sizing.advice import advise
-    from kvwatch.sizing.kvmath import SizingError
+    from kvwatch.sizing.errors import SizingError
 
     full = json.loads((run_dir / "summary.json").read_text())
     summary = full["overall"]

@@ -291,7 +291,7 @@ def _advice(run_dir: Path, doc: dict[str, Any]) -> dict[str, Any] | None:
     cache ran out there), else the lowest failing load's."""
     from kvwatch.loadgen.results.rundir import observed_from_run, server_from_run
     from kvwatch.sizing.advice import advise
-    from kvwatch.sizing.kvmath import SizingError
+    from kvwatch.sizing.errors import SizingError
 
     res = doc["result"]
     at = res["kv_onset"] or res["min_fail"]

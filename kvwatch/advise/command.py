@@ -10,8 +10,9 @@ from typing import Any
 from kvwatch.advise.sources import observed_from_source
 from kvwatch.common.command import EXIT_FOUND, CliError
 from kvwatch.sizing.advice import Advice, Observed, advise
+from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.fleet import FleetAdvice, advise_fleet
-from kvwatch.sizing.kvmath import SizingError, lookup_gpu
+from kvwatch.sizing.kvmath import lookup_gpu
 from kvwatch.sizing.levers import ServerInfo
 
 __all__ = ["run_advise"]

@@ -33,7 +33,7 @@ from kvwatch.sidecar.contract.vocabulary import (
 from kvwatch.sidecar.judge.signals import cached_share
 from kvwatch.sidecar.metrics.observe import per_first_engine
 from kvwatch.sizing.advice import Observed
-from kvwatch.sizing.kvmath import SizingError
+from kvwatch.sizing.errors import SizingError
 
 __all__ = [
     "observed_from_prometheus", "prometheus_query", "prometheus_range", "values_by",

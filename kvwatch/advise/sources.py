@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from kvwatch.common.command import EXIT_UNREACHABLE, CliError
 from kvwatch.sidecar.state.views import EngineView, engines_from_json, servers_from_json
 from kvwatch.sizing.advice import Observed, kv_bytes_per_token_from, several_groups_note
-from kvwatch.sizing.kvmath import LayerSource, SizingError
+from kvwatch.sizing.errors import SizingError
+from kvwatch.sizing.kvmath import LayerSource
 from kvwatch.sizing.levers import ServerInfo
 
 SIDECAR_DEADLINE_S = 10.0  # for the whole of /api/state, not each read of it

@@ -36,7 +36,7 @@ def model_html(model: object) -> str:
 def advice_html(run_dir: Path) -> tuple[str, str | None]:
     from kvwatch.loadgen.results.rundir import observed_from_run, server_from_run
     from kvwatch.sizing.advice import advise
-    from kvwatch.sizing.kvmath import SizingError
+    from kvwatch.sizing.errors import SizingError
 
     try:
         obs = observed_from_run(run_dir)

@@ -14,7 +14,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kvwatch.sizing.kvmath import Gpu, SizingError, blocks_for
+from kvwatch.sizing.errors import SizingError
+from kvwatch.sizing.kvmath import Gpu, blocks_for
 from kvwatch.sizing.kvplan import PLATFORMS, KvLayout
 from kvwatch.sizing.levers import ServerInfo, Version, has_flag
 from kvwatch.sizing.presets import LINK_BYTES_PER_S

@@ -34,7 +34,6 @@ LAYER_SOURCES: tuple[str, ...] = ("auto", "vllm", "kvwatch")
 
 __all__ = [
     "Gpu",
-    "SizingError",
     "VictimCosts",
     "LAYER_SOURCES",
     "LayerSource",

@@ -33,7 +33,7 @@ from kvwatch.loadgen.results.run_schema import (
 )
 from kvwatch.sidecar.judge.signals import cached_share
 from kvwatch.sizing.advice import Observed, kv_bytes_per_token_from, several_groups_note
-from kvwatch.sizing.kvmath import SizingError
+from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.levers import ServerInfo, valid_version
 
 __all__ = [

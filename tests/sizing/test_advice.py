@@ -7,7 +7,8 @@ from kvwatch.sidecar.judge.pipeline import EngineJudge
 from kvwatch.sidecar.metrics.observe import CacheConfig
 from kvwatch.sizing.advice import Observed, advise, several_groups_note
 from kvwatch.sizing.archconfig import architecture_from_config
-from kvwatch.sizing.kvmath import SizingError, lookup_gpu, lookup_model
+from kvwatch.sizing.errors import SizingError
+from kvwatch.sizing.kvmath import lookup_gpu, lookup_model
 from kvwatch.sizing.kvplan import KvLayout, layout_for_engine
 
 

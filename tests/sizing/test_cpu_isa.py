@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from kvwatch.sizing.archconfig import Architecture, architecture_from_config, read_config
-from kvwatch.sizing.kvmath import SizingError, lookup_gpu
+from kvwatch.sizing.errors import SizingError
+from kvwatch.sizing.kvmath import lookup_gpu
 from kvwatch.sizing.kvplan import PLATFORMS, Serving, cpu_platform, layout_for_engine, plan
 
 ARCH = Path(__file__).parents[1] / "data" / "architectures"

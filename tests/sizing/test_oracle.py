@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from kvwatch.sizing.archconfig import architecture_from_config, read_config
-from kvwatch.sizing.kvmath import SizingError
+from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvplan import (
     PLATFORMS,
     KvPlan,
