@@ -26,6 +26,8 @@ __all__ = ["main", "build_parser", "COMMAND_MODULES"]
 # Each module has `register(subparsers)`; the order is the order `--help` lists them in.
 COMMAND_MODULES = (
     "kvwatch.commands",
+    "kvwatch.advise.command",
+    "kvwatch.report.command",
     "kvwatch.alerts.cli",
     "kvwatch.dashboards.cli",
     "kvwatch.sidecar.cli",

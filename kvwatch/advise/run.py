@@ -1,0 +1,107 @@
+"""`kvwatch advise`: sizing advice from a run directory, a live sidecar, a vLLM /metrics URL,
+or figures alone (what-if). Exit 0 when the load fits, 1 when the cache is undersized."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from kvwatch.advise.sources import observed_from_source
+from kvwatch.common.command import EXIT_FOUND, CliError
+from kvwatch.sizing.advice import Advice, Observed, advise
+from kvwatch.sizing.errors import SizingError
+from kvwatch.sizing.fleet import FleetAdvice, advise_fleet
+from kvwatch.sizing.kvmath import lookup_gpu
+from kvwatch.sizing.levers import ServerInfo
+
+__all__ = ["run_advise"]
+
+
+def _render(name: str, obs: Observed, adv: Advice) -> str:
+    lines = [f"{name}: {adv.verdict}", f"  advised for {adv.advised_for}"]
+    if obs.preemptions:
+        lines.append(f"  preemptions observed: {obs.preemptions:,.0f}")
+    lines += ["  arithmetic:"] + [f"    {x}" for x in adv.arithmetic]
+    if adv.recommended:
+        lines.append(f"  recommended: {adv.recommended}")
+    if adv.options:
+        lines += ["  change one of:"] + [f"    {x}" for x in adv.options]
+    lines += ["  assumptions:"] + [f"    {x}" for x in adv.assumptions]
+    return "\n".join(lines)
+
+
+def _run_what_if(ns: argparse.Namespace) -> int:
+    from kvwatch.advise.whatif import render_what_if, what_if
+
+    a = what_if(ns)
+    server = ServerInfo(version=ns.vllm_version)
+    adv = None if a.observed is None else advise(a.observed, ns.margin, a.gpu, server)
+    if ns.json:
+        item: dict[str, Any] = {"name": a.name, "what_if": a.to_dict()}
+        if a.observed is not None and adv is not None:
+            item |= {"observed": _observed_dict(a.observed), "advice": adv.to_dict()}
+        print(json.dumps([item], indent=2, default=str))
+    else:
+        lines = [f"{a.name}:", *render_what_if(a)]
+        if a.observed is not None and adv is not None:
+            lines += [
+                "",
+                _render(f"{a.name}, {a.observed.peak_demand:g} requests", a.observed, adv),
+            ]
+        print("\n".join(lines))
+    return EXIT_FOUND if adv is not None and adv.options else 0
+
+
+def _observed_dict(o: Observed) -> dict[str, Any]:
+    d = {k: v for k, v in o.__dict__.items() if k != "layout"}
+    d["layout"] = None if o.layout is None else [g.kind for g in o.layout.groups]
+    return d
+
+
+def run_advise(ns: argparse.Namespace) -> int:
+    try:
+        if ns.what_if:
+            return _run_what_if(ns)
+        gpu = lookup_gpu(ns.gpu) if ns.gpu else None
+        items, server = observed_from_source(ns)
+        results = [(name, obs, advise(obs, ns.margin, gpu, server)) for name, obs in items]
+        fleets = _fleets(ns)
+    except SizingError as e:
+        raise CliError(str(e)) from None
+    if ns.json:
+        out = [
+            {"name": n, "observed": _observed_dict(o), "advice": a.to_dict()} for n, o, a in results
+        ]
+        out += [{"name": f"fleet {f.model}", "fleet": f.to_dict()} for f in fleets]
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        print("\n\n".join([_render(n, o, a) for n, o, a in results] + _render_fleets(fleets)))
+    found = any(a.options for _, _, a in results) or any(f.options for f in fleets)
+    return EXIT_FOUND if found else 0
+
+
+def _fleets(ns: argparse.Namespace) -> list[FleetAdvice]:
+    """With --prometheus: advice per model served by two or more engines (the fleet rules'
+    recordings; none without them)."""
+    if not getattr(ns, "prometheus", None):
+        return []
+    from kvwatch.advise.fleet_source import fleets_from_prometheus
+    from kvwatch.sidecar.contract.thresholds import DEFAULT_THRESHOLDS
+
+    pressure = DEFAULT_THRESHOLDS.pressure_kv
+    fleets = fleets_from_prometheus(ns.prometheus, ns.window, ns.step)
+    return [advise_fleet(f, pressure) for f in fleets]
+
+
+def _render_fleets(fleets: list[FleetAdvice]) -> list[str]:
+    out = []
+    for f in fleets:
+        lines = [f"fleet {f.model} ({f.replicas_now} engines): {f.verdict}", "  arithmetic:"]
+        lines += [f"    {x}" for x in f.arithmetic]
+        if f.options:
+            lines += ["  change:"] + [f"    {x}" for x in f.options]
+        if f.evidence:
+            lines += ["  per engine:"] + [f"    {x}" for x in f.evidence]
+        out.append("\n".join(lines))
+    return out
