@@ -90,6 +90,7 @@ def prove(
     reruns: dict[str, tuple[int, int, int]],
     output: int,
     sources: tuple[str, ...] = ("run",),
+    server_truth: bool = True,
 ) -> dict[str, Any]:
     """Calibrate on one load, rerun the others, compare; what the bench and the test share.
     Each of `sources` calibrates from the same loads: "run" from their run directories,
@@ -97,8 +98,9 @@ def prove(
     ended by Ctrl-C), "sidecar" from a sidecar that scraped it every half second meanwhile
     (`calibrate --sidecar`), "prometheus" from a real Prometheus that scraped it every
     second (`calibrate --prometheus --window`). Per source: its calibration and its
-    predictions of the reruns (as the client measured them, and where a sidecar ran, as the
-    server's counters did); the first source's are also at the top level."""
+    predictions of the reruns (as the client measured them, and where a sidecar ran and
+    `server_truth`, as the server's counters did; without it the reruns run after every
+    watcher has stopped); the first source's are also at the top level."""
     flags = ("--model", model, "--gpu", gpu)
     spec = lookup_gpu(gpu)
     with ExitStack() as stack:
@@ -149,24 +151,10 @@ def prove(
             print(f"from {source}:\n{p.stdout}")
             cals[source] = read_calibration(work / f"calibration-{source}.json")
         measured: list[tuple[str, Figure]] = []
-        rerun_began = time.monotonic()
-        for name, (streams, prompt, requests) in reruns.items():
-            d = work / name.replace(" ", "-").replace(",", "")
-            _load(url, d, "--concurrency", str(streams), "--requests", str(requests),
-                  "--input-len", str(prompt), "--output-len", str(output))  # fmt: skip
-            figures, _, _ = figures_from_run(d, spec.batched_tokens, 256)
-            # the proof is TPOT and tokens/s; TTFT is in the calibration's own fit
-            measured += [(name, f) for f in figures if f.metric != "ttft_s"]
-        if sidecar is not None:
-            # the server's own figures of the reruns, as the sidecar read them: what a client
-            # measures includes the API server's and its own time, which the engine's
-            # counters do not (on two cores, a share that grows with the streams)
-            time.sleep(SLICE_S + 0.5)
-            per_engine, _, _ = from_sidecar(sidecar, SLICE_S)
-            for slices in per_engine.values():
-                since = [x for x in slices if x.start >= rerun_began]  # one monotonic clock
-                got, _ = figures_from_slices(since, spec.batched_tokens, 256)
-                measured += [(f"server: {f.label}", f) for f in got]
+        if server_truth and sidecar is not None:
+            measured = _reruns(url, work, reruns, output, spec.batched_tokens, sidecar)
+    if not measured:  # the watchers are stopped: the reruns have the two cores to themselves
+        measured = _reruns(url, work, reruns, output, spec.batched_tokens, None)
     by_source = {}
     for source, cal in cals.items():
         steps = StepModel(resolve_model(model), spec, constants=cal.step_constants())
@@ -185,6 +173,38 @@ def prove(
                   f"{pred:.4g} ({pred / f.value - 1:+.1%})")  # fmt: skip
         by_source[source] = {"calibration": cal.to_dict(), "reruns": rows}
     return {**by_source[sources[0]], "by_source": by_source}
+
+
+def _reruns(
+    url: str,
+    work: Path,
+    reruns: dict[str, tuple[int, int, int]],
+    output: int,
+    batched: int,
+    sidecar: str | None,
+) -> list[tuple[str, Figure]]:
+    """The loads the calibration never saw, as the client measured them (steady state) and,
+    with a sidecar, as the server's counters did."""
+    measured: list[tuple[str, Figure]] = []
+    began = time.monotonic()
+    for name, (streams, prompt, requests) in reruns.items():
+        d = work / name.replace(" ", "-").replace(",", "")
+        _load(url, d, "--concurrency", str(streams), "--requests", str(requests),
+              "--input-len", str(prompt), "--output-len", str(output))  # fmt: skip
+        figures, _, _ = figures_from_run(d, batched, 256)
+        # the proof is TPOT and tokens/s; TTFT is in the calibration's own fit
+        measured += [(name, f) for f in figures if f.metric != "ttft_s"]
+    if sidecar is not None:
+        # the server's own figures of the reruns, as the sidecar read them: what a client
+        # measures includes the API server's and its own time, which the engine's counters do
+        # not (on two cores, a share that grows with the streams)
+        time.sleep(SLICE_S + 0.5)
+        per_engine, _, _ = from_sidecar(sidecar, SLICE_S)
+        for slices in per_engine.values():
+            since = [x for x in slices if x.start >= began]  # one monotonic clock
+            got, _ = figures_from_slices(since, batched, 256)
+            measured += [(f"server: {f.label}", f) for f in got]
+    return measured
 
 
 def _watch(url: str, flags: tuple[str, ...], *out: str) -> subprocess.Popen[str]:
