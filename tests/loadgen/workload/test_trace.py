@@ -21,7 +21,7 @@ from kvwatch.loadgen.workload.trace import (
 )
 from kvwatch.loadgen.workload.trace_prompts import trace_prompts
 
-TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
+TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"
 MOONCAKE = TRACES / "mooncake-conversation-first120.jsonl"
 AZURE = TRACES / "azure-llm-conv-2023-first120.csv"
 _RNG = random.Random(3)
