@@ -1,7 +1,7 @@
 """What to send: each request's prompt and lengths (synthetic, a dataset, a trace, a
 session's turns), its priority, when it is sent (arrivals, the stages of a run), the probes.
-Pure but for reading a trace or dataset file and asking the server to tokenize; imports the
-results room's neighbours never (one floor).
+Pure but for reading a trace or dataset file and asking the server to tokenize. It shares its
+floor with `results` and imports no other loadgen room.
 """
 
 from __future__ import annotations
