@@ -337,15 +337,7 @@ def check_sidecar_readings(rng: random.Random) -> None:
     doc = json.loads(json.dumps(_READINGS_DOC[0]))
     places = _places(doc)
     places += [("engines", 0, "readings", rng.randrange(40), rng.randrange(11)) for _ in range(9)]
-    for _ in range(rng.randint(1, 3)):
-        at = rng.choice(places)
-        node = doc
-        try:
-            for k in at[:-1]:
-                node = node[k]
-            node[at[-1]] = rng.choice(_STATE_WRONG)
-        except (KeyError, IndexError, TypeError):
-            continue  # a container above it was replaced already
+    _spoil(doc, places, rng, rng.randint(1, 3))
     try:
         per_engine, scales = readings_from_json(doc)
     except ReadingsError as e:
@@ -381,6 +373,19 @@ def _state_doc() -> Any:
 _STATE_DOC: list[Any] = []
 
 
+def _spoil(doc: Any, places: list[tuple[Any, ...]], rng: random.Random, times: int) -> None:
+    """Give `times` of the document's places (paths of keys and indices) a wrong value each."""
+    for _ in range(times):
+        at = rng.choice(places)
+        node = doc
+        try:
+            for k in at[:-1]:
+                node = node[k]
+            node[at[-1]] = rng.choice(_STATE_WRONG)
+        except (KeyError, IndexError, TypeError):
+            continue  # a container above it was replaced already
+
+
 def _places(doc: Any, at: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     out = [at] if at else []
     if isinstance(doc, dict):
@@ -404,15 +409,7 @@ def check_sidecar_state(rng: random.Random) -> None:
         _STATE_DOC.append(_state_doc())
     doc = json.loads(json.dumps(_STATE_DOC[0]))
     places = _places(doc)
-    for _ in range(rng.randint(1, 3)):
-        at = rng.choice(places)
-        node = doc
-        try:
-            for k in at[:-1]:
-                node = node[k]
-            node[at[-1]] = rng.choice(_STATE_WRONG)
-        except (KeyError, IndexError, TypeError):
-            continue  # a container above it was replaced already
+    _spoil(doc, places, rng, rng.randint(1, 3))
     try:
         engines = engines_from_json(doc)
         servers = servers_from_json(doc)
@@ -638,14 +635,7 @@ def check_run_dir(rng: random.Random, tmp: Path) -> None:
         places = _places(doc)
         if not places:
             continue
-        at = rng.choice(places)
-        node = doc
-        try:
-            for k in at[:-1]:
-                node = node[k]
-            node[at[-1]] = rng.choice(_STATE_WRONG)
-        except (KeyError, IndexError, TypeError):
-            continue
+        _spoil(doc, places, rng, 1)
         try:
             _write_doc(path, doc)
         except ValueError:
