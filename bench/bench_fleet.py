@@ -1,7 +1,7 @@
 """The fleet proofs, on twins behind vllm-router (kvwatch/fleet/lab.py), results in docs/fleet.md.
 
 - `imbalance`: round-robin routing of a session workload that piles the long conversations on
-  one replica (kvwatch/fleet/workloads.py): the fleet rules judge imbalance and name the
+  one replica (tests/fleet/workloads.py): the fleet rules judge imbalance and name the
   replica, the fleet page is not sent; the same trace again with the router on cache_aware,
   as the alert advises, evens it out.
 - `shortage`: a load the whole fleet cannot hold: the fleet page fires once (one notification
@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from kvwatch.advise.fleet_source import fleets_from_prometheus
-from kvwatch.fleet.figures import fleet_figures
 from kvwatch.fleet.lab import Fleet, FleetSpec
 from kvwatch.fleet.prometheus import wait_for_series
-from kvwatch.fleet.workloads import PileSpec, session_pile_trace
 from kvwatch.sidecar.contract.thresholds import DEFAULT_THRESHOLDS
 from kvwatch.sizing.fleet import advise_fleet
+from tests.fleet.figures import fleet_figures
+from tests.fleet.workloads import PileSpec, session_pile_trace
 
 FOR_SCALE = 1 / 30  # the rules' `for: 5m` is 10 s here: the judgements, not the waiting
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from kvwatch.sizing.kvmath import lookup_gpu, lookup_model
 from kvwatch.sizing.steptime import ScheduledRequest, StepModel
-from kvwatch.twin.published import PUBLISHED
+from tests.twin.published import PUBLISHED
 
 OUT = Path(__file__).parent / "results" / "twin" / "steptime.json"
 

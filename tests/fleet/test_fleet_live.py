@@ -16,12 +16,12 @@ import pytest
 
 from kvwatch.advise.fleet_source import fleets_from_prometheus
 from kvwatch.dashboards.build import ROUTER_PANELS, build
-from kvwatch.fleet.figures import fleet_figures
 from kvwatch.fleet.lab import Fleet, FleetSpec
-from kvwatch.fleet.workloads import PileSpec, session_pile_trace
 from kvwatch.sidecar.contract.thresholds import DEFAULT_THRESHOLDS
 from kvwatch.sizing.fleet import advise_fleet
 from tests.dashboards.live import Series, panel_queries, run_query, substitute
+from tests.fleet.figures import fleet_figures
+from tests.fleet.workloads import PileSpec, session_pile_trace
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from kvwatch.fleet.workloads import PileSpec, session_pile_trace
 from kvwatch.loadgen.workload.trace import read_trace
+from tests.fleet.workloads import PileSpec, session_pile_trace
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:

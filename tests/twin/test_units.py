@@ -150,7 +150,7 @@ def test_time_scale_from_the_expected_rate() -> None:
 
 
 def test_the_step_model_holds_to_the_published_step_times() -> None:
-    from kvwatch.twin.published import PUBLISHED
+    from tests.twin.published import PUBLISHED
 
     for p in PUBLISHED:
         t = StepModel(lookup_model(p.model), lookup_gpu(p.gpu)).seconds(list(p.batch))
