@@ -107,7 +107,7 @@ def prove(
         watcher = prom = sidecar = None
         if "metrics" in sources:
             watcher = _watch(url, flags, "--out", str(work / "calibration-metrics.json"))
-            stack.callback(_stop, watcher)
+            stack.callback(stop_process, watcher)  # a proof that failed: stopped by its PID
         if "sidecar" in sources:
             sidecar = f"http://127.0.0.1:{free_port()}"
             proc = subprocess.Popen(
@@ -221,13 +221,6 @@ def _ended(watcher: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
     watcher.send_signal(signal.SIGINT)
     stdout, stderr = watcher.communicate(timeout=600)
     return subprocess.CompletedProcess(watcher.args, watcher.returncode, stdout, stderr)
-
-
-def _stop(p: subprocess.Popen[str]) -> None:
-    """A watcher still running when the proof fails: stopped by its PID."""
-    if p.poll() is None:
-        p.kill()
-        p.wait(timeout=30)
 
 
 def cpu(source: str = "run") -> None:

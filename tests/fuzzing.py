@@ -190,15 +190,24 @@ _PROM_LABELS = ["num_gpu_blocks", "block_size", "kv_cache_memory_bytes", "gpu_me
 _GOOD_LABELS = {"num_gpu_blocks": "4000", "block_size": "16", "kv_cache_memory_bytes": "8e9"}
 
 
+def _prom_failure(rng: random.Random, share: float) -> tuple[int, bytes] | None:
+    """An answer that is no result, `share` of the time each kind: a 500 page, a refused query,
+    a body of another shape; None for the rest."""
+    pick = rng.random()
+    if pick < share:
+        return 500, b"<html>oops</html>"
+    if pick < 2 * share:
+        return 400, json.dumps({"status": "error", "error": "bad\nquery"}).encode()
+    if pick < 2.6 * share:
+        return 200, json.dumps(rng.choice([[], {}, {"status": "success"}, "x"])).encode()
+    return None
+
+
 def _prom_answer(rng: random.Random) -> tuple[int, bytes]:
     """A FAKE Prometheus API answer (in process: thousands a second, hostile on demand)."""
-    pick = rng.random()
-    if pick < 0.05:
-        return 500, b"<html>oops</html>"
-    if pick < 0.1:
-        return 400, json.dumps({"status": "error", "error": "bad\nquery"}).encode()
-    if pick < 0.13:
-        return 200, json.dumps(rng.choice([[], {}, {"status": "success"}, "x"])).encode()
+    failed = _prom_failure(rng, 0.05)
+    if failed is not None:
+        return failed
     rows: list[Any] = []
     for _ in range(rng.randrange(4)):
         metric: Any = {"instance": rng.choice(["a:1", "b:2"]), "engine": "0", **_GOOD_LABELS}
@@ -246,13 +255,9 @@ _PROM_RANGE_GOOD = {  # a plausible increase over a slice, by the query's family
 def _prom_range_answer(rng: random.Random, query: str) -> tuple[int, bytes]:
     """A FAKE Prometheus range answer to a calibration query (in process, hostile on demand):
     series of one or two instances, plausible values with hostile ones among them."""
-    pick = rng.random()
-    if pick < 0.01:
-        return 500, b"<html>oops</html>"
-    if pick < 0.02:
-        return 400, json.dumps({"status": "error", "error": "bad\nquery"}).encode()
-    if pick < 0.03:
-        return 200, json.dumps(rng.choice([[], {}, {"status": "success"}, "x"])).encode()
+    failed = _prom_failure(rng, 0.01)  # nine queries: each fails less often
+    if failed is not None:
+        return failed
     good = next((v for k, v in _PROM_RANGE_GOOD.items() if k in query), 4.0)
     rows: list[Any] = []
     instances = ["a:1"] if rng.random() < 0.7 else ["a:1", "b:2"]
