@@ -2,7 +2,7 @@
 
 The command modules import only what their parsers need; each command imports its work when it
 runs, so `kvwatch --help` and `kvwatch logs` start in a fraction of a second. Errors, exit codes
-and the `--threshold` option live in the leaf `kvwatch.common.command`.
+and the `--threshold` option live in the leaf `kvwatch.common.cli_kit`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from kvwatch import __version__
-from kvwatch.common.command import (
+from kvwatch.common.cli_kit import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     CliError,
@@ -25,13 +25,13 @@ __all__ = ["main", "build_parser", "COMMAND_MODULES"]
 
 # Each module has `register(subparsers)`; the order is the order `--help` lists them in.
 COMMAND_MODULES = (
-    "kvwatch.commands",
+    "kvwatch.command",
     "kvwatch.advise.command",
     "kvwatch.report.command",
-    "kvwatch.alerts.cli",
-    "kvwatch.dashboards.cli",
-    "kvwatch.sidecar.cli",
-    "kvwatch.loadgen.cli",
+    "kvwatch.alerts.command",
+    "kvwatch.dashboards.command",
+    "kvwatch.sidecar.command",
+    "kvwatch.loadgen.command",
     "kvwatch.twin.command",
     "kvwatch.fleet.command",
 )

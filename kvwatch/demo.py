@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from kvwatch.common.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError, make_dir
+from kvwatch.common.cli_kit import EXIT_FOUND, EXIT_UNREACHABLE, CliError, make_dir
 from kvwatch.common.post_receiver import PostReceiver
 from kvwatch.fleet.sidecars import start_sidecar
 from kvwatch.loadgen.workload.schedule import ramp_stages

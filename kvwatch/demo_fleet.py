@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError, make_dir
+from kvwatch.common.cli_kit import EXIT_FOUND, EXIT_UNREACHABLE, CliError, make_dir
 from kvwatch.fleet.lab import Fleet, FleetSpec
 from kvwatch.fleet.prometheus import query
 from kvwatch.local.server import ServerStartError

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from kvwatch.common.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError, one_line
+from kvwatch.common.cli_kit import EXIT_FOUND, EXIT_UNREACHABLE, CliError, one_line
 from kvwatch.loadgen.measure import measure, print_progress, run_spec
 from kvwatch.loadgen.results.records import StallRule
 from kvwatch.loadgen.results.server_metrics import sidecar_incidents
@@ -41,7 +41,7 @@ from kvwatch.loadgen.workload.spec import DatasetError, WorkloadSpec, tokenize_c
 from kvwatch.loadgen.workload.trace import TraceError, TraceReplay, render_replay, replay_report
 
 __all__ = [
-    "run_command",
+    "run_load",
     "server_metrics_url",
     "build_stages",
     "prepare_run",
@@ -330,7 +330,7 @@ def send_stages(
     return start_unix, records, events
 
 
-def run_command(ns: argparse.Namespace) -> int:
+def run_load(ns: argparse.Namespace) -> int:
     from kvwatch.loadgen.results.rundir import discard_if_empty, prepare_run_dir
     from kvwatch.loadgen.results.summary import SloError, parse_slo
 

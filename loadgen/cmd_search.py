@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from kvwatch.common.command import EXIT_FOUND, EXIT_UNREACHABLE, CliError
+from kvwatch.common.cli_kit import EXIT_FOUND, EXIT_UNREACHABLE, CliError
 from kvwatch.loadgen.cmd_run import (
     announce_time_scale,
     in_wall_time,
@@ -37,7 +37,7 @@ from kvwatch.loadgen.workload.schedule import Stage
 from kvwatch.loadgen.workload.spec import WorkloadSpec
 
 __all__ = [
-    "search_command", "probe_stage", "search_doc", "render_search", "kv_ran_out", "SEARCH_FILE",
+    "run_search", "probe_stage", "search_doc", "render_search", "kv_ran_out", "SEARCH_FILE",
 ]  # fmt: skip
 
 SEARCH_FILE = "search.json"
@@ -100,7 +100,7 @@ def kv_ran_out(m: Measured) -> bool | None:
     )
 
 
-def search_command(ns: argparse.Namespace) -> int:
+def run_search(ns: argparse.Namespace) -> int:
     plan = _plan(ns)
     try:
         slo = parse_slo(ns.slo)

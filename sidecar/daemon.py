@@ -36,7 +36,7 @@ from kvwatch.sidecar.store.episode_store import EpisodeStore
 from kvwatch.sidecar.store.outbox import Outbox
 from kvwatch.sizing.archconfig import Architecture
 
-__all__ = ["SidecarConfig", "run_sidecar"]
+__all__ = ["SidecarConfig", "serve_sidecar"]
 
 _LOG_POLL_S = 0.2
 _LOG_LOOP = "log"
@@ -231,7 +231,7 @@ async def _main(
     return code
 
 
-def run_sidecar(cfg: SidecarConfig, echo: BinaryIO | None = None) -> int:
+def serve_sidecar(cfg: SidecarConfig, echo: BinaryIO | None = None) -> int:
     from kvwatch.sidecar.outputs.exporter import EVENTS_TOKEN_ENV, serve
 
     # `kill -USR1 PID` prints every thread's stack to stderr: what a sidecar that stopped

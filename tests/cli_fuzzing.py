@@ -318,7 +318,7 @@ def _stopped_at_the_start() -> Iterator[None]:
     from kvwatch.local import tiny_model
     from kvwatch.sidecar import daemon
 
-    saved_popen, saved_run = subprocess.Popen, daemon.run_sidecar
+    saved_popen, saved_run = subprocess.Popen, daemon.serve_sidecar
     saved_mp_start = mp_process.BaseProcess.start
     saved_build = tiny_model._build_tokenizer
     saved_fleet = lab.Fleet._start
@@ -327,7 +327,7 @@ def _stopped_at_the_start() -> Iterator[None]:
         s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM)
     }
     subprocess.Popen = _NoChild  # type: ignore[misc, assignment]
-    daemon.run_sidecar = _no_sidecar  # type: ignore[assignment]
+    daemon.serve_sidecar = _no_sidecar  # type: ignore[assignment]
     mp_process.BaseProcess.start = _NoChild  # type: ignore[assignment, method-assign]
     tiny_model._build_tokenizer = _no_build
     lab.Fleet._start = _no_fleet  # type: ignore[method-assign]
@@ -342,7 +342,7 @@ def _stopped_at_the_start() -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         subprocess.Popen = saved_popen  # type: ignore[misc]
-        daemon.run_sidecar = saved_run
+        daemon.serve_sidecar = saved_run
         mp_process.BaseProcess.start = saved_mp_start  # type: ignore[method-assign]
         tiny_model._build_tokenizer = saved_build
         lab.Fleet._start = saved_fleet  # type: ignore[method-assign]

@@ -225,7 +225,7 @@ def check_prometheus_answers(rng: random.Random) -> None:
     """`advise --prometheus` on any answer to each of its queries: advice for every engine it
     can read, or one SizingError/CliError line; never a traceback or a figure not finite."""
     from kvwatch.advise.prometheus import observed_from_prometheus
-    from kvwatch.common.command import CliError
+    from kvwatch.common.cli_kit import CliError
     from kvwatch.sizing.advice import advise
     from kvwatch.sizing.errors import SizingError
 
@@ -283,7 +283,7 @@ def check_prometheus_calibration(rng: random.Random) -> None:
     """`calibrate --prometheus` on any answer to each of its range queries: slices and
     figures a fit can take (finite, positive, loads vLLM can have), or one line."""
     from kvwatch.advise.server_readings import slices_from_prometheus
-    from kvwatch.common.command import CliError
+    from kvwatch.common.cli_kit import CliError
     from kvwatch.sizing.errors import SizingError
     from kvwatch.sizing.server_slices import figures_from_slices
 
@@ -621,7 +621,7 @@ def check_run_dir(rng: random.Random, tmp: Path) -> None:
     import shutil
 
     from kvwatch.advise.calibrate import figures_from_run
-    from kvwatch.common.command import CliError
+    from kvwatch.common.cli_kit import CliError
     from kvwatch.loadgen.results.rundir import observed_from_run
     from kvwatch.report.run_page import render_report
     from kvwatch.sizing.advice import advise

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch.common.command import EXTRA_OF_MODULE, missing_extra
+from kvwatch.common.cli_kit import EXTRA_OF_MODULE, missing_extra
 
 ROOT = Path(__file__).resolve().parents[1]
 SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
@@ -152,7 +152,7 @@ def test_imports_only_go_down() -> None:
 def test_the_house_rule_catches_an_upward_import(tmp_path: Path) -> None:
     """A deliberate upward import, lazy, and a dashboard reading a judge module: both caught."""
     low = tmp_path / "low.py"
-    low.write_text("def f():\n    from kvwatch.sidecar.daemon import run_sidecar\n")
+    low.write_text("def f():\n    from kvwatch.sidecar.daemon import serve_sidecar\n")
     assert wrong_imports("kvwatch.sidecar.contract.new", _imports(low)) == [
         "kvwatch.sidecar.contract.new (kvwatch.sidecar.contract) imports kvwatch.sidecar.daemon "
         "(kvwatch.sidecar), which is not below it"
@@ -209,8 +209,8 @@ def test_no_import_circle() -> None:
 def test_the_circle_finder_finds_one(tmp_path: Path) -> None:
     a, b = tmp_path / "a.py", tmp_path / "b.py"
     a.write_text("from kvwatch.cli import main\n")
-    b.write_text("import kvwatch.common.command\nif TYPE_CHECKING:\n    import kvwatch.cli\n")
-    assert _imports(a) == {"kvwatch.cli"} and _imports(b) == {"kvwatch.common.command"}
+    b.write_text("import kvwatch.common.cli_kit\nif TYPE_CHECKING:\n    import kvwatch.cli\n")
+    assert _imports(a) == {"kvwatch.cli"} and _imports(b) == {"kvwatch.common.cli_kit"}
 
 
 def test_command_modules_never_import_the_top() -> None:
@@ -260,3 +260,30 @@ def test_a_missing_extra_names_the_install() -> None:
     sdk = ModuleNotFoundError(name="grafana_foundation_sdk.builders")
     assert "kvwatch[dashboards]" in str(missing_extra(sdk, "dashboards"))
     assert missing_extra(ModuleNotFoundError(name="kvwatch.nothing"), "x") is None
+
+
+def test_every_command_module_names_its_handlers_as_strings() -> None:
+    """One kind of handler: each `set_defaults(func=...)` in a room's command.py is
+    `handler("module:function")`, a `run_*` function that exists (imported here, as it would be
+    when its command runs)."""
+    from kvwatch.cli import COMMAND_MODULES
+
+    for name in COMMAND_MODULES:
+        assert name.endswith(".command"), f"{name}: a room's parser is its command.py"
+        tree = ast.parse(MODULES[name].read_text())
+        calls = [
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "set_defaults"
+        ]
+        assert calls, f"{name} registers no handler"
+        for call in calls:
+            func = next(k.value for k in call.keywords if k.arg == "func")
+            assert isinstance(func, ast.Call) and ast.unparse(func.func) == "handler", (
+                f"{name}: {ast.unparse(func)} is not handler('module:function')"
+            )
+            target = func.args[0]
+            assert isinstance(target, ast.Constant) and isinstance(target.value, str)
+            module, _, function = target.value.partition(":")
+            assert function.startswith("run_"), f"{name}: handler {target.value} is not run_*"
+            assert callable(getattr(importlib.import_module(module), function))

@@ -23,14 +23,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import CliError
+from kvwatch.common.cli_kit import CliError
 from kvwatch.sizing.budget import default_max_num_seqs
 from kvwatch.sizing.calibration import Calibration, CalibrationError, Figure, calibrate
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
 from kvwatch.sizing.measured import Load
 
-__all__ = ["run", "figures_from_run", "render"]
+__all__ = ["run_calibrate", "figures_from_run", "render"]
 
 _MIN_REQUESTS = 4  # a stage with fewer completed requests gives no figure
 _PROMETHEUS_POINTS = 11_000  # the most points Prometheus returns for one range query
@@ -131,7 +131,7 @@ def _stage_figures(
     return figures, None
 
 
-def run(ns: argparse.Namespace) -> int:
+def run_calibrate(ns: argparse.Namespace) -> int:
     try:
         arch = resolve_model(ns.model, ns.layers)
         gpu = lookup_gpu(ns.gpu)

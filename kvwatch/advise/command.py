@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import (
+from kvwatch.common.cli_kit import (
     handler,
     http_url,
     number_in,
@@ -283,4 +283,4 @@ def _register_calibrate(sub: Any) -> None:
     )
     c.add_argument("--out", type=Path, metavar="FILE", help="write the calibration here")
     c.add_argument("--json", action="store_true", help="print the calibration as JSON")
-    c.set_defaults(func=handler("kvwatch.advise.calibrate:run"))
+    c.set_defaults(func=handler("kvwatch.advise.calibrate:run_calibrate"))

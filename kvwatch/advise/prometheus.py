@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from kvwatch.common.command import EXIT_UNREACHABLE, CliError, one_line
+from kvwatch.common.cli_kit import EXIT_UNREACHABLE, CliError, one_line
 from kvwatch.common.http_read import ReadError, get_json
 from kvwatch.sidecar.contract.vocabulary import (
     ADMISSION_REJECTIONS,

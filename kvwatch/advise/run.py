@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from kvwatch.advise.sources import observed_from_source
-from kvwatch.common.command import EXIT_FOUND, CliError
+from kvwatch.common.cli_kit import EXIT_FOUND, CliError
 from kvwatch.sizing.advice import Advice, Observed, advise
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.fleet import FleetAdvice, advise_fleet

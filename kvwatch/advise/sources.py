@@ -10,7 +10,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 
-from kvwatch.common.command import EXIT_UNREACHABLE, CliError
+from kvwatch.common.cli_kit import EXIT_UNREACHABLE, CliError
 from kvwatch.sidecar.state.views import EngineView, engines_from_json, servers_from_json
 from kvwatch.sizing.advice import Observed, kv_bytes_per_token_from, several_groups_note
 from kvwatch.sizing.errors import SizingError

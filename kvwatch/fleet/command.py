@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import handler, positive_finite, positive_int
+from kvwatch.common.cli_kit import handler, positive_finite, positive_int
 
 __all__ = ["register"]
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import EXIT_FOUND, EXIT_OK, CliError
+from kvwatch.common.cli_kit import EXIT_FOUND, EXIT_OK, CliError
 from kvwatch.fleet.alertmanager import running_alertmanager, shipped_config
 from kvwatch.fleet.prometheus import running_prometheus, wait_for_series, write_file_sd
 from kvwatch.fleet.receiver import NotificationReceiver

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from kvwatch.common.command import CliError
+from kvwatch.common.cli_kit import CliError
 from kvwatch.local.server import free_port, stop_process, wait_until_ok
 
 __all__ = ["Router", "router_binary", "POLICIES"]

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvwatch.common.command import CliError
+from kvwatch.common.cli_kit import CliError
 from kvwatch.local.server import free_port, stop_process, wait_until_ok
 
 __all__ = ["start_sidecar", "SIDECAR_READY_S"]

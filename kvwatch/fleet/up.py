@@ -7,7 +7,7 @@ import contextlib
 import signal
 import threading
 
-from kvwatch.common.command import EXIT_UNREACHABLE, CliError, make_dir
+from kvwatch.common.cli_kit import EXIT_UNREACHABLE, CliError, make_dir
 from kvwatch.fleet.lab import (
     REPLICA_BYTES,
     Fleet,

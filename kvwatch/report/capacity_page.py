@@ -13,7 +13,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import EXIT_USAGE, CliError
+from kvwatch.common.cli_kit import EXIT_USAGE, CliError
 from kvwatch.loadgen.cmd_search import SEARCH_FILE, render_search
 from kvwatch.report.parts import CSS, advice_html, model_html
 from kvwatch.report.svgplot import Line, Mark, line_chart

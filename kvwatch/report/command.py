@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import handler
+from kvwatch.common.cli_kit import handler
 
 __all__ = ["register"]
 

@@ -15,7 +15,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import EXIT_USAGE, CliError, os_error
+from kvwatch.common.cli_kit import EXIT_USAGE, CliError, os_error
 from kvwatch.loadgen.results.rundir import read_run
 from kvwatch.loadgen.results.working_set import render_working_set
 from kvwatch.loadgen.workload.trace import render_replay

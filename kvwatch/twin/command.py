@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import (
+from kvwatch.common.cli_kit import (
     fraction,
     handler,
     port_number,

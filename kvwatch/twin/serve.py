@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvwatch.common.command import EXIT_UNREACHABLE, CliError, writable_file
+from kvwatch.common.cli_kit import EXIT_UNREACHABLE, CliError, writable_file
 from kvwatch.local.server import (
     LocalVLLM,
     ServerConfig,

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import msgspec
 
-from kvwatch.common.command import one_line
+from kvwatch.common.cli_kit import one_line
 from kvwatch.loadgen.results.records import RequestRecord
 from kvwatch.loadgen.send.http1 import Http1Pool
 

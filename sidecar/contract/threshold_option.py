@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from kvwatch.common.command import CliError
+from kvwatch.common.cli_kit import CliError
 from kvwatch.sidecar.contract.thresholds import Thresholds, parse_overrides
 
 __all__ = ["add_threshold_option", "thresholds_from"]

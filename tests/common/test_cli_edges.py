@@ -62,7 +62,7 @@ def test_ports_outside_0_to_65535_are_refused(argv: list[str], says: str) -> Non
 
 def test_every_numeric_flag_is_checked_where_it_enters() -> None:
     """A bare int or float lets nan, inf, 0 and negatives through to the work: every number
-    goes through one of kvwatch.common.command's kinds (number_in and the names built on it)."""
+    goes through one of kvwatch.common.cli_kit's kinds (number_in and the names built on it)."""
     import argparse
 
     from kvwatch.cli import build_parser

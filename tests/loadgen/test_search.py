@@ -198,7 +198,7 @@ def test_the_capacity_page_marks_both_limits(tmp_path: Path) -> None:
      '{"kind": "capacity_search", "result": {"by": "rate", "attainment_target": 0.9}}'],
 )  # fmt: skip
 def test_a_broken_search_file_is_a_clear_error(tmp_path: Path, broken: str) -> None:
-    from kvwatch.common.command import CliError
+    from kvwatch.common.cli_kit import CliError
     from kvwatch.loadgen.cmd_search import SEARCH_FILE
     from kvwatch.report.capacity_page import render_capacity
 

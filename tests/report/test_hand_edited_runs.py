@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import CliError
+from kvwatch.common.cli_kit import CliError
 from kvwatch.loadgen.results.rundir import observed_from_run, server_from_run
 from kvwatch.report.run_page import render_report
 from kvwatch.sizing.advice import advise

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from kvwatch.advise.server_readings import from_sidecar
-from kvwatch.common.command import CliError
+from kvwatch.common.cli_kit import CliError
 from kvwatch.sidecar.contract.readings import (
     FIELDS,
     FORMAT,

@@ -205,7 +205,7 @@ def test_a_second_twin_in_the_same_log_reads_its_own_lines(tmp_path: Path) -> No
 )
 def test_scales_and_sizes_are_refused_where_they_enter(args: tuple[str, ...]) -> None:
     """`twin --time-scale inf` started and the first request killed the engine; nan reached
-    the fleet's rules. One helper per kind (kvwatch/common/command.py) refuses them at parse."""
+    the fleet's rules. One helper per kind (kvwatch/common/cli_kit.py) refuses them at parse."""
     import subprocess
     import sys
 

@@ -1,15 +1,14 @@
-"""`kvwatch dashboards`: write (or print) the Grafana dashboards this project generates."""
+"""The parser of `kvwatch dashboards` (write or print the Grafana dashboards this project
+generates); its handler is in run.py."""
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import os_error
+from kvwatch.common.cli_kit import handler
 from kvwatch.dashboards.files import DASHBOARD_FILES
-from kvwatch.sidecar.contract.threshold_option import add_threshold_option, thresholds_from
+from kvwatch.sidecar.contract.threshold_option import add_threshold_option
 
 __all__ = ["register"]
 
@@ -33,20 +32,4 @@ def register(sub: Any) -> None:
         "--print", dest="print_", choices=DASHBOARD_FILES, help="print one instead of writing"
     )
     add_threshold_option(d, "override a threshold the panels draw (as for kvwatch sidecar)")
-    d.set_defaults(func=_dashboards)
-
-
-def _dashboards(ns: argparse.Namespace) -> int:
-    from kvwatch.dashboards.build import render, write_all
-
-    th = thresholds_from(ns)
-    if ns.print_:
-        sys.stdout.write(render(ns.print_, th))
-        return 0
-    try:
-        written = write_all(ns.out, th)
-    except OSError as e:
-        raise os_error("write", e) from None
-    for path in written:
-        print(path)
-    return 0
+    d.set_defaults(func=handler("kvwatch.dashboards.run:run_dashboards"))

@@ -1,27 +1,22 @@
-"""`kvwatch loadgen ...`: the load generator and the local target it drives."""
+"""The parsers of `kvwatch loadgen ...`: the load generator and the local target it drives;
+their handlers are cmd_run.py, cmd_search.py and cmd_local.py."""
 
 from __future__ import annotations
 
 import argparse
-import signal
-import sys
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import (
-    EXIT_UNREACHABLE,
-    CliError,
+from kvwatch.common.cli_kit import (
     handler,
     http_url,
     nonnegative_finite,
     nonnegative_int,
-    os_error,
     port_number,
     positive_finite,
     positive_fraction,
     positive_int,
     seed_number,
-    writable_file,
 )
 
 __all__ = ["register"]
@@ -45,7 +40,7 @@ def register(sub: Any) -> None:
         default="tiny",
         help="tiny: 30M parameters (tests, demo); small: 200M, compute-bound on CPU",
     )
-    b.set_defaults(func=_build_model)
+    b.set_defaults(func=handler("kvwatch.loadgen.cmd_local:run_build_model"))
 
     s = lsub.add_parser(
         "serve-local",
@@ -70,7 +65,7 @@ def register(sub: Any) -> None:
         "--start-timeout", type=positive_finite, default=180.0, help="seconds to wait for /health"
     )
     s.add_argument("vllm_args", nargs=argparse.REMAINDER, help="extra vLLM arguments after --")
-    s.set_defaults(func=_serve_local)
+    s.set_defaults(func=handler("kvwatch.loadgen.cmd_local:run_serve_local"))
 
     _register_run(lsub)
     _register_search(lsub)
@@ -86,51 +81,6 @@ def _length(text: str) -> str:
     except DatasetError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return text
-
-
-def _build_model(ns: argparse.Namespace) -> int:
-    from kvwatch.local.tiny_model import SPECS, build_tiny_model
-
-    try:
-        print(build_tiny_model(SPECS[ns.size], cache_dir=ns.cache_dir, force=ns.force))
-    except OSError as e:
-        raise os_error("build the model in", e) from None
-    return 0
-
-
-def _serve_local(ns: argparse.Namespace) -> int:
-    from kvwatch.local.server import (
-        LocalVLLM,
-        ServerConfig,
-        ServerStartError,
-        serve_until_stopped,
-    )
-    from kvwatch.local.tiny_model import build_tiny_model
-
-    extra = [a for a in ns.vllm_args if a != "--"] if ns.vllm_args else []
-    model = ns.model or build_tiny_model()
-    config = ServerConfig(
-        model=model,
-        kv_cache_memory_bytes=ns.kv_cache_bytes,
-        block_size=ns.block_size,
-        max_model_len=ns.max_model_len,
-        port=ns.port,
-        extra_args=tuple(extra),
-    )
-    log = writable_file(ns.log.resolve(), "the server log")
-    server = LocalVLLM(config, log_path=log, start_timeout_s=ns.start_timeout)
-    # SIGTERM ends the run like Ctrl-C does, so `finally` stops the server either way.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    print(f"starting vLLM on {config.host} (log: {server.log_path}) ...", file=sys.stderr)
-    try:
-        server.start()
-    except ServerStartError as e:
-        raise CliError(str(e), EXIT_UNREACHABLE) from None
-    try:
-        serve_until_stopped(server)
-    except ServerStartError as e:
-        raise CliError(str(e), EXIT_UNREACHABLE) from None
-    return 0
 
 
 _EPILOG = """stages (repeat --stage for a multi-stage schedule):
@@ -203,7 +153,7 @@ def _register_run(lsub: Any) -> None:
     )
     o.add_argument("--json", action="store_true", help="print the summary as JSON")
     o.add_argument("--no-progress", action="store_true", help="no live progress line")
-    r.set_defaults(func=handler("kvwatch.loadgen.cmd_run:run_command"))
+    r.set_defaults(func=handler("kvwatch.loadgen.cmd_run:run_load"))
 
 
 def _session_args(g: Any) -> None:
@@ -426,4 +376,4 @@ def _register_search(lsub: Any) -> None:
     o.add_argument("--run-dir", type=Path, help="default runs/search-TIME")
     o.add_argument("--json", action="store_true", help="print the result as JSON")
     o.add_argument("--no-progress", action="store_true", help="no live progress line")
-    r.set_defaults(func=handler("kvwatch.loadgen.cmd_search:search_command"))
+    r.set_defaults(func=handler("kvwatch.loadgen.cmd_search:run_search"))

@@ -1,22 +1,14 @@
-"""`kvwatch sidecar` (watch a live server) and `kvwatch logs` (read a vLLM log after the fact)."""
+"""The parsers of `kvwatch sidecar` (watch a live server) and `kvwatch logs` (read a vLLM log
+after the fact); their handlers are in run.py."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import (
-    EXIT_FOUND,
-    EXIT_OK,
-    EXIT_UNREACHABLE,
-    CliError,
-    http_url,
-    positive_finite,
-)
-from kvwatch.sidecar.contract.threshold_option import add_threshold_option, thresholds_from
+from kvwatch.common.cli_kit import handler, http_url, positive_finite
+from kvwatch.sidecar.contract.threshold_option import add_threshold_option
 
 __all__ = ["register"]
 
@@ -104,7 +96,7 @@ def register(sub: Any) -> None:
     s.add_argument(
         "command", nargs=argparse.REMAINDER, help="after --: the vLLM command to start and read"
     )
-    s.set_defaults(func=_sidecar)
+    s.set_defaults(func=handler("kvwatch.sidecar.run:run_sidecar"))
 
     g = sub.add_parser(
         "logs",
@@ -124,98 +116,8 @@ def register(sub: Any) -> None:
         help="one JSON event per line, then one per incident (kind: incident, what, at), "
         "then a summary object",
     )
-    g.set_defaults(func=_logs)
+    g.set_defaults(func=handler("kvwatch.sidecar.run:run_logs"))
 
 
 def _default_db() -> Path:
     return Path.home() / ".local" / "state" / "kvwatch" / "sidecar.db"
-
-
-def _listen(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():
-        raise CliError(f"--listen wants HOST:PORT, got {value!r}")
-    return host or "127.0.0.1", int(port)
-
-
-def _sidecar(ns: argparse.Namespace) -> int:
-    from kvwatch.sidecar.daemon import SidecarConfig, run_sidecar
-    from kvwatch.sidecar.outputs.webhooks import load_receivers
-    from kvwatch.sidecar.store.database import check_database
-
-    command = tuple(a for a in ns.command if a != "--") if ns.command else ()
-    host, port = _listen(ns.listen)
-    overrides = []
-    if ns.short_window is not None:
-        overrides.append(f"short_window_s={ns.short_window}")
-    if ns.long_window is not None:
-        overrides.append(f"long_window_s={ns.long_window}")
-    model = None
-    if ns.model:
-        from kvwatch.sizing.kvmath import resolve_model
-
-        try:
-            model = resolve_model(ns.model)
-        except ValueError as e:
-            raise CliError(f"--model: {e}") from None
-    try:
-        cfg = SidecarConfig(
-            targets=tuple(ns.target),
-            interval_s=ns.interval,
-            timeout_s=ns.timeout,
-            listen_host=host,
-            listen_port=port,
-            log_path=ns.log,
-            log_from_start=ns.log_from_start,
-            command=command,
-            thresholds=thresholds_from(ns, overrides),
-            db_path=Path(ns.db) if ns.db else None,
-            receivers=tuple(load_receivers(ns.webhook, ns.webhook_config)),
-            model=model,
-            scheduling_policy=ns.scheduling_policy,
-        )
-        if cfg.db_path is not None:
-            check_database(cfg.db_path)  # before anything is started or changed
-    except ValueError as e:
-        raise CliError(str(e)) from None
-    import sqlite3
-
-    try:
-        return run_sidecar(cfg)
-    except OSError as e:
-        raise CliError(f"cannot start: {e}", EXIT_UNREACHABLE) from None
-    except sqlite3.DatabaseError as e:
-        raise CliError(f"--db {cfg.db_path}: {e}") from None
-
-
-def _logs(ns: argparse.Namespace) -> int:
-    from kvwatch.sidecar.logs.follow import FollowStats, read_line_chunks
-    from kvwatch.sidecar.logs.logformats import event_to_dict, parse_text
-    from kvwatch.sidecar.logs.logsummary import render_summary, summarize
-
-    try:
-        fh = sys.stdin.buffer if str(ns.file) == "-" else open(ns.file, "rb")  # noqa: SIM115
-    except OSError as e:
-        raise CliError(f"cannot read {ns.file}: {e.strerror}") from None
-    stats = FollowStats()
-    events = []
-    with fh:
-        try:
-            for text in read_line_chunks(fh, stats):
-                for ev in parse_text(text):
-                    events.append(ev)
-                    if ns.json:
-                        sys.stdout.write(json.dumps(event_to_dict(ev)) + "\n")
-        except OSError as e:
-            raise CliError(
-                f"cannot read {ns.file} past byte {stats.bytes:,}: {e.strerror or e}"
-            ) from None
-    lines = stats.lines + stats.oversized_lines
-    summary = summarize(events, lines)
-    if ns.json:
-        for incident in summary.incidents:
-            sys.stdout.write(json.dumps(incident.to_dict()) + "\n")
-        print(json.dumps({"kind": "summary", **summary.to_dict()}))
-    else:
-        print(render_summary(summary))
-    return EXIT_FOUND if summary.went_wrong else EXIT_OK

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch.common.command import http_url
+from kvwatch.common.cli_kit import http_url
 from kvwatch.local.server import free_port
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvwatch.common.command import handler, http_url, positive_int
+from kvwatch.common.cli_kit import handler, http_url, positive_int
 
 __all__ = ["register"]
 
