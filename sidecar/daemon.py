@@ -33,6 +33,7 @@ from kvwatch.sidecar.state.sidecar_state import SidecarState
 from kvwatch.sidecar.state.views import AlertingView
 from kvwatch.sidecar.store.database import connect
 from kvwatch.sidecar.store.episode_store import EpisodeStore
+from kvwatch.sidecar.store.firing_store import FiringStore
 from kvwatch.sidecar.store.outbox import Outbox
 from kvwatch.sizing.archconfig import Architecture
 
@@ -147,7 +148,8 @@ async def _alert_loop(
     hold = th.short_window_s + th.exit_after_s + 2 * cfg.interval_s + cfg.timeout_s
     # a connection each: the tracker writes from the judging thread while the outbox is written
     # from the delivery's, and two threads' transactions must never share one connection
-    tracker = AlertTracker(connect(cfg.db_path), th.repeat_interval_s, hold, state.started_unix)
+    firing = FiringStore(connect(cfg.db_path))
+    tracker = AlertTracker(firing, th.repeat_interval_s, hold, state.started_unix)
     outbox = Outbox(connect(cfg.db_path))
     for r in cfg.receivers:
         outbox.rename(r.url, r.key)

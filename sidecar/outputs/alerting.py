@@ -3,14 +3,13 @@
 Names, severities, windows and texts come from sidecar/contract/catalogue.py, which the Prometheus
 rules and the runbook share. An alert is keyed by a fingerprint of its labels; the tracker turns the
 active set into firing, repeat and resolved notifications, and keeps what is firing in SQLite so a
-restarted sidecar neither re-announces nor forgets an alert.
+restarted sidecar neither re-announces nor forgets an alert (the table: store/firing_store.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 import threading
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from kvwatch.sidecar.contract import catalogue as cat
 from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.state.views import EngineView, FiringAlert, StateView
+from kvwatch.sidecar.store.firing_store import FiringRow, FiringStore
 
 __all__ = ["Alert", "AlertSet", "active_alerts", "AlertTracker", "Notification"]
 
@@ -198,7 +198,7 @@ class AlertTracker:
     An alert whose condition holds but has not yet lasted its `for` (`holding`) keeps firing if
     it fired, as in Prometheus: a restart does not restart a target's "down since"."""
 
-    db: sqlite3.Connection
+    store: FiringStore
     repeat_interval_s: float
     hold_restored_s: float = 0.0
     started: float = 0.0
@@ -207,18 +207,12 @@ class AlertTracker:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
-        with self._lock, self.db:
-            self.db.execute(
-                "CREATE TABLE IF NOT EXISTS firing (fingerprint TEXT PRIMARY KEY, "
-                "alert TEXT, starts_at REAL, last_sent REAL)"
-            )
-            for fp, blob, starts, sent in self.db.execute("SELECT * FROM firing"):
-                d = json.loads(blob)
-                self.firing[fp] = _Firing(
-                    Alert(d["name"], d["labels"], d["annotations"]), starts, sent
-                )
-                if d["name"] in _JUDGED_FROM_HISTORY:
-                    self.restored.add(fp)
+        with self._lock:
+            for row in self.store.rows():
+                alert = Alert(row.name, row.labels, row.annotations)
+                self.firing[row.fingerprint] = _Firing(alert, row.starts_at, row.last_sent)
+                if row.name in _JUDGED_FROM_HISTORY:
+                    self.restored.add(row.fingerprint)
 
     def update(
         self, active: list[Alert], now: float, holding: Collection[str] = ()
@@ -227,7 +221,7 @@ class AlertTracker:
         out: list[Notification] = []
         warming = now - self.started < self.hold_restored_s
         until = now + 2 * self.repeat_interval_s
-        with self._lock, self.db:
+        with self._lock, self.store.batch():
             seen = set(holding) | (self.restored if warming else set())
             for a in active:
                 fp = a.fingerprint
@@ -246,16 +240,22 @@ class AlertTracker:
                     # firing alert costs no write per tick (a restart resolves with older ones)
                     f.alert = a
                     continue
-                self.db.execute(
-                    "INSERT OR REPLACE INTO firing VALUES (?, ?, ?, ?)",
-                    (fp, json.dumps(f.alert.__dict__), f.starts_at, f.last_sent),
+                self.store.save(
+                    FiringRow(
+                        fp,
+                        f.alert.name,
+                        f.alert.labels,
+                        f.alert.annotations,
+                        f.starts_at,
+                        f.last_sent,
+                    )
                 )
             if not warming:
                 self.restored.clear()
             for fp in [fp for fp in self.firing if fp not in seen]:
                 f = self.firing.pop(fp)
                 out.append(Notification("resolved", f.alert, f.starts_at, ends_at=now))
-                self.db.execute("DELETE FROM firing WHERE fingerprint = ?", (fp,))
+                self.store.drop(fp)
         return out
 
     def firing_now(self) -> tuple[FiringAlert, ...]:

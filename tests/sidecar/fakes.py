@@ -1,4 +1,5 @@
-"""Plainly fake servers, for what a real vLLM cannot do on demand (hang, cut a body short)."""
+"""Plainly fake servers, for what a real vLLM cannot do on demand (hang, cut a body short), and
+a small hand-written vLLM body for parser-level tests."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["raw_http_server"]
+__all__ = ["ENGINE_LABELS", "raw_http_server", "vllm_body"]
+
+ENGINE_LABELS = 'engine="0",model_name="m"'
 
 
 @contextmanager
@@ -57,3 +60,16 @@ def raw_http_server(reply: bytes | None, port: int = 0, trickle_s: float = 0.0) 
         for c in held:
             c.close()
         srv.close()
+
+
+def vllm_body(**values: object) -> str:
+    """A small vLLM /metrics body (text, not a server); each keyword replaces one sample's value."""
+    v = {"kv": 0.5, "running": 2, "waiting": 0, "pre": 3, "gen": 100, "blocks": "40"} | values
+    return (
+        f"vllm:kv_cache_usage_perc{{{ENGINE_LABELS}}} {v['kv']}\n"
+        f"vllm:num_requests_running{{{ENGINE_LABELS}}} {v['running']}\n"
+        f"vllm:num_requests_waiting{{{ENGINE_LABELS}}} {v['waiting']}\n"
+        f"vllm:num_preemptions_total{{{ENGINE_LABELS}}} {v['pre']}\n"
+        f"vllm:generation_tokens_total{{{ENGINE_LABELS}}} {v['gen']}\n"
+        f'vllm:cache_config_info{{block_size="32",engine="0",num_gpu_blocks="{v["blocks"]}"}} 1\n'
+    )

@@ -14,6 +14,7 @@ from kvwatch.common.backoff import backoff_s
 from kvwatch.local.server import free_port
 from kvwatch.sidecar.outputs.alerting import Alert, AlertTracker, Notification
 from kvwatch.sidecar.outputs.webhooks import Receiver, load_receivers, redact_url, render, sign
+from kvwatch.sidecar.store.firing_store import FiringStore
 from kvwatch.sidecar.store.outbox import Outbox
 from tests.receiver import receiver
 from tests.sidecar.fakes import raw_http_server
@@ -149,12 +150,12 @@ class TestOutbox:
 class TestTracker:
     def test_fire_repeat_resolve_and_restart(self, tmp_path: Path) -> None:
         db = sqlite3.connect(tmp_path / "a.db")
-        t = AlertTracker(db, repeat_interval_s=10)
+        t = AlertTracker(FiringStore(db), repeat_interval_s=10)
         assert [n.status for n in t.update([ALERT], 0)] == ["firing"]
         assert t.update([ALERT], 5) == []
         (rep,) = t.update([ALERT], 11)
         assert rep.repeat and rep.starts_at == 0
-        t2 = AlertTracker(sqlite3.connect(tmp_path / "a.db"), repeat_interval_s=10)
+        t2 = AlertTracker(FiringStore(sqlite3.connect(tmp_path / "a.db")), repeat_interval_s=10)
         assert t2.update([ALERT], 12) == []  # known as firing after a restart: no re-announce
         (res,) = t2.update([], 13)
         assert res.status == "resolved" and res.ends_at == 13
