@@ -223,8 +223,9 @@ def _prom_answer(rng: random.Random) -> tuple[int, bytes]:
 
 def check_prometheus_answers(rng: random.Random) -> None:
     """`advise --prometheus` on any answer to each of its queries: advice for every engine it
-    can read, or one SizingError/CliError line; never a traceback or a figure not finite."""
-    from kvwatch.advise.prometheus import observed_from_prometheus
+    can read, or one SizingError/CliError line (the reader's errors as the command turns
+    them); never a traceback or a figure not finite."""
+    from kvwatch.advise.prometheus import observed_from_prometheus, prometheus_as_cli
     from kvwatch.common.cli_kit import CliError
     from kvwatch.sizing.advice import advise
     from kvwatch.sizing.errors import SizingError
@@ -234,9 +235,10 @@ def check_prometheus_answers(rng: random.Random) -> None:
         return httpx.Response(status, content=body)
 
     try:
-        got = observed_from_prometheus(
-            "http://prometheus.fuzz:9090", transport=httpx.MockTransport(answer)
-        )
+        with prometheus_as_cli():
+            got = observed_from_prometheus(
+                "http://prometheus.fuzz:9090", transport=httpx.MockTransport(answer)
+            )
         for _, obs in got:
             for name in ("capacity_blocks", "block_size", "kv_bytes_per_token", "peak_demand",
                          "seq_len_p95", "preemptions"):  # fmt: skip
@@ -282,6 +284,7 @@ def _prom_range_answer(rng: random.Random, query: str) -> tuple[int, bytes]:
 def check_prometheus_calibration(rng: random.Random) -> None:
     """`calibrate --prometheus` on any answer to each of its range queries: slices and
     figures a fit can take (finite, positive, loads vLLM can have), or one line."""
+    from kvwatch.advise.prometheus import prometheus_as_cli
     from kvwatch.advise.server_readings import slices_from_prometheus
     from kvwatch.common.cli_kit import CliError
     from kvwatch.sizing.errors import SizingError
@@ -292,10 +295,11 @@ def check_prometheus_calibration(rng: random.Random) -> None:
         return httpx.Response(status, content=body)
 
     try:
-        got, notes = slices_from_prometheus(
-            "http://prometheus.fuzz:9090", 120.0, 10.0, rng.choice([None, "a:1"]),
-            end=1100.0, transport=httpx.MockTransport(answer),
-        )  # fmt: skip
+        with prometheus_as_cli():
+            got, notes = slices_from_prometheus(
+                "http://prometheus.fuzz:9090", 120.0, 10.0, rng.choice([None, "a:1"]),
+                end=1100.0, transport=httpx.MockTransport(answer),
+            )  # fmt: skip
     except (SizingError, CliError) as e:
         assert "\n" not in str(e) and str(e)
         return

@@ -186,6 +186,7 @@ def _from_server(
     ns: argparse.Namespace, batched: int, max_seqs: int
 ) -> tuple[list[Figure], list[str], float, str]:
     """A live server's slices (`--metrics`) or its history (`--prometheus`), as figures."""
+    from kvwatch.advise.prometheus import prometheus_as_cli
     from kvwatch.advise.server_readings import from_sidecar, slices_from_prometheus, watch
     from kvwatch.sidecar.contract.catalogue import duration_seconds
     from kvwatch.sizing.server_slices import figures_from_slices
@@ -216,9 +217,10 @@ def _from_server(
                 "--slice or shorten --window"
             )
         try:
-            per_engine, notes = slices_from_prometheus(
-                ns.prometheus, window_s, slice_s, ns.instance
-            )
+            with prometheus_as_cli():
+                per_engine, notes = slices_from_prometheus(
+                    ns.prometheus, window_s, slice_s, ns.instance
+                )
         except SizingError as e:
             raise CliError(str(e)) from None
         source = f"prometheus {ns.prometheus}, last {ns.window} in {slice_s:g} s slices"

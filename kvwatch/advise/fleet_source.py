@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from kvwatch.advise.prometheus import (
+from kvwatch.common.promql import (
     prometheus_query,
     prometheus_range,
     series_by,

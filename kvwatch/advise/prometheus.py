@@ -12,12 +12,20 @@ as the sidecar does, so a data-parallel server does not count them once per engi
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
 
-from kvwatch.common.cli_kit import EXIT_UNREACHABLE, CliError, one_line
-from kvwatch.common.http_read import ReadError, get_json
+from kvwatch.common.cli_kit import EXIT_UNREACHABLE, CliError
+from kvwatch.common.promql import (
+    PrometheusError,
+    PrometheusUnreachable,
+    labels_of,
+    prometheus_query,
+    values_by_labels,
+)
 from kvwatch.sidecar.contract.vocabulary import (
     ADMISSION_REJECTIONS,
     CACHE_CONFIG,
@@ -35,125 +43,25 @@ from kvwatch.sidecar.metrics.observe import per_first_engine
 from kvwatch.sizing.advice import Observed
 from kvwatch.sizing.errors import SizingError
 
-__all__ = [
-    "observed_from_prometheus", "prometheus_query", "prometheus_range", "values_by",
-    "values_by_labels", "series_by", "series_by_labels", "value_at",
-]  # fmt: skip
+__all__ = ["observed_from_prometheus", "prometheus_as_cli"]
 
 _BY = "instance, engine"
 
 
-# one deadline per query for the whole answer: a server sending a byte a second held advise
-# for as long as it liked
-READ_DEADLINE_S = 60.0
-
-
-def _api(client: httpx.Client, base: str, path: str, params: dict[str, Any]) -> list[Any]:
+@contextmanager
+def prometheus_as_cli() -> Iterator[None]:
+    """The PromQL reader's errors as a command's: unreachable is exit 3, as for every other
+    source; a refused or unreadable answer is bad input (exit 2)."""
     try:
-        body = get_json(client, base.rstrip("/") + path, params=params,
-                        deadline_s=READ_DEADLINE_S).body  # fmt: skip
-    except ReadError as e:  # as every other source: unreachable (or too slow) is exit 3
-        raise CliError(f"cannot read Prometheus at {base}: {e}", EXIT_UNREACHABLE) from None
-    except ValueError:
-        raise SizingError(f"Prometheus at {base} answered a query with no JSON") from None
-    if not isinstance(body, dict) or body.get("status") != "success":
-        error = body.get("error") if isinstance(body, dict) else None
-        raise SizingError(f"Prometheus rejected {params['query']!r}: {one_line(str(error))[:300]}")
-    data = body.get("data")
-    result = data.get("result") if isinstance(data, dict) else None
-    if not isinstance(result, list):
-        raise SizingError(f"Prometheus at {base} answered {params['query']!r} without a result")
-    return [row for row in result if isinstance(row, dict)]
-
-
-def prometheus_query(
-    client: httpx.Client, base: str, promql: str, at: float | None = None
-) -> list[dict[str, Any]]:
-    """An instant query's rows (now, or at unix time `at`); CliError (exit 3) if unreachable,
-    SizingError if refused."""
-    params: dict[str, Any] = {"query": promql}
-    if at is not None:
-        params["time"] = at
-    return _api(client, base, "/api/v1/query", params)
-
-
-def prometheus_range(
-    client: httpx.Client, base: str, promql: str, start: float, end: float, step_s: float
-) -> list[dict[str, Any]]:
-    """A range query's series (each with `values`), errors as prometheus_query's."""
-    params = {"query": promql, "start": start, "end": end, "step": step_s}
-    return _api(client, base, "/api/v1/query_range", params)
-
-
-def _number(raw: Any) -> float | None:
-    """A sample's value; None for NaN (a ratio with no traffic) and infinities (a quantile
-    past the last bucket says no length)."""
-    try:
-        v = float(raw)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return v if math.isfinite(v) else None
+        yield
+    except PrometheusUnreachable as e:
+        raise CliError(str(e), EXIT_UNREACHABLE) from None
+    except PrometheusError as e:
+        raise CliError(str(e)) from None
 
 
 def _engine_key(labels: dict[str, Any]) -> tuple[str, str]:
     return str(labels.get("instance", "")), str(labels.get("engine", ""))
-
-
-def _labels(row: dict[str, Any]) -> dict[str, Any]:
-    m = row.get("metric")
-    return m if isinstance(m, dict) else {}
-
-
-def values_by_labels(
-    rows: list[dict[str, Any]], labels: tuple[str, ...]
-) -> dict[tuple[str, ...], float]:
-    """Each instant row's value keyed by the tuple of these labels ('' where one is absent);
-    rows without a readable, non-NaN value are left out."""
-    out = {}
-    for row in rows:
-        value = row.get("value")
-        v = _number(value[1]) if isinstance(value, list) and len(value) == 2 else None
-        if v is not None:
-            m = _labels(row)
-            out[tuple(str(m.get(label, "")) for label in labels)] = v
-    return out
-
-
-def values_by(rows: list[dict[str, Any]], label: str) -> dict[str, float]:
-    """values_by_labels keyed by one label's value."""
-    return {key[0]: v for key, v in values_by_labels(rows, (label,)).items()}
-
-
-def series_by(rows: list[dict[str, Any]], label: str) -> dict[str, dict[float, float]]:
-    """A range query's series keyed by one label: {label value: {unix time: value}}."""
-    return {key[0]: v for key, v in series_by_labels(rows, (label,)).items()}
-
-
-def series_by_labels(
-    rows: list[dict[str, Any]], labels: tuple[str, ...]
-) -> dict[tuple[str, ...], dict[float, float]]:
-    """A range query's series keyed by the tuple of these labels ('' where one is absent):
-    {key: {unix time: value}}; points without a readable, finite value are left out."""
-    out: dict[tuple[str, ...], dict[float, float]] = {}
-    for row in rows:
-        m = _labels(row)
-        points = out.setdefault(tuple(str(m.get(label, "")) for label in labels), {})
-        values = row.get("values")
-        for pair in values if isinstance(values, list) else []:
-            t, v = pair if isinstance(pair, list) and len(pair) == 2 else (None, None)
-            t, v = _number(t), _number(v)
-            if t is not None and v is not None:
-                points[t] = v
-    return out
-
-
-def value_at(points: dict[float, float], t: float) -> float | None:
-    """A range series' value at t, or at its last point before t (a series can miss a step:
-    a late scrape, a rule evaluated late); None if it has none by then."""
-    if t in points:
-        return points[t]
-    before = [u for u in points if u <= t]
-    return points[max(before)] if before else None
 
 
 def _by_key(rows: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
@@ -241,11 +149,11 @@ def observed_from_prometheus(
             )
         )
     # rows as Prometheus gives them, or not: a row without a `metric` object has no labels
-    keys = [_engine_key(_labels(r)) for r in caches]
+    keys = [_engine_key(labels_of(r)) for r in caches]
     refused = per_first_engine(refused, keys)
     out = []
     for row in caches:
-        m = _labels(row)
+        m = labels_of(row)
         key = _engine_key(m)
         name = f"{key[0]} engine {key[1]}"
         try:

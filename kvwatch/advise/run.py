@@ -7,6 +7,7 @@ import argparse
 import json
 from typing import Any
 
+from kvwatch.advise.prometheus import prometheus_as_cli
 from kvwatch.advise.sources import observed_from_source
 from kvwatch.common.cli_kit import EXIT_FOUND, CliError
 from kvwatch.sizing.advice import Advice, Observed, advise
@@ -64,9 +65,10 @@ def run_advise(ns: argparse.Namespace) -> int:
         if ns.what_if:
             return _run_what_if(ns)
         gpu = lookup_gpu(ns.gpu) if ns.gpu else None
-        items, server = observed_from_source(ns)
+        with prometheus_as_cli():
+            items, server = observed_from_source(ns)
+            fleets = _fleets(ns)
         results = [(name, obs, advise(obs, ns.margin, gpu, server)) for name, obs in items]
-        fleets = _fleets(ns)
     except SizingError as e:
         raise CliError(str(e)) from None
     if ns.json:

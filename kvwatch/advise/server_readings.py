@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from kvwatch.advise.prometheus import prometheus_range, series_by_labels
 from kvwatch.common.cli_kit import EXIT_UNREACHABLE, CliError
+from kvwatch.common.promql import prometheus_range, series_by_labels
 from kvwatch.sidecar.contract.vocabulary import (
     ITL,
     PREEMPTIONS,

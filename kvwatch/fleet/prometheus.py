@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from kvwatch.advise.prometheus import prometheus_query
+from kvwatch.common.promql import prometheus_query
 from kvwatch.fleet.services import running_service
 
 __all__ = ["running_prometheus", "wait_for_series", "query", "write_file_sd"]
@@ -87,8 +87,8 @@ def running_prometheus(
 
 
 def query(url: str, promql: str, at: float | None = None) -> list[dict[str, Any]]:
-    """An instant query's result rows, on a connection of its own (advise/prometheus.py's
-    reader: CliError when unreachable, SizingError, a ValueError, when refused)."""
+    """An instant query's result rows, on a connection of its own (common/promql.py's reader:
+    PrometheusUnreachable when it cannot be read, PrometheusError when refused)."""
     with httpx.Client(timeout=10) as client:
         return prometheus_query(client, url, promql, at)
 

@@ -135,10 +135,11 @@ def test_advise_reads_a_trickling_server_within_one_deadline(
     import json
     import time
 
-    from kvwatch.advise import prometheus, sources
+    from kvwatch.advise import sources
+    from kvwatch.common import promql
     from tests.sidecar.fakes import raw_http_server
 
-    monkeypatch.setattr(prometheus, "READ_DEADLINE_S", 1.0)
+    monkeypatch.setattr(promql, "READ_DEADLINE_S", 1.0)
     monkeypatch.setattr(sources, "SIDECAR_DEADLINE_S", 1.0)
     body = json.dumps({"status": "success", "data": {"result": []}, "pad": "x" * 200}).encode()
     reply = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from kvwatch.advise.prometheus import prometheus_query, values_by
+from kvwatch.common.promql import prometheus_query, values_by
 from kvwatch.sidecar.contract import catalogue as cat
 from kvwatch.sidecar.contract.vocabulary import (
     KV_USAGE,

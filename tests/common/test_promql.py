@@ -1,11 +1,11 @@
-"""Reading Prometheus answers (kvwatch/advise/prometheus.py): rows keyed by labels, range series
+"""Reading Prometheus answers (kvwatch/common/promql.py): rows keyed by labels, range series
 by time, the value at a step, and what a broken or hostile answer leaves out."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from kvwatch.advise.prometheus import series_by, value_at, values_by, values_by_labels
+from kvwatch.common.promql import series_by, value_at, values_by, values_by_labels
 
 ROWS: list[dict[str, Any]] = [
     {"metric": {"instance": "a:8000", "engine": "0", "model_name": "m"}, "value": [1.0, "0.5"]},
