@@ -4,7 +4,7 @@ For each text architecture vLLM registers (`_TEXT_GENERATION_MODELS` and the tex
 `_TRANSFORMERS_SUPPORTED_MODELS`, the release in `.venv`), a
 tiny config from transformers' config class defaults (at most 8 layers; vLLM's own config
 classes where it has one): vLLM's model classes build it on the meta device and list each
-layer's KV spec (`kvwatch/sizing/vllm_specs.py`, no engine start), and kvwatch's arithmetic
+layer's KV spec (`kvwatch/local/vllm_specs.py`, no engine start), and kvwatch's arithmetic
 reads the same config. Each architecture lands in one class (`classify`):
 
 - equal: the arithmetic's layers equal vLLM's (kind, heads, head sizes, window; state sizes);
@@ -138,7 +138,7 @@ def tiny_configs(archs: list[str]) -> tuple[dict[str, dict[str, Any]], dict[str,
 
 def run_specs(configs: dict[str, dict[str, Any]], workers: int = 2) -> dict[str, dict[str, Any]]:
     """arch -> vLLM's answer (`vllm_specs.py`), the cases split across `workers` children."""
-    from kvwatch.sizing.vllm_layers import run_spec_builder
+    from kvwatch.local.vllm_builder import run_spec_builder
 
     names = sorted(configs)
     parts = [names[i::workers] for i in range(workers)]

@@ -287,3 +287,43 @@ def test_every_command_module_names_its_handlers_as_strings() -> None:
             module, _, function = target.value.partition(":")
             assert function.startswith("run_"), f"{name}: handler {target.value} is not run_*"
             assert callable(getattr(importlib.import_module(module), function))
+
+
+# Rooms that say they are pure (figures in, figures out) and the I/O they may not import.
+PURE_ROOMS = ("kvwatch.sizing", "kvwatch.sidecar.judge")
+IO_MODULES = frozenset(
+    {"socket", "sqlite3", "httpx", "subprocess", "threading", "asyncio", "multiprocessing",
+     "urllib.request", "http.client", "http.server", "selectors", "ssl"}
+)  # fmt: skip
+
+
+def io_imports(path: Path) -> set[str]:
+    """The I/O libraries a file imports at any depth (lazy ones too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            found |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & IO_MODULES
+    return found
+
+
+@pytest.mark.parametrize("room", PURE_ROOMS)
+def test_pure_rooms_import_no_io(room: str) -> None:
+    """sizing and judge are arithmetic on typed values: what reads a socket, a database or a
+    child process lives in a room that says so (kvwatch/local runs vLLM's spec builder)."""
+    wrong = {
+        m: sorted(io_imports(p)) for m, p in MODULES.items() if room_of(m) == room and io_imports(p)
+    }
+    assert not wrong, wrong
+
+
+def test_the_purity_check_finds_io(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("import json\ndef f():\n    import subprocess\n    from http.client import X\n")
+    assert io_imports(bad) == {"subprocess", "http.client"}

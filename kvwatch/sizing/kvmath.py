@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from kvwatch.local.vllm_builder import vllm_installed
 from kvwatch.sizing.archconfig import (
     Architecture,
     AttentionLayer,
@@ -27,7 +28,7 @@ from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvplan import PLATFORMS, KvLayout, Serving, layout_for
 from kvwatch.sizing.presets import GPU_ALIASES, GPU_PRESETS, LINK_BYTES_PER_S, MODEL_PRESETS
 from kvwatch.sizing.presets import GpuSpec as Gpu
-from kvwatch.sizing.vllm_layers import read_vllm_layers, signature, vllm_installed
+from kvwatch.sizing.vllm_layers import read_vllm_layers, signature
 
 LayerSource = Literal["auto", "vllm", "kvwatch"]
 LAYER_SOURCES: tuple[str, ...] = ("auto", "vllm", "kvwatch")

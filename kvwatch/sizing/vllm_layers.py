@@ -1,29 +1,21 @@
 """A model's KV layers as vLLM's own model classes declare them, where vLLM is installed.
 
-`vllm_specs.py` builds the model in a child process on the meta device and lists each
-attention layer's KV spec; this module turns those specs into kvwatch's `Layer`s, so the
-arithmetic that makes blocks (`kvplan.py`) works from vLLM's layers rather than from kvwatch's
-reading of config.json. Any architecture vLLM serves is then sized as vLLM sizes it: hybrids,
+`kvwatch/local/vllm_specs.py` builds the model in a child process on the meta device and
+lists each attention layer's KV spec (run and cached by `kvwatch/local/vllm_builder.py`, the
+process half); this module turns those specs into kvwatch's `Layer`s (pure), so the arithmetic
+that makes blocks (`kvplan.py`) works from vLLM's layers rather than from kvwatch's reading of
+config.json. Any architecture vLLM serves is then sized as vLLM sizes it: hybrids,
 KV shared across layers, new families. A spec kvwatch cannot turn into blocks exactly (a kind
 it does not know, or a field it would ignore) is refused, never approximated.
-
-The answer is cached per config and vLLM build (`$KVWATCH_CACHE/vllm-layers`): the first
-sizing of a config costs vLLM's import and one meta build (about 10 s here), later ones a read.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from kvwatch.local.vllm_builder import vllm_answer
 from kvwatch.sizing.archconfig import (
     AttentionLayer,
     BuiltModel,
@@ -33,21 +25,16 @@ from kvwatch.sizing.archconfig import (
     refuse_attention_free,
 )
 from kvwatch.sizing.errors import SizingError
-from kvwatch.sizing.vllm_specs import MARK
 
 __all__ = [
     "VllmLayers",
-    "vllm_installed",
     "read_vllm_layers",
     "layers_from_specs",
     "layers_from_answer",
-    "run_spec_builder",
-    "offline_vllm_env",
     "source_name",
     "signature",
 ]
 
-_CACHE_VERSION = 2  # the builder's answer format: bump when vllm_specs.py changes it
 # spec fields kvwatch's block arithmetic reads, and the values of the rest it assumes: a spec
 # whose other fields differ would be sized wrong, so it is refused
 _ATTENTION_ASSUMED: dict[str, Any] = {
@@ -106,128 +93,14 @@ def source_name(version: str | None) -> str:
     return f"vllm {version} model classes" if version else "kvwatch arithmetic"
 
 
-def vllm_installed() -> Path | None:
-    """vLLM's package folder when this interpreter can import it (without importing it)."""
-    try:
-        spec = importlib.util.find_spec("vllm")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.origin:
-        return None
-    return Path(spec.origin).parent
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("KVWATCH_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "kvwatch") / "vllm-layers"
-
-
-def _build_key(folder: Path) -> str:
-    """The installed vLLM build: its folder and the time its files were installed."""
-    marker = folder / "__init__.py"
-    try:
-        stamp = max(marker.stat().st_mtime_ns, (folder / "_version.py").stat().st_mtime_ns)
-    except OSError:
-        stamp = marker.stat().st_mtime_ns if marker.exists() else 0
-    return f"{folder}:{stamp}"
-
-
-def _key(config: Mapping[str, Any], build: str) -> str:
-    text = json.dumps(config, sort_keys=True, default=str)
-    return hashlib.sha256(f"{_CACHE_VERSION}\n{build}\n{text}".encode()).hexdigest()[:32]
-
-
 def read_vllm_layers(config: Mapping[str, Any], label: str, timeout_s: float = 300.0) -> VllmLayers:
-    """vLLM's layers for `config`, from the cache or a child process; a SizingError in one
-    line where vLLM is not installed, cannot build the model here, or gives a spec kvwatch
-    cannot size exactly."""
-    folder = vllm_installed()
-    if folder is None:
+    """vLLM's layers for `config`, from the cache or a child process (kvwatch/local/
+    vllm_builder.py); a SizingError in one line where vLLM is not installed, cannot build the
+    model here, or gives a spec kvwatch cannot size exactly."""
+    found = vllm_answer(config, timeout_s)
+    if found is None:
         raise SizingError("vLLM is not installed in this Python (pip install 'kvwatch[gpu]')")
-    key = _key(config, _build_key(folder))
-    cached = _cache_dir() / f"{key}.json"
-    found: dict[str, Any] | None = None
-    try:
-        found = json.loads(cached.read_text())
-    except (OSError, ValueError):
-        found = None
-    if not isinstance(found, dict):
-        found = _run_child(config, timeout_s)
-        if "error" not in found:
-            _store(cached, found)
     return layers_from_answer(found, label)
-
-
-def _store(path: Path, found: dict[str, Any]) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(found))
-        tmp.replace(path)
-    except OSError:
-        pass  # a cache that cannot be written costs the next run a rebuild, nothing else
-
-
-def _run_child(config: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
-    if sys.stderr.isatty():  # the first sizing of a config takes seconds: say why
-        print("kvwatch: building the model with vLLM's own classes (once per config) ...",
-              file=sys.stderr, flush=True)  # fmt: skip
-    return run_spec_builder({"model": dict(config)}, timeout_s)["model"]
-
-
-def offline_vllm_env(log_level: str | None = None) -> dict[str, str]:
-    """The environment of a child that runs vLLM in-process and offline (the spec builder,
-    the tests' oracle and twin probe): one process, no hub, no usage stats, vLLM's own
-    platform rather than the twin's unless the child asks for it itself."""
-    env = dict(
-        os.environ,
-        VLLM_ENABLE_V1_MULTIPROCESSING="0",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-    )
-    if log_level:
-        env["VLLM_LOGGING_LEVEL"] = log_level
-    env.pop("KVWATCH_TWIN", None)
-    return env
-
-
-def run_spec_builder(
-    configs: Mapping[str, Mapping[str, Any]], timeout_s: float = 300.0
-) -> dict[str, dict[str, Any]]:
-    """Each config's answer from one child running `vllm_specs.py` (vLLM imported once for
-    all of them): its layers and model, or `{"error": ...}` in one line. Never raises."""
-    env = offline_vllm_env(log_level="ERROR")
-    cases = json.dumps([{"id": k, "config": v} for k, v in configs.items()], default=str)
-    why = None
-    found: dict[str, dict[str, Any]] = {}
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "kvwatch.sizing.vllm_specs"],
-            input=cases,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        why = f"vLLM did not build the model within {timeout_s:.0f} s"
-    except OSError as e:
-        why = f"cannot start {sys.executable}: {e.strerror}"
-    else:
-        for line in proc.stdout.splitlines():
-            if not line.startswith(MARK):
-                continue
-            try:
-                item = json.loads(line[len(MARK) :])
-            except ValueError:
-                continue
-            if isinstance(item, dict) and str(item.get("id")) in configs:
-                found[str(item.pop("id"))] = item
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        why = f"vLLM's model builder exited {proc.returncode}: {tail[:120]}"
-    return {k: found.get(k) or {"error": why} for k in configs}
 
 
 def layers_from_answer(found: Any, label: str) -> VllmLayers:

@@ -40,7 +40,7 @@ class OracleResult:
 def run_oracle(
     config_dir: Path, settings: dict[str, object], timeout_s: float = 300
 ) -> OracleResult:
-    from kvwatch.sizing.vllm_layers import offline_vllm_env
+    from kvwatch.local.vllm_builder import offline_vllm_env
 
     env = offline_vllm_env()
     proc = subprocess.run(

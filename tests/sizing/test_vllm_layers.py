@@ -1,7 +1,7 @@
 """vLLM's own layer specs as kvwatch layers, and the families the arithmetic learnt from the
 registry sweep (bench/bench_arch_sweep.py), each pinned to what vLLM's model file does.
 
-The pure part maps spec dicts as `kvwatch/sizing/vllm_specs.py` prints them; the live part
+The pure part maps spec dicts as `kvwatch/local/vllm_specs.py` prints them; the live part
 (integration) asks vLLM's model classes for real and checks the what-if against the figures
 vLLM printed for the same configs (tests/advise/test_whatif.py has them for the arithmetic).
 """
@@ -120,16 +120,16 @@ class TestCachedAnswers:
     def test_a_cached_answer_needs_no_child(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        from kvwatch.sizing import vllm_layers
+        from kvwatch.local import vllm_builder
 
         fake = tmp_path / "vllm"
         fake.mkdir()
         (fake / "__init__.py").write_text("")
         monkeypatch.setenv("KVWATCH_CACHE", str(tmp_path / "cache"))
-        monkeypatch.setattr(vllm_layers, "vllm_installed", lambda: fake)
+        monkeypatch.setattr(vllm_builder, "vllm_installed", lambda: fake)
         monkeypatch.setattr(kvmath, "vllm_installed", lambda: fake)
         cfg = json.loads((ARCH / "llama" / "config.json").read_text())
-        key = vllm_layers._key(cfg, vllm_layers._build_key(fake))
+        key = vllm_builder._key(cfg, vllm_builder._build_key(fake))
         path = tmp_path / "cache" / "vllm-layers" / f"{key}.json"
         path.parent.mkdir(parents=True)
         heads = cfg["num_key_value_heads"]
@@ -144,7 +144,7 @@ class TestCachedAnswers:
         assert arch.layers_source == "kvwatch arithmetic, equal to vllm 9.9 model classes"
         assert arch.params_total == 123456
         path.write_text("{broken")  # an unreadable cache is rebuilt, here by a child that fails
-        monkeypatch.setattr(vllm_layers, "_run_child", lambda c, t: {"error": "no vLLM here"})
+        monkeypatch.setattr(vllm_builder, "_run_child", lambda c, t: {"error": "no vLLM here"})
         with pytest.raises(SizingError, match="no vLLM here"):
             kvmath.architecture_for(cfg, "llama", "vllm")
         # auto falls back on the arithmetic for a known architecture, and says so
@@ -153,9 +153,9 @@ class TestCachedAnswers:
 
     def test_without_vllm(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(kvmath, "vllm_installed", lambda: None)
-        from kvwatch.sizing import vllm_layers
+        from kvwatch.local import vllm_builder
 
-        monkeypatch.setattr(vllm_layers, "vllm_installed", lambda: None)
+        monkeypatch.setattr(vllm_builder, "vllm_installed", lambda: None)
         cfg = json.loads((ARCH / "llama" / "config.json").read_text())
         assert kvmath.architecture_for(cfg, "x", "auto").layers_source == "kvwatch arithmetic"
         with pytest.raises(SizingError, match="not installed"):

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run_probe(cases: list[dict[str, Any]], timeout_s: float = 600) -> dict[str, dict[str, Any]]:
     """case id -> vLLM's figures (or its refusal as `error`), with the capacity line it logged."""
-    from kvwatch.sizing.vllm_layers import offline_vllm_env
+    from kvwatch.local.vllm_builder import offline_vllm_env
 
     env = offline_vllm_env()
     proc = subprocess.run(

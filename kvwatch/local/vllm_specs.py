@@ -1,6 +1,6 @@
 """vLLM's own KV specs for a config.json: its model classes built on the meta device, no engine.
 
-`python -m kvwatch.sizing.vllm_specs` reads a JSON list of `{"id", "config"}` on stdin and
+`python -m kvwatch.local.vllm_specs` reads a JSON list of `{"id", "config"}` on stdin and
 prints one line per case, `KVWATCH-SPECS {"id", "vllm", "layers", "model"}` or `{"id", "error"}`:
 each layer vLLM's KV cache manager would see, by index, with the fields of its spec (as
 `Attention.get_kv_cache_spec` returns it, the same call the twin's worker and vLLM's GPU model
