@@ -197,6 +197,7 @@ def _write_extras(run_dir: Path, state: dict[str, Any], alerts: list[dict[str, A
     """The sidecar's last state, the alerts, the dashboards, the rules and the report."""
     from kvwatch.alerts.build import write_all as write_rules
     from kvwatch.dashboards.build import write_all as write_dashboards
+    from kvwatch.loadgen.results.run_files import read_run
     from kvwatch.loadgen.results.rundir import write_jsonl
     from kvwatch.report.run_page import render_report
 
@@ -204,13 +205,13 @@ def _write_extras(run_dir: Path, state: dict[str, Any], alerts: list[dict[str, A
     write_jsonl(run_dir / "alerts.jsonl", alerts)
     write_dashboards(run_dir / "dashboards")
     write_rules(run_dir / "alerts")
-    (run_dir / "report.html").write_text(render_report(run_dir))
+    (run_dir / "report.html").write_text(render_report(read_run(run_dir)))
 
 
 def _print_summary(
     run_dir: Path, state: dict[str, Any], view: _LiveView, alerts: list[dict[str, Any]]
 ) -> None:
-    from kvwatch.loadgen.results.rundir import observed_from_run, server_from_run
+    from kvwatch.loadgen.results.run_observed import observed_from_dir
     from kvwatch.loadgen.results.summary import render_table
     from kvwatch.sizing.advice import advise
     from kvwatch.sizing.errors import SizingError
@@ -238,7 +239,8 @@ def _print_summary(
         f"(peak {view.peak_rate:.1f}/s); alerts delivered to the webhook: {len(alerts)}"
     )
     try:
-        adv = advise(observed_from_run(run_dir), server=server_from_run(run_dir))
+        observed, server = observed_from_dir(run_dir)
+        adv = advise(observed, server=server)
     except SizingError as e:
         print(f"advice: not enough seen ({e})")
     else:

@@ -16,6 +16,7 @@ import httpx
 from kvwatch.common.cli_kit import EXIT_FOUND, EXIT_UNREACHABLE, CliError, one_line
 from kvwatch.loadgen.measure import measure, print_progress, run_spec
 from kvwatch.loadgen.results.records import StallRule
+from kvwatch.loadgen.results.replay_text import render_replay
 from kvwatch.loadgen.results.server_metrics import sidecar_incidents
 from kvwatch.loadgen.results.working_set import (
     render_working_set,
@@ -38,7 +39,7 @@ from kvwatch.loadgen.workload.probes import ProbeSpec
 from kvwatch.loadgen.workload.schedule import Stage, StageSpecError, parse_stage, sweep_stages
 from kvwatch.loadgen.workload.sessions import SessionShape
 from kvwatch.loadgen.workload.spec import DatasetError, WorkloadSpec, tokenize_corpus
-from kvwatch.loadgen.workload.trace import TraceError, TraceReplay, render_replay, replay_report
+from kvwatch.loadgen.workload.trace import TraceError, TraceReplay, replay_report
 
 __all__ = [
     "run_load",

@@ -289,7 +289,7 @@ def search_doc(
 def _advice(run_dir: Path, doc: dict[str, Any]) -> dict[str, Any] | None:
     """The sizing advice where the binding limit is met: the KV onset's first probe (the
     cache ran out there), else the lowest failing load's."""
-    from kvwatch.loadgen.results.rundir import observed_from_run, server_from_run
+    from kvwatch.loadgen.results.run_observed import observed_from_dir
     from kvwatch.sizing.advice import advise
     from kvwatch.sizing.errors import SizingError
 
@@ -299,7 +299,8 @@ def _advice(run_dir: Path, doc: dict[str, Any]) -> dict[str, Any] | None:
         return None
     probe_dir = run_dir / "probes" / at["probes"][0]
     try:
-        adv = advise(observed_from_run(probe_dir), server=server_from_run(probe_dir))
+        observed, server = observed_from_dir(probe_dir)
+        adv = advise(observed, server=server)
     except SizingError as e:
         return {"probe": at["probes"][0], "verdict": f"no advice: {e}", "recommended": None,
                 "options": []}  # fmt: skip

@@ -626,7 +626,8 @@ def check_run_dir(rng: random.Random, tmp: Path) -> None:
 
     from kvwatch.advise.calibrate import figures_from_run
     from kvwatch.common.cli_kit import CliError
-    from kvwatch.loadgen.results.rundir import observed_from_run
+    from kvwatch.loadgen.results.run_files import read_run
+    from kvwatch.loadgen.results.run_observed import observed_from_dir
     from kvwatch.report.run_page import render_report
     from kvwatch.sizing.advice import advise
     from kvwatch.sizing.errors import SizingError
@@ -652,9 +653,9 @@ def check_run_dir(rng: random.Random, tmp: Path) -> None:
     for step in ("report", "advise", "calibrate"):
         try:
             if step == "report":
-                assert "<html" in render_report(run)
+                assert "<html" in render_report(read_run(run))
             elif step == "advise":
-                advise(observed_from_run(run))
+                advise(observed_from_dir(run)[0])
             else:
                 figures, _, skipped = figures_from_run(run, 8192, 256)
                 assert all(math.isfinite(f.value) and f.value >= 0 for f in figures)

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import statistics
 import sys
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kvwatch.common.cli_kit import CliError
 from kvwatch.sizing.budget import default_max_num_seqs
@@ -29,6 +28,9 @@ from kvwatch.sizing.calibration import Calibration, CalibrationError, Figure, ca
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
 from kvwatch.sizing.measured import Load
+
+if TYPE_CHECKING:
+    from kvwatch.loadgen.results.run_files import Record
 
 __all__ = ["run_calibrate", "figures_from_run", "render"]
 
@@ -41,22 +43,21 @@ def figures_from_run(
     run_dir: Path, batched_tokens: int, max_num_seqs: int
 ) -> tuple[list[Figure], float, list[str]]:
     """The run's stages as figures, the time scale they were divided by, and what was skipped."""
-    from kvwatch.loadgen.results.rundir import read_run
+    from kvwatch.loadgen.results.run_files import read_run
 
     try:
-        files = read_run(run_dir)
+        run = read_run(run_dir)
     except ValueError as e:
         raise CliError(str(e)) from None
-    scale = files.summary.get("time_scale")
-    scale = float(scale) if isinstance(scale, int | float) and 0 < scale < 1e6 else 1.0
-    by_stage: dict[str, list[dict[str, Any]]] = {}
-    for r in files.records:
-        if r.get("ok") and not r.get("warmup") and not r.get("probe"):
-            by_stage.setdefault(str(r.get("stage")), []).append(r)
+    scale = run.summary.time_scale
+    by_stage: dict[str, list[Record]] = {}
+    for r in run.records:
+        if r.ok and not r.warmup and not r.probe:
+            by_stage.setdefault(r.stage, []).append(r)
     streams = {
-        str(st.get("name")): int(m.group(1))
-        for st in files.spec.get("stages") or []
-        if isinstance(st, dict) and (m := _CLOSED.fullmatch(str(st.get("pattern") or "")))
+        st.name: int(m.group(1))
+        for st in run.spec.stages
+        if (m := _CLOSED.fullmatch(st.pattern or ""))
     }
     figures: list[Figure] = []
     skipped: list[str] = []
@@ -67,8 +68,8 @@ def figures_from_run(
         figures += fig
         if why:
             skipped.append(f"stage {stage}: {why}")
-    preempted = (files.summary.get("server") or {}).get("preemptions")
-    if isinstance(preempted, int | float) and preempted > 0:
+    preempted = run.summary.server.preemptions
+    if preempted is not None and preempted > 0:
         skipped.append(
             f"the server preempted {preempted:.0f} times during the run: recompute is in its "
             "figures, which read slower than the steps alone"
@@ -76,17 +77,18 @@ def figures_from_run(
     return figures, scale, skipped
 
 
-def _number(r: dict[str, Any], key: str) -> float | None:
-    """A finite, non-negative number of a record (a hand-edited run may hold anything)."""
-    v = r.get(key)
-    if isinstance(v, bool) or not isinstance(v, int | float):
+def _timings(r: Record) -> list[float] | None:
+    """A record's send, finish, lengths, TPOT and TTFT, where each is a non-negative number (a
+    hand-edited run may hold anything)."""
+    vals = [r.sent_at, r.finished_at, r.prompt_tokens, r.output_tokens, r.tpot, r.ttft]
+    if any(v is None or not v >= 0 for v in vals):
         return None
-    return float(v) if math.isfinite(v) and v >= 0 else None
+    return [float(v or 0.0) for v in vals]
 
 
 def _stage_figures(
     stage: str,
-    recs: list[dict[str, Any]],
+    recs: list[Record],
     streams: int | None,
     scale: float,
     batched: int,
@@ -96,13 +98,7 @@ def _stage_figures(
     drains at its end, neither of which is the steady load; its requests after the first N
     sent and before the last N - 1 are. Other patterns: every request, and the streams in
     flight by Little's law over the stage."""
-    keys = ("sent_at", "finished_at", "prompt_tokens", "output_tokens", "tpot", "ttft")
-    rows: list[list[float]] = []
-    for r in recs:
-        vals = [_number(r, k) for k in keys]
-        if all(v is not None for v in vals):
-            rows.append([float(v or 0.0) for v in vals])
-    rows.sort(key=lambda r: r[0])
+    rows = sorted((t for r in recs if (t := _timings(r)) is not None), key=lambda r: r[0])
     if streams is not None and len(rows) - (2 * streams - 1) >= _MIN_REQUESTS:
         rows = rows[streams : len(rows) - (streams - 1)]
     elif streams is not None:

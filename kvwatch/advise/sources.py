@@ -27,10 +27,10 @@ def observed_from_source(ns: argparse.Namespace) -> tuple[list[tuple[str, Observ
     server (`--model` re-plans each engine's KV groups from the model)."""
     server = ServerInfo()  # one server's version, where the source tells it
     if ns.run:
-        from kvwatch.loadgen.results.rundir import observed_from_run, server_from_run
+        from kvwatch.loadgen.results.run_observed import observed_from_dir
 
-        items = [(str(ns.run), observed_from_run(ns.run))]
-        server = server_from_run(ns.run)
+        observed, server = observed_from_dir(ns.run)
+        items = [(str(ns.run), observed)]
     elif ns.sidecar:
         import httpx
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from kvwatch.common.cli_kit import EXIT_USAGE, CliError
 from kvwatch.loadgen.cmd_search import SEARCH_FILE, render_search
+from kvwatch.loadgen.results.run_files import read_run
 from kvwatch.report.parts import CSS, advice_html, model_html
 from kvwatch.report.svgplot import Line, Mark, line_chart
 
@@ -141,7 +142,10 @@ def render_capacity(run_dir: Path) -> str:
     elif not (run_dir / "probes" / advice_at[0]).is_dir():
         advice = f"<p class='note'>The probe {escape(advice_at[0])} is not in this directory.</p>"
     else:
-        advice = advice_html(run_dir / "probes" / advice_at[0])[0]
+        try:
+            advice = advice_html(read_run(run_dir / "probes" / advice_at[0]))[0]
+        except ValueError as e:
+            advice = f"<p class='note'>No advice: {escape(str(e))}</p>"
     rows = []
     for p in doc["probes"]:
         pre = "-" if p["preemptions"] is None else f"{p['preemptions']:.0f}"

@@ -4,7 +4,10 @@ directory computed again from its files."""
 from __future__ import annotations
 
 from html import escape
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvwatch.loadgen.results.run_files import RunFiles
 
 __all__ = ["CSS", "advice_html", "model_html"]
 
@@ -33,16 +36,17 @@ def model_html(model: object) -> str:
     return f"<code{title}>{escape(name or text)}</code>"
 
 
-def advice_html(run_dir: Path) -> tuple[str, str | None]:
-    from kvwatch.loadgen.results.rundir import observed_from_run, server_from_run
+def advice_html(run: RunFiles) -> tuple[str, str | None]:
+    """The advice of a run, computed again from its files (read once, by the caller)."""
+    from kvwatch.loadgen.results.run_observed import observed_from_files, server_from_files
     from kvwatch.sizing.advice import advise
     from kvwatch.sizing.errors import SizingError
 
     try:
-        obs = observed_from_run(run_dir)
+        obs = observed_from_files(run)
     except SizingError as e:
         return f"<p class='note'>No advice: {escape(str(e))}</p>", None
-    adv = advise(obs, server=server_from_run(run_dir))
+    adv = advise(obs, server=server_from_files(run))
     parts = [
         f"<p><b>{escape(adv.verdict)}</b></p>",
         f"<p>Advised for {escape(adv.advised_for)}.</p>",

@@ -38,11 +38,13 @@ SPEC: dict[str, Any] = {
     "stages": [{"name": TEXT, "pattern": TEXT, "label": TEXT, "duration_s": NUM, "count": NUM,
                 "warmup": FLAG}],
     "server_before": _SERVER_SNAPSHOT, "server_after": _SERVER_SNAPSHOT,
+    "endpoint": TEXT, "ignore_eos": FLAG, "seed": NUM, "time_scale": NUM,
 }  # fmt: skip
 _OVERALL = {
     "completed": NUM, "failed": NUM, "duration_s": NUM, "output_token_throughput": NUM,
     "ttft": _PCTS, "itl": _PCTS, "e2e": _PCTS, "tpot": _PCTS, "dispatch_lag": _PCTS,
-    "stalls": NUM, "requests_with_stalls": NUM, "stalls_preempting": NUM,
+    "stalls": NUM, "requests_with_stalls": NUM, "stalls_preempting": NUM, "requests": NUM,
+    "server_timings": {k: _PCTS for k in ("queue_time", "ttft_after_queue", "client_overhead")},
 }  # fmt: skip
 _SERVER_DELTA = {
     k: NUM
@@ -50,15 +52,22 @@ _SERVER_DELTA = {
               "offload_allocation_failures", "prompt_tokens_cached", "prompt_tokens_computed")
 }  # fmt: skip
 _INCIDENT = {"what": TEXT, "at": TEXT, "detail": TEXT, "cause": TEXT, "lines": NUM}
+_TURN = {"requests": NUM, "prompt_tokens_mean": NUM, "ttft": _PCTS}
 SUMMARY: dict[str, Any] = {
     "overall": _OVERALL,
+    "stages": {"*": _OVERALL},
+    "classes": {"*": _OVERALL},
+    "probes": {"overall": _OVERALL, "stages": {"*": _OVERALL}},
+    "sessions": {"sessions": NUM, "cut": NUM, "turns": {"*": _TURN}, "working_set": {}},
+    "trace": {},
+    "time_scale": NUM,
     "server": _SERVER_DELTA,
     "sidecar": {"engines": {"*": {"status": TEXT, "reason": TEXT}}, "incidents": [_INCIDENT]},
 }
 RECORD: dict[str, Any] = {
     "ok": FLAG, "sent_at": NUM, "finished_at": NUM, "ttft": NUM, "e2e": NUM, "max_gap": NUM,
     "stalls": NUM, "prompt_tokens": NUM, "output_tokens": NUM, "expected_input_tokens": NUM,
-    "expected_output_tokens": NUM,
+    "expected_output_tokens": NUM, "tpot": NUM, "stage": TEXT, "probe": FLAG, "warmup": FLAG,
 }  # fmt: skip
 EVENT: dict[str, Any] = {"event": TEXT, "stage": TEXT, "t": NUM}
 TIMELINE_ROW: dict[str, Any] = {

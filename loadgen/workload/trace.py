@@ -32,7 +32,7 @@ from typing import Any
 
 __all__ = [
     "FORMATS", "TraceError", "TraceRequest", "Trace", "ReplayPlan", "TraceReplay", "read_trace",
-    "plan_replay", "implied_hit_rate", "replay_report", "render_replay",
+    "plan_replay", "implied_hit_rate", "replay_report",
 ]  # fmt: skip
 
 FORMATS = ("mooncake", "azure", "kvwatch")
@@ -463,37 +463,6 @@ def replay_report(
         "implied_prefix_hit_rate": implied_hit_rate(plan, server_block),
         "measured_prefix_hit_rate": measured,
     }
-
-
-def render_replay(rep: dict[str, Any]) -> str:
-    """The replay in a few lines for the terminal."""
-    lines = [
-        f"trace: {rep['replayed']} of {rep['usable_rows']} usable {rep['format']} requests "
-        f"over {rep['span_s']:.1f} s (speed {rep['speed']:g}, lengths x{rep['length_scale']:g})"
-    ]
-    if rep["time_scale"] != 1.0:
-        lines.append(
-            f"trace: the target is a twin at time scale {rep['time_scale']:g}: the trace's "
-            f"times were stretched as much, so its card sees the trace's own pace"
-        )
-    if rep.get("rows_outside_window"):
-        lines.append(
-            f"trace: {rep['rows_outside_window']} rows outside the window were counted, not read"
-        )
-    if rep["skipped_rows"]:
-        said = ", ".join(f"{n} {why}" for why, n in rep["skipped_rows"].items())
-        lines.append(f"trace: rows skipped: {said}")
-    if rep["clipped"]:
-        lines.append(f"trace: {rep['clipped']} requests clipped to the server's max_model_len")
-    if rep["shares_prefixes"]:
-        implied = f"{rep['implied_prefix_hit_rate']:.1%}"
-        measured = rep["measured_prefix_hit_rate"]
-        got = "not exported" if measured is None else f"{measured:.1%}"
-        lines.append(
-            f"trace: prefix-cache hit rate {got} (vLLM's prompt tokens by source); the trace's "
-            f"hash_ids imply {implied} for a cache that holds everything"
-        )
-    return "\n".join(lines)
 
 
 @functools.lru_cache(maxsize=4)

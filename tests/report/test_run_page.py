@@ -9,24 +9,30 @@ from pathlib import Path
 
 import pytest
 
+from kvwatch.loadgen.results.run_files import read_run
 from kvwatch.loadgen.results.rundir import write_run
 from kvwatch.report.run_page import bucket_delta, counter_rate, render_report, state_spans
 
 
+def report(run: Path) -> str:
+    """The page, as `kvwatch report RUN_DIR` makes it: the directory read once, then drawn."""
+    return render_report(read_run(run))
+
+
 def test_counter_rate_survives_a_restart() -> None:
-    rows = [{"t": 0, "c": 10}, {"t": 1, "c": 14}, {"t": 2, "c": 3}, {"t": 3, "c": None}]
-    assert counter_rate(rows, "c") == [(1, 4.0), (2, 3.0)]  # the drop counts from zero
+    points: list[tuple[float, float | None]] = [(0, 10), (1, 14), (2, 3), (3, None)]
+    assert counter_rate(points) == [(1, 4.0), (2, 3.0)]  # the drop counts from zero
 
 
 def test_state_spans() -> None:
-    rows = [{"t": t, "state": s} for t, s in enumerate(["ok", "thrashing", "thrashing", "ok"])]
-    rows.append({"t": 4, "state": "thrashing"})
+    rows: list[tuple[float, str | None]] = list(enumerate(["ok", "thrashing", "thrashing", "ok"]))
+    rows.append((4, "thrashing"))
     assert [(s.start, s.end) for s in state_spans(rows)] == [(1, 3), (4, 4)]
 
 
 def test_bucket_delta_gives_counts_per_bucket() -> None:
-    before = [[1.0, 5.0], [2.0, 6.0], [float("inf"), 6.0]]
-    after = [[1.0, 9.0], [2.0, 12.0], [float("inf"), 13.0]]
+    before = ((1.0, 5.0), (2.0, 6.0), (float("inf"), 6.0))
+    after = ((1.0, 9.0), (2.0, 12.0), (float("inf"), 13.0))
     assert bucket_delta(before, after) == [("\u2264 1", 4.0), ("\u2264 2", 2.0), ("more", 1.0)]
 
 
@@ -70,7 +76,7 @@ def _run_dir(tmp: Path) -> Path:
 
 
 def test_report_has_every_section(tmp_path: Path) -> None:
-    html = render_report(_run_dir(tmp_path / "run"))
+    html = report(_run_dir(tmp_path / "run"))
     for text in ("1 episode(s)", "KV cache usage", "Preemptions per second",
                  "Running and waiting", "at the time it finished", "Requests by stalls",
                  "Requests by how often vLLM preempted them", "Sizing advice", "The arithmetic",
@@ -113,12 +119,12 @@ def test_incidents_the_sidecar_saw_are_listed_escaped(tmp_path: Path) -> None:
         ],
     }  # fmt: skip
     (run / "summary.json").write_text(json.dumps(summary))
-    html = render_report(run)
+    html = report(run)
     assert "<h2>Incidents</h2>" in html and "engine_death" in html and "12-01 10:00:05" in html
     assert "dead: the log says: &lt;b&gt;x&lt;/b&gt;" in html
     assert "<script" not in html and "&lt;script&gt;" in html
     # without a sidecar, the section says so
-    assert "No sidecar was given to this run" in render_report(_run_dir(tmp_path / "plain"))
+    assert "No sidecar was given to this run" in report(_run_dir(tmp_path / "plain"))
 
 
 def test_the_page_speaks_the_users_words(tmp_path: Path) -> None:
@@ -127,7 +133,7 @@ def test_the_page_speaks_the_users_words(tmp_path: Path) -> None:
     spec = json.loads((run / "spec.json").read_text())
     spec["model"] = "/root/.cache/kvwatch/models/tiny-llama-30m-v1"
     (run / "spec.json").write_text(json.dumps(spec))
-    html = render_report(run)
+    html = report(run)
     assert (
         "<code title='/root/.cache/kvwatch/models/tiny-llama-30m-v1'>tiny-llama-30m-v1</code>"
         in html
@@ -138,7 +144,7 @@ def test_the_page_speaks_the_users_words(tmp_path: Path) -> None:
     assert '"synthetic"' not in html and "{" not in html.split("<h2>Workload</h2>")[1][:2000]
     spec["model"] = "meta-llama/Llama-3.1-8B-Instruct"  # a hub name is kept whole
     (run / "spec.json").write_text(json.dumps(spec))
-    assert "<code>meta-llama/Llama-3.1-8B-Instruct</code>" in render_report(run)
+    assert "<code>meta-llama/Llama-3.1-8B-Instruct</code>" in report(run)
 
 
 @pytest.mark.integration
@@ -160,7 +166,7 @@ def test_short_stages_label_their_charts_legibly_in_chromium(tmp_path: Path) -> 
     events = [{"event": "stage_start", "stage": f"concurrency:n={n}#{n}", "t": t}
               for n, t in zip(loads, starts, strict=True)]  # fmt: skip
     (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-    (run / "report.html").write_text(render_report(run))
+    (run / "report.html").write_text(report(run))
     check = open_page(run / "report.html", tmp_path / "report.png")
     assert check.console_errors == [] and check.page_errors == []
     assert check.label_count == 4 * len(loads)  # four charts over time carry the marks
@@ -213,7 +219,7 @@ def _session_run(tmp: Path) -> Path:
 
 
 def test_sessions_and_a_replay_have_their_sections(tmp_path: Path) -> None:
-    html = render_report(_session_run(tmp_path / "run"))
+    html = report(_session_run(tmp_path / "run"))
     for text in ("<h2>Sessions</h2>", "40 conversations, 1 cut short by a failed turn",
                  "2,400", "p50 3.1 s", "give it --kv-cache-memory-bytes 24272437248",
                  "<h2>Trace replay</h2>", "918 of 12031 usable mooncake requests",
@@ -232,7 +238,7 @@ def test_a_hand_edited_sessions_summary_does_not_break_the_page(tmp_path: Path) 
     summary["sessions"]["working_set"] = {"peak_blocks": "x"}
     summary["trace"] = {"format": 3}
     (run / "summary.json").write_text(json.dumps(summary))
-    html = render_report(run)
+    html = report(run)
     assert "The working set in summary.json is unreadable" in html
     assert "The replay in summary.json is unreadable" in html
 
@@ -242,7 +248,7 @@ def test_the_sessions_page_renders_cleanly_in_chromium(tmp_path: Path) -> None:
     from tests.browser import open_page
 
     run = _session_run(tmp_path / "run")
-    (run / "report.html").write_text(render_report(run))
+    (run / "report.html").write_text(report(run))
     check = open_page(run / "report.html", tmp_path / "report.png")
     assert check.console_errors == [] and check.page_errors == []
 
@@ -270,5 +276,5 @@ def test_any_hand_edited_section_renders_escaped_without_a_traceback(tmp_path: P
             node = node[key]
         node[path[-1]] = bad
         (run / "summary.json").write_text(json.dumps(doc))
-        html = render_report(run)
+        html = report(run)
         assert "<i>pwn" not in html and "<u>pwn" not in html, (path, bad)
