@@ -28,6 +28,7 @@ from kvwatch.loadgen.cmd_run import (
 from kvwatch.loadgen.measure import Measured, measure, run_spec
 from kvwatch.loadgen.results.records import StallRule
 from kvwatch.loadgen.results.rundir import discard_if_empty, prepare_run_dir, write_run
+from kvwatch.loadgen.results.search_file import SEARCH_FILE, render_search, search_from_doc
 from kvwatch.loadgen.results.server_metrics import sidecar_preemptions
 from kvwatch.loadgen.results.summary import SloError, parse_slo, summarize_records
 from kvwatch.loadgen.search import CapacitySearch, LoadVerdict, ProbeResult, SearchPlan
@@ -36,11 +37,8 @@ from kvwatch.loadgen.workload.arrivals import Concurrency, Poisson
 from kvwatch.loadgen.workload.schedule import Stage
 from kvwatch.loadgen.workload.spec import WorkloadSpec
 
-__all__ = [
-    "run_search", "probe_stage", "search_doc", "render_search", "kv_ran_out", "SEARCH_FILE",
-]  # fmt: skip
+__all__ = ["run_search", "probe_stage", "search_doc", "kv_ran_out"]
 
-SEARCH_FILE = "search.json"
 _STALL = StallRule(5.0, 0.25)
 _SETTLE_S = 1.0  # between probes: the last one's requests are gone from the server's gauges
 
@@ -208,7 +206,7 @@ def _search_into(
     if ns.json:
         print(json.dumps(doc, indent=2))
     else:
-        print(render_search(doc))
+        print(render_search(search_from_doc(doc)))
         print(f"run directory: {run_dir}  (kvwatch report {run_dir} draws the capacity page)")
     return 0 if result.max_ok is not None else EXIT_FOUND
 
@@ -311,78 +309,3 @@ def _advice(run_dir: Path, doc: dict[str, Any]) -> dict[str, Any] | None:
         "recommended": adv.recommended,
         "options": list(adv.options),
     }
-
-
-def _pct(x: float) -> str:
-    return f"{x:.0%}"
-
-
-def render_search(doc: dict[str, Any]) -> str:
-    """The console's table (one row per load) and what it found."""
-    res = doc["result"]
-    by, t = res["by"], res["attainment_target"]
-    unit = _unit(by)
-    marks: dict[float, list[str]] = {}
-    labels = (
-        ("max_ok", "max meeting SLOs"), ("min_fail", "first failing"),
-        ("kv_onset", "KV onset"), ("kv_clean", "last without preemption"),
-    )  # fmt: skip
-    for key, label in labels:
-        if res[key] is not None:
-            marks.setdefault(res[key]["load"], []).append(label)
-    rows = [("load", "probes", "requests", "met SLOs", "95% interval", "preempt/s", "")]
-    for v in doc["loads"]:
-        lo, hi = v["interval95"]
-        pps = v["preemptions_per_s"]
-        rows.append((
-            f"{v['load']:g}", str(len(v["probes"])), str(v["requests"]), _pct(v["attainment"]),
-            f"{_pct(lo)}-{_pct(hi)}", "-" if pps is None else f"{pps:.2f}",
-            ", ".join(marks.get(v["load"], [])),
-        ))  # fmt: skip
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    lines.append("")
-    slo = ", ".join(f"{k} <= {v * 1000:.0f} ms" for k, v in doc["slo"].items())
-    ok, fail = res["max_ok"], res["min_fail"]
-    if ok is None:
-        lines.append(f"No load probed met the SLOs ({slo}) for {t:.0%} of requests.")
-    else:
-        lo, hi = ok["interval95"]
-        lines.append(
-            f"Highest load meeting the SLOs ({slo}) for {t:.0%} of requests: {ok['load']:g} "
-            f"{unit} ({_pct(ok['attainment'])} of {ok['requests']}, 95% interval "
-            f"{_pct(lo)}-{_pct(hi)})."
-        )
-    if fail is not None:
-        lo, hi = fail["interval95"]
-        lines.append(
-            f"Next above it, {fail['load']:g} {unit}: {_pct(fail['attainment'])} "
-            f"(95% interval {_pct(lo)}-{_pct(hi)})."
-        )
-    else:
-        lines.append(f"No load up to the maximum probed failed them ({doc['plan']['max_load']:g}).")
-    onset, clean = res["kv_onset"], res["kv_clean"]
-    if onset is not None:
-        below = "" if clean is None else f"; none at {clean['load']:g}"
-        lines.append(
-            f"KV onset: preemption starts at {onset['load']:g} {unit} "
-            f"({onset['preemptions_per_s'] or 0:.2f}/s){below}."
-        )
-    else:
-        top = max((v["load"] for v in doc["loads"]), default=0)
-        lines.append(f"KV onset: no preemption at any load probed (up to {top:g} {unit}).")
-    ran_out = res.get("kv_ran_out")
-    if res["binding"] == "kv cache" and ran_out is not None:
-        how = "preempting" if ran_out["preemptions"] else "queueing requests it had no room for"
-        lines.append(
-            f"The KV cache binds first: it had run out ({how}) at {ran_out['load']:g} {unit}, "
-            "by the load that failed."
-        )
-    elif res["binding"] == "compute":
-        lines.append("Compute binds first: the SLOs failed on a cache that had not run out.")
-    adv = doc.get("advice")
-    if adv:
-        lines.append(f"Advice at {adv['probe']}: {adv['verdict']}")
-        if adv.get("recommended"):
-            lines.append(f"Recommended: {adv['recommended']}")
-    return "\n".join(lines)

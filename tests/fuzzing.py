@@ -661,3 +661,35 @@ def check_run_dir(rng: random.Random, tmp: Path) -> None:
                 assert all(math.isfinite(f.value) and f.value >= 0 for f in figures)
         except (CliError, SizingError, ValueError) as e:
             assert str(e) and "\n" not in str(e), (step, e)
+
+
+# --- a search directory someone edited (kvwatch report on a loadgen search) ---------------
+
+_SEARCH_DOC: list[dict[str, Any]] = []
+
+
+def check_search_file(rng: random.Random, tmp: Path) -> None:
+    """`kvwatch report` on a search directory whose search.json has one to three fields given
+    any value: the capacity page, or one CliError line; never a traceback."""
+    from kvwatch.common.cli_kit import CliError
+    from kvwatch.loadgen.results.search_file import SEARCH_FILE
+    from kvwatch.report.capacity_page import render_capacity
+
+    if not _SEARCH_DOC:
+        from tests.loadgen.test_search import search_fixture
+
+        _SEARCH_DOC.append(search_fixture())
+    doc = json.loads(json.dumps(_SEARCH_DOC[0]))
+    places = _places(doc)
+    _spoil(doc, places, rng, rng.randint(1, 3))
+    tmp.mkdir(parents=True, exist_ok=True)
+    try:
+        (tmp / SEARCH_FILE).write_text(json.dumps(doc))
+    except ValueError:
+        return  # a value JSON cannot hold
+    try:
+        page = render_capacity(tmp)
+    except CliError as e:
+        assert "\n" not in str(e) and str(e)
+        return
+    assert page.startswith("<!DOCTYPE html>")

@@ -360,3 +360,15 @@ def test_an_edited_run_directory_reports_advises_calibrates_or_says_why(
     from tests.fuzzing import check_run_dir
 
     check_run_dir(rng, tmp_path)
+
+
+@settings(
+    max_examples=max(1, EXAMPLES // 5), deadline=None, database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)  # fmt: skip
+@given(rng=st.randoms(use_true_random=False))
+def test_an_edited_search_file_draws_or_says_why(rng: random.Random, tmp_path: Path) -> None:
+    """`kvwatch report` on a search directory with fields of search.json given any value."""
+    from tests.fuzzing import check_search_file
+
+    check_search_file(rng, tmp_path / "search")

@@ -7,15 +7,13 @@ directory). Self-contained like the run report: inline CSS and SVG, no script.
 
 from __future__ import annotations
 
-import json
 import time
 from html import escape
 from pathlib import Path
-from typing import Any
 
 from kvwatch.common.cli_kit import EXIT_USAGE, CliError
-from kvwatch.loadgen.cmd_search import SEARCH_FILE, render_search
 from kvwatch.loadgen.results.run_files import read_run
+from kvwatch.loadgen.results.search_file import SEARCH_FILE, SearchFile, read_search, render_search
 from kvwatch.report.parts import CSS, advice_html, model_html
 from kvwatch.report.svgplot import Line, Mark, line_chart
 
@@ -26,80 +24,34 @@ def is_search_dir(run_dir: Path) -> bool:
     return (run_dir / SEARCH_FILE).is_file()
 
 
-def _number(x: object) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool)
-
-
-def _check_verdict(v: object, where: str) -> None:
-    if v is None:
-        return
-    if not isinstance(v, dict):
-        raise ValueError(f"{where} is not an object")
-    iv = v.get("interval95")
-    if not (
-        _number(v.get("load")) and _number(v.get("attainment")) and _number(v.get("requests"))
-        and isinstance(iv, list) and len(iv) == 2 and all(map(_number, iv))
-        and (v.get("preemptions_per_s") is None or _number(v.get("preemptions_per_s")))
-        and isinstance(v.get("probes"), list) and all(isinstance(p, str) for p in v["probes"])
-    ):  # fmt: skip
-        raise ValueError(f"{where}: load, attainment, requests, interval95 and probes expected")
-
-
-def _load(run_dir: Path) -> dict[str, Any]:
-    """search.json, checked: it is a file from outside like any other input."""
+def _load(run_dir: Path) -> SearchFile:
+    """search.json, read once and checked: it is a file from outside like any other input."""
     path = run_dir / SEARCH_FILE
     try:
-        doc = json.loads(path.read_text())
-        if not isinstance(doc, dict) or doc.get("kind") != "capacity_search":
-            raise ValueError("not a capacity search")
-        res = doc.get("result")
-        if not isinstance(res, dict) or res.get("by") not in ("concurrency", "rate"):
-            raise ValueError("no result")
-        if not _number(res.get("attainment_target")):
-            raise ValueError("no attainment target")
-        for key in ("max_ok", "min_fail", "kv_onset", "kv_clean"):
-            _check_verdict(res.get(key), f"result.{key}")
-        if not isinstance(doc.get("loads"), list) or not isinstance(doc.get("probes"), list):
-            raise ValueError("no loads or probes")
-        for i, v in enumerate(doc["loads"]):
-            _check_verdict(v, f"loads[{i}]")
-        for i, p in enumerate(doc["probes"]):
-            if not (
-                isinstance(p, dict) and isinstance(p.get("name"), str)
-                and all(_number(p.get(k)) for k in ("load", "requests", "attained", "duration_s"))
-                and (p.get("preemptions") is None or _number(p.get("preemptions")))
-            ):  # fmt: skip
-                raise ValueError(f"probes[{i}]: name, load, requests, attained expected")
-        slo = doc.get("slo")
-        if not isinstance(slo, dict) or not all(map(_number, slo.values())):
-            raise ValueError("no SLOs")
-        if not isinstance(doc.get("plan"), dict) or not _number(doc["plan"].get("max_load")):
-            raise ValueError("no plan")
+        return read_search(run_dir)
     except OSError as e:
         raise CliError(f"{path}: {e.strerror}") from None
-    except ValueError as e:  # JSON errors are ValueErrors too
-        raise CliError(f"{path}: not a readable capacity search ({e})", EXIT_USAGE) from None
-    return doc
+    except ValueError as e:
+        raise CliError(f"{path}: {e}", EXIT_USAGE) from None
 
 
 def render_capacity(run_dir: Path) -> str:
     doc = _load(run_dir)
-    res = doc["result"]
-    by, target = res["by"], res["attainment_target"]
+    by, target = doc.by, doc.attainment_target
     unit = "in flight" if by == "concurrency" else "req/s"
-    loads = doc["loads"]
-    limit = "SLO limit" if res["min_fail"] is not None else "met SLOs up to the maximum"
+    loads = doc.loads
+    limit = "SLO limit" if doc.min_fail is not None else "met SLOs up to the maximum"
     marks = [
-        Mark(res[k]["load"], label)
-        for k, label in (("max_ok", limit), ("kv_onset", "KV onset"))
-        if res[k] is not None
+        Mark(v.load, label)
+        for v, label in ((doc.max_ok, limit), (doc.kv_onset, "KV onset"))
+        if v is not None
     ]
-    x_range = (min(v["load"] for v in loads), max(v["load"] for v in loads)) if loads else None
+    x_range = (min(v.load for v in loads), max(v.load for v in loads)) if loads else None
     attain = line_chart(
         f"Requests meeting every SLO, against load ({unit})",
         [
-            Line("met the SLOs", [(v["load"], v["attainment"]) for v in loads]),
-            Line("95% interval, low", [(v["load"], v["interval95"][0]) for v in loads]),
+            Line("met the SLOs", [(v.load, v.attainment) for v in loads]),
+            Line("95% interval, low", [(v.load, v.interval95[0]) for v in loads]),
         ],
         "percentunit",
         marks=marks,
@@ -114,11 +66,7 @@ def render_capacity(run_dir: Path) -> str:
         [
             Line(
                 "preemptions/s",
-                [
-                    (v["load"], v["preemptions_per_s"])
-                    for v in loads
-                    if v["preemptions_per_s"] is not None
-                ],
+                [(v.load, v.preemptions_per_s) for v in loads if v.preemptions_per_s is not None],
             )
         ],  # fmt: skip
         marks=marks,
@@ -126,17 +74,18 @@ def render_capacity(run_dir: Path) -> str:
         x_range=x_range,
         x_unit="",
     )
-    slo = ", ".join(f"{k} &le; {v * 1000:.0f} ms" for k, v in doc["slo"].items())
-    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(doc.get("started_unix") or 0))
-    binding = res["binding"] or (
+    slo = ", ".join(f"{k} &le; {v * 1000:.0f} ms" for k, v in doc.slo)
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(doc.started_unix or 0))
+    binding = doc.binding or (
         "none found: no load up to the maximum failed the SLOs"
-        if res["min_fail"] is None
+        if doc.min_fail is None
         else "none found"
     )
-    verdict_class = "good" if res["max_ok"] is not None else "bad"
+    verdict_class = "good" if doc.max_ok is not None else "bad"
     found = render_search(doc).split("\n\n", 1)[-1].splitlines()
     summary = "".join(f"<p>{escape(line)}</p>" for line in found)
-    advice_at = (res["kv_onset"] or res["min_fail"] or {}).get("probes") or []
+    at = doc.kv_onset or doc.min_fail
+    advice_at = at.probes if at is not None else ()
     if not advice_at:
         advice = "<p class='note'>No load failed and none preempted: nothing to size for.</p>"
     elif not (run_dir / "probes" / advice_at[0]).is_dir():
@@ -147,18 +96,18 @@ def render_capacity(run_dir: Path) -> str:
         except ValueError as e:
             advice = f"<p class='note'>No advice: {escape(str(e))}</p>"
     rows = []
-    for p in doc["probes"]:
-        pre = "-" if p["preemptions"] is None else f"{p['preemptions']:.0f}"
+    for p in doc.probes:
+        pre = "-" if p.preemptions is None else f"{p.preemptions:.0f}"
         rows.append(
-            f"<tr><td>{escape(p['name'])}</td><td class='n'>{p['load']:g}</td>"
-            f"<td class='n'>{p['requests']}</td><td class='n'>{p['attained']}</td>"
-            f"<td class='n'>{pre}</td><td class='n'>{p['duration_s']:.0f}</td></tr>"
+            f"<tr><td>{escape(p.name)}</td><td class='n'>{p.load:g}</td>"
+            f"<td class='n'>{p.requests:g}</td><td class='n'>{p.attained:g}</td>"
+            f"<td class='n'>{pre}</td><td class='n'>{p.duration_s:.0f}</td></tr>"
         )
     probes = "".join(rows)
     body = [
         f"<h1>kvwatch capacity: {escape(run_dir.name)}</h1>",
-        f"<p class='sub'>{escape(str(doc.get('target')))} &middot; model "
-        f"{model_html(doc.get('model'))} &middot; started {started} &middot; "
+        f"<p class='sub'>{escape(str(doc.target))} &middot; model "
+        f"{model_html(doc.model)} &middot; started {started} &middot; "
         f"by {escape(by)}, SLOs {slo}, {target:.0%} of requests</p>",
         f"<div class='verdict {verdict_class}'>{summary}</div>",
         "<h2>Capacity</h2>",

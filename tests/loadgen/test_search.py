@@ -165,11 +165,17 @@ def _doc(search: CapacitySearch) -> dict[str, object]:
     return search_doc(named, {"tpot": 0.05}, "http://vllm", "m", WorkloadSpec(), meta, 0.0)
 
 
+def search_fixture() -> dict[str, object]:
+    """A search.json document of a search that found both limits (the fuzzers spoil it)."""
+    return _doc(_drive(SearchPlan("concurrency", repeats=1, max_repeats=1), _kv_bound,
+                       _preempts_from_4))  # fmt: skip
+
+
 def test_the_console_says_what_was_found() -> None:
-    from kvwatch.loadgen.cmd_search import render_search
+    from kvwatch.loadgen.results.search_file import render_search, search_from_doc
 
     s = _drive(SearchPlan("concurrency", repeats=1, max_repeats=1), _kv_bound, _preempts_from_4)
-    text = render_search(_doc(s))  # type: ignore[arg-type]
+    text = render_search(search_from_doc(_doc(s)))
     assert "Highest load meeting the SLOs (tpot <= 50 ms) for 95% of requests: 5 in flight" in text
     assert "Next above it, 6 in flight: 50%" in text
     assert "KV onset: preemption starts at 4 in flight (1.20/s); none at 3." in text
@@ -181,7 +187,7 @@ def test_the_console_says_what_was_found() -> None:
 def test_the_capacity_page_marks_both_limits(tmp_path: Path) -> None:
     import json
 
-    from kvwatch.loadgen.cmd_search import SEARCH_FILE
+    from kvwatch.loadgen.results.search_file import SEARCH_FILE
     from kvwatch.report.capacity_page import render_capacity
 
     s = _drive(SearchPlan("concurrency", repeats=1, max_repeats=1), _kv_bound, _preempts_from_4)
@@ -199,7 +205,7 @@ def test_the_capacity_page_marks_both_limits(tmp_path: Path) -> None:
 )  # fmt: skip
 def test_a_broken_search_file_is_a_clear_error(tmp_path: Path, broken: str) -> None:
     from kvwatch.common.cli_kit import CliError
-    from kvwatch.loadgen.cmd_search import SEARCH_FILE
+    from kvwatch.loadgen.results.search_file import SEARCH_FILE
     from kvwatch.report.capacity_page import render_capacity
 
     (tmp_path / SEARCH_FILE).write_text(broken)
