@@ -1,6 +1,7 @@
 """What survives a restart, in one private SQLite file: the file itself (database), the
-durable webhook outbox (outbox) and the thrashing episodes (episode_store). Stores what the
-judge made; decides nothing."""
+durable webhook outbox (outbox), the thrashing episodes (episode_store) and the alerts firing
+(firing_store). Every SQL statement of the sidecar is here. Stores what the judge and the
+alerting made; decides nothing."""
 
 from __future__ import annotations
 
