@@ -24,7 +24,7 @@ twin: the twin (Llama 3.1 8B on an H100, 8 GB of KV, time scale 2 so that this m
 work hides under the simulated steps) runs with hidden constants, each moved by 40% from the
 shipped ones (hbm_efficiency by 20%: +40% would pass the card's ceiling); runs of 1, 8, 32 and
 64 streams and one of longer prompts calibrate; the fitted constants are held against the hidden
-ones (the pure version: tests/sizing/test_calibration.py). Results:
+ones (the pure version: tests/timing/test_calibration.py). Results:
 bench/results/calibrate-{cpu,cpu-metrics,twin}.json, docs/twin.md.
 """
 
@@ -51,11 +51,11 @@ from kvwatch.local.server import (
     wait_until_ok,
 )
 from kvwatch.local.tiny_model import build_tiny_model
-from kvwatch.sizing.calibration import Figure, read_calibration
 from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
-from kvwatch.sizing.measured import predict
-from kvwatch.sizing.server_slices import figures_from_slices
-from kvwatch.sizing.steptime import StepModel
+from kvwatch.timing.calibration import Figure, read_calibration
+from kvwatch.timing.measured import predict
+from kvwatch.timing.server_slices import figures_from_slices
+from kvwatch.timing.steptime import StepModel
 
 RESULTS = Path(__file__).parent / "results"
 SLICE_S = 3  # seconds of a slice of the server's counters (calibrate --slice), read twice a second

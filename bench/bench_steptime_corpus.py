@@ -9,7 +9,7 @@ one figure per run (TPOT first, then a closed batch's latency, then tokens/s, th
 others of a run restate the same steps), drops duplicates that two collectors found, rows
 whose model has no preset of its shape, and rows of a judge set kept aside by the issue, and
 assigns each run its split. `fit` fits the constants on the fit part only and prints them;
-they are copied into kvwatch/sizing/steptime.py by hand (a reviewed change). `report` prints
+they are copied into kvwatch/timing/steptime.py by hand (a reviewed change). `report` prints
 the error per regime, fitted and held-out apart, and writes bench/results/steptime-corpus.json.
 """
 
@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from steptime_corpus import CORPUS, RAW, Point, preset_for, read, rows, split_of, to_point
 
-from kvwatch.sizing.fit import Bound, fit, summary
-from kvwatch.sizing.steptime import CARD_CONSTANTS, StepConstants
+from kvwatch.timing.fit import Bound, fit, summary
+from kvwatch.timing.steptime import CARD_CONSTANTS, StepConstants
 
 OUT = Path(__file__).parent / "results" / "steptime-corpus.json"
 FITTED = Path(__file__).parent / "results" / "steptime-fit.json"

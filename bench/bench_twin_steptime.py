@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from kvwatch.sizing.kvmath import lookup_gpu, lookup_model
-from kvwatch.sizing.steptime import ScheduledRequest, StepModel
+from kvwatch.timing.steptime import ScheduledRequest, StepModel
 from tests.twin.published import PUBLISHED
 
 OUT = Path(__file__).parent / "results" / "twin" / "steptime.json"

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from kvwatch.sizing.kvmath import lookup_gpu, lookup_model
 from kvwatch.sizing.presets import MODEL_PRESETS
-from kvwatch.sizing.steptime import ScheduledRequest, StepModel
+from kvwatch.timing.steptime import ScheduledRequest, StepModel
 
 OUT = Path(__file__).parent / "results" / "twin"
 

@@ -23,9 +23,9 @@ from kvwatch.sizing.budget import utilization_budget
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvmath import lookup_gpu, lookup_model
 from kvwatch.sizing.kvplan import PLATFORMS, Serving, layout_for
-from kvwatch.sizing.loadmodel import ClosedLoop, predict_closed_loop
-from kvwatch.sizing.measured import Load, predict
-from kvwatch.sizing.steptime import StepConstants, StepModel
+from kvwatch.timing.loadmodel import ClosedLoop, predict_closed_loop
+from kvwatch.timing.measured import Load, predict
+from kvwatch.timing.steptime import StepConstants, StepModel
 
 CORPUS = Path(__file__).parent / "corpus" / "steptime.jsonl"
 RAW = Path(__file__).parent / "corpus" / "raw"

@@ -288,7 +288,7 @@ def check_prometheus_calibration(rng: random.Random) -> None:
     from kvwatch.advise.server_readings import slices_from_prometheus
     from kvwatch.common.cli_kit import CliError
     from kvwatch.sizing.errors import SizingError
-    from kvwatch.sizing.server_slices import figures_from_slices
+    from kvwatch.timing.server_slices import figures_from_slices
 
     def answer(request: httpx.Request) -> httpx.Response:
         status, body = _prom_range_answer(rng, request.url.params.get("query", ""))
@@ -339,7 +339,7 @@ def check_sidecar_readings(rng: random.Random) -> None:
     """`calibrate --sidecar` on a sidecar's /api/readings with one to three fields given any
     value: figures a fit can take, or one ReadingsError line."""
     from kvwatch.sidecar.contract.readings import ReadingsError, readings_from_json
-    from kvwatch.sizing.server_slices import figures_from_slices, slices_from_readings
+    from kvwatch.timing.server_slices import figures_from_slices, slices_from_readings
 
     if not _READINGS_DOC:
         _READINGS_DOC.append(_readings_doc())

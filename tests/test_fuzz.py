@@ -143,9 +143,9 @@ def _calibration_doc(draw: st.DrawFn) -> Any:
 def test_calibration_files_load_or_say_why_in_one_line(doc: Any) -> None:
     """A calibration file (`--calibration FILE`) of any shape gives constants the step model
     runs with, or one CalibrationError line; never another exception."""
-    from kvwatch.sizing.calibration import CalibrationError, calibration_from_json
     from kvwatch.sizing.kvmath import lookup_gpu, lookup_model
-    from kvwatch.sizing.steptime import ScheduledRequest, StepError, StepModel
+    from kvwatch.timing.calibration import CalibrationError, calibration_from_json
+    from kvwatch.timing.steptime import ScheduledRequest, StepError, StepModel
 
     try:
         cal = calibration_from_json(doc, "cal.json")

@@ -40,6 +40,7 @@ FLOORS: list[list[str]] = [
     ["kvwatch.sidecar.logs"],
     ["kvwatch.sidecar.metrics"],
     ["kvwatch.sidecar.contract"],
+    ["kvwatch.timing"],
     ["kvwatch.sizing"],
     ["kvwatch.local", "kvwatch.common"],
 ]
@@ -290,7 +291,7 @@ def test_every_command_module_names_its_handlers_as_strings() -> None:
 
 
 # Rooms that say they are pure (figures in, figures out) and the I/O they may not import.
-PURE_ROOMS = ("kvwatch.sizing", "kvwatch.sidecar.judge")
+PURE_ROOMS = ("kvwatch.sizing", "kvwatch.timing", "kvwatch.sidecar.judge")
 IO_MODULES = frozenset(
     {"socket", "sqlite3", "httpx", "subprocess", "threading", "asyncio", "multiprocessing",
      "urllib.request", "http.client", "http.server", "selectors", "ssl"}
@@ -315,7 +316,7 @@ def io_imports(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("room", PURE_ROOMS)
 def test_pure_rooms_import_no_io(room: str) -> None:
-    """sizing and judge are arithmetic on typed values: what reads a socket, a database or a
+    """sizing, timing and judge are arithmetic on typed values: what reads a socket, a database or a
     child process lives in a room that says so (kvwatch/local runs vLLM's spec builder)."""
     wrong = {
         m: sorted(io_imports(p)) for m, p in MODULES.items() if room_of(m) == room and io_imports(p)

@@ -3,10 +3,10 @@
 From load runs (`--run DIR`, repeatable; `kvwatch loadgen run`'s directories): each stage is one
 load; its streams in flight (Little's law over the stage: the requests' time in the server
 over the stage's span), its mean prompt and output lengths, and its mean TPOT and TTFT become
-figures for `sizing/calibration.py`. A twin's run is read in the twin's simulated seconds (the
+figures for `timing/calibration.py`. A twin's run is read in the twin's simulated seconds (the
 run's time scale), and the file says so. From the server itself (`--metrics`, `--sidecar`,
 `--prometheus`): its counters cut into slices of steady load (`advise/server_readings.py`,
-`sizing/server_slices.py`). The calibration file goes to `--out`; `advise --what-if
+`timing/server_slices.py`). The calibration file goes to `--out`; `advise --what-if
 --calibration FILE` and `kvwatch twin --calibration FILE` predict with it.
 """
 
@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 
 from kvwatch.common.cli_kit import CliError
 from kvwatch.sizing.budget import default_max_num_seqs
-from kvwatch.sizing.calibration import Calibration, CalibrationError, Figure, calibrate
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
-from kvwatch.sizing.measured import Load
+from kvwatch.timing.calibration import Calibration, CalibrationError, Figure, calibrate
+from kvwatch.timing.measured import Load
 
 if TYPE_CHECKING:
     from kvwatch.loadgen.results.run_files import Record
@@ -185,7 +185,7 @@ def _from_server(
     from kvwatch.advise.prometheus import prometheus_as_cli
     from kvwatch.advise.server_readings import from_sidecar, slices_from_prometheus, watch
     from kvwatch.sidecar.contract.catalogue import duration_seconds
-    from kvwatch.sizing.server_slices import figures_from_slices
+    from kvwatch.timing.server_slices import figures_from_slices
 
     scale = 1.0
     if ns.metrics:

@@ -1,6 +1,6 @@
 """Where `kvwatch calibrate` reads a live server: its `/metrics` watched now, a sidecar's
 readings of it (the sidecar has watched already), or its Prometheus history. Each gives, per
-engine, the slices `sizing/server_slices.py` turns into figures.
+engine, the slices `timing/server_slices.py` turns into figures.
 
 `/metrics` is read with the sidecar's own parser (every value checked where it enters), every
 `interval` seconds for `watch` seconds or until Ctrl-C, which ends the watch early and keeps
@@ -34,7 +34,7 @@ from kvwatch.sidecar.contract.vocabulary import (
     promql_selector,
 )
 from kvwatch.sizing.errors import SizingError
-from kvwatch.sizing.server_slices import Reading, Slice, slices_from_readings
+from kvwatch.timing.server_slices import Reading, Slice, slices_from_readings
 
 __all__ = ["Watched", "watch", "watch_metrics", "slices_from_prometheus", "from_sidecar"]
 

@@ -5,7 +5,7 @@ The plan is vLLM's own arithmetic (`kvplan`, checked against vLLM in tests/sizin
 memory share less the weights and an estimated activation peak per GPU (`sizing/budget.py`,
 which the twin shares), which leaves out CUDA graphs (it says so). A load (`--prompt-len`,
 `--output-len`, and `--concurrency` streams) adds the load's KV onset and tokens/s
-(`sizing/loadmodel.py`, with the twin's step model), the sizing advice, and what one preemption
+(`timing/loadmodel.py`, with the twin's step model), the sizing advice, and what one preemption
 costs on that model.
 """
 
@@ -19,12 +19,12 @@ from typing import Any
 from kvwatch.sizing.advice import Observed, byte_size
 from kvwatch.sizing.archconfig import Architecture
 from kvwatch.sizing.budget import default_max_num_seqs, given_kv_bytes, utilization_budget
-from kvwatch.sizing.calibration import Calibration, read_calibration
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvmath import Gpu, VictimCosts, lookup_gpu, resolve_model, victim_costs
 from kvwatch.sizing.kvplan import PLATFORMS, KvPlan, Serving, capacity_line, plan
-from kvwatch.sizing.loadmodel import ClosedLoop, LoadPrediction, predict_closed_loop
-from kvwatch.sizing.steptime import StepConstants, StepError, StepModel
+from kvwatch.timing.calibration import Calibration, read_calibration
+from kvwatch.timing.loadmodel import ClosedLoop, LoadPrediction, predict_closed_loop
+from kvwatch.timing.steptime import StepConstants, StepError, StepModel
 
 __all__ = ["WhatIfAnswer", "what_if", "render_what_if"]
 
@@ -42,7 +42,7 @@ class WhatIfAnswer:
     observed: Observed | None
     costs: VictimCosts | None
     load: LoadPrediction | None = None
-    step_source: str = "the step model's corpus fit (sizing/steptime.py: docs/twin.md)"
+    step_source: str = "the step model's corpus fit (timing/steptime.py: docs/twin.md)"
     step_notes: tuple[str, ...] = ()
 
     @property

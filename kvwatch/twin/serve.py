@@ -21,10 +21,10 @@ from kvwatch.local.server import (
     serve_until_stopped,
 )
 from kvwatch.sizing.budget import given_kv_bytes, human_readable_int
-from kvwatch.sizing.calibration import read_calibration
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
-from kvwatch.sizing.steptime import StepConstants, StepError
+from kvwatch.timing.calibration import read_calibration
+from kvwatch.timing.steptime import StepConstants, StepError
 from kvwatch.twin.modeldir import EOS_ID, twin_model_dir
 from kvwatch.twin.settings import ENV_VAR, SettingsError, TwinSettings
 

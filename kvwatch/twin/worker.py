@@ -30,7 +30,7 @@ from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from kvwatch.sizing.budget import default_max_num_seqs, utilization_budget
 from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
-from kvwatch.sizing.steptime import ScheduledRequest, StepConstants, StepModel
+from kvwatch.timing.steptime import ScheduledRequest, StepConstants, StepModel
 from kvwatch.twin.card import CardClock
 from kvwatch.twin.platform import settings
 from kvwatch.twin.status import write_status

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any, TypeGuard
 
-from kvwatch.sizing.server_slices import Reading
+from kvwatch.timing.server_slices import Reading
 
 __all__ = ["FORMAT", "FIELDS", "MAX_READINGS", "ReadingsError", "readings_from_json"]
 

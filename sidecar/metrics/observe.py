@@ -39,7 +39,7 @@ from kvwatch.sidecar.contract.vocabulary import (
     Family,
 )
 from kvwatch.sidecar.metrics.exposition import Exposition, Sample
-from kvwatch.sizing.server_slices import Reading
+from kvwatch.timing.server_slices import Reading
 
 __all__ = [
     "EngineKey",
@@ -150,7 +150,7 @@ class EngineObservation:
     ttft_count: float | None = None
 
     def calibration_reading(self, t: float, scale: float = 1.0) -> Reading:
-        """What `kvwatch calibrate` reads of it (sizing/server_slices.py): the requests held
+        """What `kvwatch calibrate` reads of it (timing/server_slices.py): the requests held
         (running + waiting) and its counters; the gaps divided by a twin's time scale."""
         itl = self.itl_seconds_sum
         return Reading(

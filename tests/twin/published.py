@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvwatch.sizing.steptime import ScheduledRequest
+from kvwatch.timing.steptime import ScheduledRequest
 
 __all__ = ["PublishedStep", "PUBLISHED", "LAMBDA_PROMPTS"]
 

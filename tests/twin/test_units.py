@@ -11,7 +11,7 @@ from kvwatch.loadgen.cmd_run import in_wall_time
 from kvwatch.loadgen.results.records import StallRule
 from kvwatch.sidecar.metrics.twin import read_time_scale
 from kvwatch.sizing.kvmath import lookup_gpu, lookup_model
-from kvwatch.sizing.steptime import ScheduledRequest, StepConstants, StepError, StepModel
+from kvwatch.timing.steptime import ScheduledRequest, StepConstants, StepError, StepModel
 from kvwatch.twin.card import CardClock
 from kvwatch.twin.modeldir import served_config
 from kvwatch.twin.serve import time_scale_for
@@ -154,7 +154,7 @@ def test_the_step_model_holds_to_the_published_step_times() -> None:
 
     for p in PUBLISHED:
         t = StepModel(lookup_model(p.model), lookup_gpu(p.gpu)).seconds(list(p.batch))
-        # the constants are now fitted to the corpus (tests/sizing/test_steptime_corpus.py),
+        # the constants are now fitted to the corpus (tests/timing/test_steptime_corpus.py),
         # not to these five: within 25% (Lambda's H100 decode under vLLM 0.6.0's 10-step
         # scheduling reads 19% fast against the corpus's newer H100 figures; docs/twin.md)
         assert abs(t / p.seconds - 1) < 0.25, (p.name, p.gpu, t)

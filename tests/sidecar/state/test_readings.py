@@ -1,7 +1,7 @@
 """The sidecar's `GET /api/readings` (sidecar/contract/readings.py): what it has scraped of each
 engine, as `kvwatch calibrate --sidecar` reads it. The parser's figures come from a real vLLM
 body (tests/data); the endpoint is the sidecar's own, in process; the calibration from a live
-sidecar is in tests/sizing/test_calibrate_live.py."""
+sidecar is in tests/timing/test_calibrate_live.py."""
 
 from __future__ import annotations
 

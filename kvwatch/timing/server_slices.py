@@ -21,8 +21,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
-from kvwatch.sizing.calibration import Figure
-from kvwatch.sizing.measured import Load
+from kvwatch.timing.calibration import Figure
+from kvwatch.timing.measured import Load
 
 __all__ = ["Reading", "Slice", "slices_from_readings", "figures_from_slices", "MIN_GAPS",
            "MIN_FIRST_TOKENS"]  # fmt: skip

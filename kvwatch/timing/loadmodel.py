@@ -17,7 +17,7 @@ wave's prompts are prefilled in the first steps and all of them decode side by s
   planned). Of those steps, the wave's prefills take `ceil(C x P / (max_num_batched_tokens -
   C))` (the decodes share the budget), each with the other streams decoding in it; the rest
   are decode steps of C requests, read at contexts from P to P + O. Step times are the twin's
-  step model (`sizing/steptime.py`), so on the twin the figure tests the scheduling arithmetic;
+  step model (`timing/steptime.py`), so on the twin the figure tests the scheduling arithmetic;
   on a card it is as good as the step model's calibration (docs/twin.md).
 
 Pure arithmetic; preemption's own cost (recompute) is outside it: past the onset the figure is
@@ -32,7 +32,7 @@ from typing import Any
 
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvplan import KvLayout
-from kvwatch.sizing.steptime import ScheduledRequest, StepModel
+from kvwatch.timing.steptime import ScheduledRequest, StepModel
 
 __all__ = [
     "ClosedLoop",

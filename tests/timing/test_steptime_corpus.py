@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch.sizing.fit import Bound, errors, fit, summary
-from kvwatch.sizing.steptime import StepConstants
+from kvwatch.timing.fit import Bound, errors, fit, summary
+from kvwatch.timing.steptime import StepConstants
 
 BENCH = Path(__file__).parents[2] / "bench"
 sys.path.insert(0, str(BENCH))

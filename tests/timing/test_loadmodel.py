@@ -1,4 +1,4 @@
-"""The closed loop's KV onset and tokens/s (sizing/loadmodel.py): the arithmetic on the layouts
+"""The closed loop's KV onset and tokens/s (timing/loadmodel.py): the arithmetic on the layouts
 vLLM's planner gives (tests/twin/test_capacity.py holds those to vLLM), and the what-if's text
 and JSON that carry it. The twin check is tests/twin/test_twin_live.py; the bench against
 `kvwatch loadgen search` is bench/bench_whatif_load.py (docs/sizing.md)."""
@@ -14,8 +14,8 @@ import pytest
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
 from kvwatch.sizing.kvplan import PLATFORMS, KvPlan, Serving, plan
-from kvwatch.sizing.loadmodel import ClosedLoop, predict_closed_loop
-from kvwatch.sizing.steptime import StepModel
+from kvwatch.timing.loadmodel import ClosedLoop, predict_closed_loop
+from kvwatch.timing.steptime import StepModel
 
 
 def _plan(model: str, gpu: str, kv_bytes: int, tp: int = 1) -> KvPlan:

@@ -1,6 +1,6 @@
-"""Calibration from a deployment's own figures (sizing/calibration.py, `kvwatch calibrate`):
+"""Calibration from a deployment's own figures (timing/calibration.py, `kvwatch calibrate`):
 the fit gives back hidden constants, names what its loads cannot pin, and its file is checked
-where it enters. The live proof on the real vLLM is tests/sizing/test_calibrate_live.py; the
+where it enters. The live proof on the real vLLM is tests/timing/test_calibrate_live.py; the
 bench is bench/bench_calibrate.py."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch.sizing.calibration import (
+from kvwatch.sizing.kvmath import lookup_gpu, lookup_model
+from kvwatch.timing.calibration import (
     FORMAT,
     CalibrationError,
     Figure,
@@ -20,9 +21,8 @@ from kvwatch.sizing.calibration import (
     calibration_from_json,
     read_calibration,
 )
-from kvwatch.sizing.kvmath import lookup_gpu, lookup_model
-from kvwatch.sizing.measured import Load, predict
-from kvwatch.sizing.steptime import StepConstants, StepModel
+from kvwatch.timing.measured import Load, predict
+from kvwatch.timing.steptime import StepConstants, StepModel
 
 LLAMA = lookup_model("llama-3.1-8b")
 H100 = lookup_gpu("h100")

@@ -1,23 +1,23 @@
-"""A live server's counters as calibration figures (sizing/server_slices.py): readings cut into
+"""A live server's counters as calibration figures (timing/server_slices.py): readings cut into
 slices, slices left out with a counted reason, slices of one load pooled, and hidden constants
-given back through the whole path. The live proof: tests/sizing/test_calibrate_live.py and
+given back through the whole path. The live proof: tests/timing/test_calibrate_live.py and
 bench/bench_calibrate.py cpu-metrics."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvwatch.sizing.calibration import calibrate
 from kvwatch.sizing.kvmath import lookup_gpu, lookup_model
-from kvwatch.sizing.measured import Load, predict
-from kvwatch.sizing.server_slices import (
+from kvwatch.timing.calibration import calibrate
+from kvwatch.timing.measured import Load, predict
+from kvwatch.timing.server_slices import (
     MIN_GAPS,
     Reading,
     Slice,
     figures_from_slices,
     slices_from_readings,
 )
-from kvwatch.sizing.steptime import StepConstants, StepModel
+from kvwatch.timing.steptime import StepConstants, StepModel
 
 LLAMA = lookup_model("llama-3.1-8b")
 H100 = lookup_gpu("h100")

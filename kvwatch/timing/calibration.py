@@ -22,10 +22,10 @@ from typing import Any
 
 from kvwatch.sizing.archconfig import Architecture
 from kvwatch.sizing.errors import SizingError
-from kvwatch.sizing.fit import Bound, errors, fit, summary
-from kvwatch.sizing.measured import Load, predict
 from kvwatch.sizing.presets import GpuSpec
-from kvwatch.sizing.steptime import StepConstants, StepError, StepModel
+from kvwatch.timing.fit import Bound, errors, fit, summary
+from kvwatch.timing.measured import Load, predict
+from kvwatch.timing.steptime import StepConstants, StepError, StepModel
 
 __all__ = [
     "Figure",

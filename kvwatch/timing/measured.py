@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvwatch.sizing.errors import SizingError
-from kvwatch.sizing.loadmodel import decode_step_s, steady_loop
-from kvwatch.sizing.steptime import ScheduledRequest, StepModel
+from kvwatch.timing.loadmodel import decode_step_s, steady_loop
+from kvwatch.timing.steptime import ScheduledRequest, StepModel
 
 __all__ = ["Load", "METRICS", "predict"]
 
