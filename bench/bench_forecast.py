@@ -73,7 +73,13 @@ from kvwatch.local.server import LocalVLLM, ServerConfig, set_autogroup_nice, st
 from kvwatch.local.tiny_model import build_tiny_model
 from kvwatch.sidecar.contract.levels import Level
 from kvwatch.sidecar.contract.thresholds import Thresholds, parse_overrides
-from kvwatch.sidecar.judge.forecast import MIN_POINTS, line_fit, quadratic_fit
+from kvwatch.sidecar.judge.forecast import (
+    MIN_POINTS,
+    WINDOW_S,
+    forecast_exhaustion,
+    line_fit,
+    quadratic_fit,
+)
 from kvwatch.sidecar.judge.pipeline import EngineJudge
 from kvwatch.sidecar.judge.signals import derive
 from kvwatch.sidecar.judge.timeline import Timeline
@@ -311,9 +317,18 @@ def before(tl: Timeline, now: float) -> float | None:
 
 
 def sidecar(tl: Timeline, now: float) -> float | None:
-    """kvwatch's signal now (sidecar/judge/forecast.py): the band of KV usage's peaks."""
+    """kvwatch's signal now (sidecar/judge/signals.py's exhaustion_seconds): the usage curve
+    where it fits, else the earlier of the load's forecast and the line's band."""
     s = derive(tl, now, Thresholds())
     return None if s is None else s.seconds_to_exhaustion
+
+
+def usage_band(tl: Timeline, now: float) -> float | None:
+    """kvwatch's signal from #29 to #44 (sidecar/judge/forecast.py alone): the band of KV
+    usage's peaks, or the curve where it fits."""
+    pts = [(t, o.kv_usage) for t, o in tl.window(WINDOW_S, now) if o.kv_usage is not None]
+    got = forecast_exhaustion(pts, now)
+    return None if got is None else got.seconds
 
 
 def usage_slope(window_s: float) -> Forecaster:
@@ -456,14 +471,24 @@ def engine_model(
     return forecast
 
 
+def load_model(tl: Timeline, now: float) -> float | None:
+    """The load's own forecast alone (sidecar/judge/load_forecast.py: admissions x residence
+    x blocks a request holds, against the cache)."""
+    s = derive(tl, now, Thresholds())
+    return None if s is None else s.seconds_to_exhaustion_load
+
+
 FORECASTERS: dict[str, Forecaster] = {
     "free tokens / generation rate (before #17)": before,
     "KV usage slope, 10 s": usage_slope(10.0),
     "KV usage slope, 20 s": usage_slope(20.0),
     "peaks of KV usage (5 s bins), 60 s": peak_slope(60.0),
-    "the sidecar's: band of a 60 s line, or of a 30 s curve (since #29)": sidecar,
+    "band of a 60 s line, or of a 30 s curve (the sidecar's, #29 to #44)": usage_band,
     "a simulation of the engine, told the request shape": engine_model(),
     "quadratic through KV usage, 30 s (tried at H100 scale)": usage_curve(30.0),
+    "the load alone: admissions x residence x blocks a request holds": load_model,
+    "the sidecar's (since #44): the curve where it fits, else the earlier of the load and the "
+    "band": sidecar,
 }
 
 

@@ -42,6 +42,8 @@ __all__ = [
 OFFLOAD_PANELS = ("KV offload traffic", "KV offload tier full")
 # the sidecar's reference needs minutes of prompt traffic that reuses prefixes
 PREFIX_PANELS = ("Prefix cache hit share and its reference", "Prompt tokens computed again")
+# the load's steady demand needs 50 admissions in a minute before it says anything
+LOAD_PANELS = ("What the load holds when it levels vs the cache",)
 # vllm-router's own view; filled where Prometheus scrapes the router (tests/fleet)
 ROUTER_PANELS = ("Router: requests sent per replica", "Router: replicas it can send to")
 _NO_OFFLOAD = (
@@ -282,7 +284,18 @@ def _kv_cache_row(th: Thresholds) -> list[Any]:
         "s",
         (q.sidecar(cat.SECONDS_TO_KV_EXHAUSTION), "{{model_name}} e{{engine}}"),
     )
-    return [kv, capacity, demand, exhaustion]
+    steady = _series(
+        "What the load holds when it levels vs the cache",
+        "The load's own view, by Little's law: admissions per second x how long a request "
+        "holds its blocks x the blocks it holds, against the cache's blocks. Above the "
+        "cache: this load does not fit when it levels, whatever the usage says now. Empty "
+        "until a request has finished and under 50 arrivals a minute (the rate would be "
+        "noise).",
+        "short",
+        (q.sidecar(cat.KV_STEADY_DEMAND_BLOCKS), "demand {{model_name}} e{{engine}}"),
+        (q.sidecar(cat.KV_CACHE_CAPACITY_BLOCKS), "cache {{model_name}} e{{engine}}"),
+    )
+    return [kv, capacity, demand, exhaustion, steady]
 
 
 def _preemption_row(th: Thresholds) -> list[Any]:

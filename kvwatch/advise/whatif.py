@@ -24,7 +24,7 @@ from kvwatch.sizing.kvmath import Gpu, VictimCosts, lookup_gpu, resolve_model, v
 from kvwatch.sizing.kvplan import PLATFORMS, KvPlan, Serving, capacity_line, plan
 from kvwatch.timing.calibration import Calibration, read_calibration
 from kvwatch.timing.loadmodel import ClosedLoop, LoadPrediction, predict_closed_loop
-from kvwatch.timing.steptime import StepConstants, StepError, StepModel
+from kvwatch.timing.steptime import STANDS_FOR, StepConstants, StepError, StepModel
 
 __all__ = ["WhatIfAnswer", "what_if", "render_what_if"]
 
@@ -42,7 +42,7 @@ class WhatIfAnswer:
     observed: Observed | None
     costs: VictimCosts | None
     load: LoadPrediction | None = None
-    step_source: str = "the step model's corpus fit (timing/steptime.py: docs/twin.md)"
+    step_source: str = f"the step model's corpus fit, for {STANDS_FOR} (docs/twin.md)"
     step_notes: tuple[str, ...] = ()
 
     @property

@@ -24,7 +24,7 @@ from kvwatch.sizing.budget import given_kv_bytes, human_readable_int
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
 from kvwatch.timing.calibration import read_calibration
-from kvwatch.timing.steptime import StepConstants, StepError
+from kvwatch.timing.steptime import STANDS_FOR, StepConstants, StepError
 from kvwatch.twin.modeldir import EOS_ID, twin_model_dir
 from kvwatch.twin.settings import ENV_VAR, SettingsError, TwinSettings
 
@@ -214,7 +214,8 @@ def run_twin(ns: argparse.Namespace) -> int:
     scale = ns.time_scale if ns.time_scale is not None else time_scale_for(ns.expect_tokens_per_s)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     log = writable_file(ns.log.resolve(), "the server log")
-    step, step_line = dict(ns.step), "step_time=the step model's corpus fit (docs/twin.md)"
+    step = dict(ns.step)
+    step_line = f"step_time=the step model's corpus fit, for {STANDS_FOR} (docs/twin.md)"
     if getattr(ns, "calibration", None) is not None:
         try:
             cal = read_calibration(ns.calibration)

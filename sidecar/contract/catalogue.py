@@ -40,7 +40,8 @@ __all__ = [
     "EPISODE_RECOMPUTED_TOKENS", "KV_CACHE_USAGE", "KV_CACHE_CAPACITY_BLOCKS",
     "KV_CACHE_CAPACITY_TOKENS", "KV_CACHE_BLOCK_SIZE", "KV_CACHE_FREE_BLOCKS",
     "KV_CACHE_FREE_TOKENS", "REQUESTS_RUNNING", "REQUESTS_WAITING", "REQUESTS_WAITING_CAPACITY",
-    "BLOCK_DEMAND_PER_STEP", "SECONDS_TO_KV_EXHAUSTION", "GENERATION_TOKENS_PER_SECOND",
+    "BLOCK_DEMAND_PER_STEP", "SECONDS_TO_KV_EXHAUSTION", "KV_STEADY_DEMAND_BLOCKS",
+    "KV_LOAD_HEADROOM_RATIO", "GENERATION_TOKENS_PER_SECOND",
     "PROMPT_TOKENS_PER_SECOND", "PREEMPTIONS_PER_SECOND_SHORT", "PREEMPTIONS_PER_SECOND_LONG",
     "REPEAT_PREEMPTED_REQUESTS", "PROMPT_CACHE_HIT_RATIO", "PROMPT_CACHE_HIT_REFERENCE",
     "PROMPT_TOKENS_RECOMPUTED_PER_SECOND", "PREFIX_CACHE_THRASHING",
@@ -171,6 +172,17 @@ SECONDS_TO_KV_EXHAUSTION = _g(
     "seconds until the band KV usage peaks in reaches 100% at its pace over the last minute; "
     "absent while usage is not rising",
 )  # fmt: skip
+KV_STEADY_DEMAND_BLOCKS = _g(
+    "kvwatch_kv_steady_demand_blocks", E,
+    "KV blocks the current load holds when it levels: admissions per second x how long a "
+    "request holds its blocks x the blocks it holds (Little's law; absent until a request "
+    "has finished)",
+)  # fmt: skip
+KV_LOAD_HEADROOM_RATIO = _g(
+    "kvwatch_kv_load_headroom_ratio", E,
+    "how much more arrival rate the cache holds at the current lengths: capacity / steady "
+    "demand - 1 (0.25: 25% more; below 0: this load does not fit when it levels)",
+)  # fmt: skip
 KV_EXHAUSTION_IMMINENT = _g(
     "kvwatch_kv_exhaustion_imminent", E,
     "1 while the exhaustion forecast counts down inside the warning horizon and the engine is "
@@ -283,6 +295,8 @@ ENGINE_GAUGES: tuple[tuple[Metric, str], ...] = (
     (REQUESTS_WAITING_CAPACITY, "waiting_capacity"),
     (BLOCK_DEMAND_PER_STEP, "block_demand_per_step"),
     (SECONDS_TO_KV_EXHAUSTION, "seconds_to_exhaustion"),
+    (KV_STEADY_DEMAND_BLOCKS, "steady_demand_blocks"),
+    (KV_LOAD_HEADROOM_RATIO, "load_headroom"),
     (GENERATION_TOKENS_PER_SECOND, "generation_tokens_per_s"),
     (PROMPT_TOKENS_PER_SECOND, "prompt_tokens_per_s"),
     (PREEMPTIONS_PER_SECOND_SHORT, "preemptions_per_s_short"),

@@ -50,6 +50,7 @@ class KvForecast:
     seconds: float | None  # until the band reaches 100%; None while usage is not rising
     trend_per_s: float  # the fitted line's slope (KV usage per second)
     band_now: float  # the line at now, plus SPREAD_K times the spread around it
+    curved: bool = False  # the curve ran it (usage rose smoothly, faster and faster)
 
 
 def line_fit(pts: Sequence[tuple[float, float]]) -> tuple[float, float, float]:
@@ -144,7 +145,7 @@ def _curve(pts: Sequence[tuple[float, float]], now: float, spread_k: float) -> K
         return None
     band = a + spread_k * spread
     if band >= 1.0:
-        return KvForecast(0.0, b, band)
+        return KvForecast(0.0, b, band, curved=True)
     # a + k s + b x + c x^2 = 1: the positive root
     seconds = (-b + math.sqrt(b * b + 4 * c * (1.0 - band))) / (2 * c)
-    return KvForecast(seconds, b, band)
+    return KvForecast(seconds, b, band, curved=True)

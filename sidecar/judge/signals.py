@@ -21,12 +21,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kvwatch.sidecar.contract.thresholds import Thresholds
-from kvwatch.sidecar.judge.forecast import WINDOW_S, forecast_exhaustion
+from kvwatch.sidecar.judge.forecast import WINDOW_S, KvForecast, forecast_exhaustion
+from kvwatch.sidecar.judge.load_forecast import WINDOW_S as LOAD_WINDOW_S
+from kvwatch.sidecar.judge.load_forecast import LoadForecast, forecast_from_load
 from kvwatch.sidecar.judge.prefix_cache import prefix_cache_view
 from kvwatch.sidecar.judge.timeline import Timeline
 from kvwatch.sidecar.metrics.observe import CacheConfig, bucket_quantile
 
-__all__ = ["EngineSignals", "derive", "cached_share"]
+__all__ = ["EngineSignals", "derive", "cached_share", "exhaustion_seconds"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,11 @@ class EngineSignals:
     admission_rejections_long: float | None = None
     kv_offloading_gib: float | None = None
     kv_usage_trend_per_s: float | None = None  # the forecast's fitted slope (usage per second)
+    # the load's own view (load_forecast.py): blocks it holds when it levels, and the arrival
+    # rate the cache holds beyond it (capacity / demand - 1)
+    steady_demand_blocks: float | None = None
+    load_headroom: float | None = None
+    seconds_to_exhaustion_load: float | None = None
     # the prompt cache share over the long window, what it reached over the lookback, and the
     # prompt tokens/s it computes again that it served then (sidecar/judge/prefix_cache.py)
     prompt_cache_hit_reference: float | None = None
@@ -80,6 +87,18 @@ class EngineSignals:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def exhaustion_seconds(curve: KvForecast | None, load: LoadForecast | None) -> float | None:
+    """The countdown: the usage curve's where usage rises smoothly, faster and faster (a big
+    cache under a growing load: the curve is exact there); elsewhere the earlier of the load's
+    own forecast and the line's band (Poisson arrivals swing the usage, and the band lags;
+    the load's rate integrates the swings). docs/detection.md measures each."""
+    if curve is not None and curve.curved:
+        return curve.seconds
+    said = [f for f in (None if curve is None else curve.seconds,
+                        None if load is None else load.seconds) if f is not None]  # fmt: skip
+    return min(said) if said else None
 
 
 def derive(
@@ -113,6 +132,7 @@ def derive(
         demand = obs.running / block_size
     usage_pts = [(t, o.kv_usage) for t, o in tl.window(WINDOW_S, now) if o.kv_usage is not None]
     forecast = forecast_exhaustion(usage_pts, now)
+    load = forecast_from_load(tl.window(LOAD_WINDOW_S, now), now, blocks, block_size)
     prompt_rate = tl.rate("prompt_tokens_total", th.short_window_s, now)
     hit_share = _cache_share(tl, th.short_window_s, now)
     prefix = prefix_cache_view(
@@ -132,8 +152,11 @@ def derive(
         block_demand_per_step=demand,
         generation_tokens_per_s=gen_rate,
         prompt_tokens_per_s=prompt_rate,
-        seconds_to_exhaustion=None if forecast is None else forecast.seconds,
+        seconds_to_exhaustion=exhaustion_seconds(forecast, load),
         kv_usage_trend_per_s=None if forecast is None else forecast.trend_per_s,
+        steady_demand_blocks=None if load is None else load.steady_demand_blocks,
+        load_headroom=None if load is None else load.headroom,
+        seconds_to_exhaustion_load=None if load is None else load.seconds,
         preemptions_per_s_short=tl.rate("preemptions_total", th.short_window_s, now),
         preemptions_per_s_long=tl.rate("preemptions_total", th.long_window_s, now),
         repeat_preempted_long=tl.increase("repeat_preempted_total", th.long_window_s, now),

@@ -75,7 +75,23 @@ def _forecast_text(e: EngineView) -> str:
     rise = "" if s.kv_usage_trend_per_s is None else f", rising {s.kv_usage_trend_per_s:.1%}/s"
     return (
         f"Forecast: out of blocks in {s.seconds_to_exhaustion:.0f} s; KV usage "
-        f"{s.kv_usage:.0%} now{rise}.{_advice_text(e)}"
+        f"{s.kv_usage:.0%} now{rise}.{_load_text(e)}{_advice_text(e)}"
+    )
+
+
+def _load_text(e: EngineView) -> str:
+    """The load's own view: what it holds when it levels, against the cache."""
+    s = e.signals
+    if s.steady_demand_blocks is None or s.load_headroom is None or not s.capacity_blocks:
+        return ""
+    fits = (
+        f"the cache holds {s.load_headroom:.0%} more arrivals"
+        if s.load_headroom >= 0
+        else "it does not fit"
+    )
+    return (
+        f" This load levels at {s.steady_demand_blocks:,.0f} of {s.capacity_blocks:,} blocks: "
+        f"{fits}."
     )
 
 

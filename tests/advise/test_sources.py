@@ -86,7 +86,6 @@ def test_prometheus_rows_without_labels_are_one_line(
     from kvwatch.sizing.errors import SizingError
 
     monkeypatch.setattr(prometheus, "prometheus_query", lambda *a, **k: [row])
-    monkeypatch.setattr(prometheus, "prometheus_range", lambda *a, **k: [row])
     with pytest.raises(SizingError, match="lacks num_gpu_blocks") as e:
         prometheus.observed_from_prometheus("http://127.0.0.1:9", "5m", "15s")
     assert "\n" not in str(e.value)

@@ -6,9 +6,10 @@ kvwatch's rules loaded (the fleet row draws their recordings).
 The offload panels are the exception: vLLM's CPU backend cannot offload, so they must be empty
 on the fixture (as their descriptions say) and full from a fake server that serves the body
 composed from vLLM 0.33's source, its counters rising scrape by scrape. The prefix-cache panels
-need minutes of prompt traffic that reuses prefixes before the sidecar has a reference: they are
-filled by a sidecar with short windows watching a fake server whose cache serves most prompt
-tokens. The router panels are checked where a router runs (tests/fleet/test_fleet_live.py)."""
+need minutes of prompt traffic that reuses prefixes before the sidecar has a reference, and the
+load's steady demand 50 arrivals a minute: they are filled by a sidecar with short windows
+watching a fake server whose cache serves most prompt tokens, its arrivals busy. The router
+panels are checked where a router runs (tests/fleet/test_fleet_live.py)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import pytest
 from kvwatch.alerts.build import render_rules
 from kvwatch.dashboards.build import (
     DASHBOARDS,
+    LOAD_PANELS,
     OFFLOAD_PANELS,
     PREFIX_PANELS,
     ROUTER_PANELS,
@@ -142,19 +144,23 @@ def test_offload_panels_fill_from_a_server_that_offloads() -> None:
 
 
 _SOURCES = re.compile(
-    r'^(vllm:prompt_tokens_by_source_total\{.*source="(local_compute|local_cache_hit)"\} )(\S+)$',
+    r'^(vllm:(prompt_tokens_by_source_total\{.*source="(local_compute|local_cache_hit)"|'
+    r"(prompt|generation)_tokens_total\{.*)\} )(\S+)$",
     re.M,
 )
 
 
 class FakeReusingServer(_RisingServer):
-    """Prompt tokens rising 1,000 a scrape, 900 of them from the prefix cache. Stands in for
-    minutes of conversations on a real server."""
+    """Prompt tokens rising 1,000 a scrape, 900 of them from the prefix cache, and 500 tokens
+    generated. Stands in for minutes of conversations on a real server, and for a load busy
+    enough that its steady demand is no noise (50 arrivals a minute)."""
 
     rising = _SOURCES
 
     def step(self, m: re.Match[str]) -> float:
-        return 900 if m[2] == "local_cache_hit" else 100
+        return {"local_cache_hit": 900, "local_compute": 100}.get(
+            m[3], 1000 if m[4] == "prompt" else 500
+        )
 
 
 def test_prefix_cache_panels_fill_from_a_sidecar_that_has_a_reference() -> None:
@@ -168,9 +174,11 @@ def test_prefix_cache_panels_fill_from_a_sidecar_that_has_a_reference() -> None:
         with running_prometheus(targets) as prom:
             start = time.time()
             wait_for_series(prom, "kvwatch_prompt_cache_hit_ratio_reference")
+            wait_for_series(prom, "kvwatch_kv_steady_demand_blocks")  # 10 s of arrivals
             time.sleep(6)  # a few of Prometheus's scrapes
             end = time.time()
-            problems = _check_all(prom, "vllm:", start, end, write=False, only=PREFIX_PANELS)
+            problems = _check_all(prom, "vllm:", start, end, write=False,
+                                  only=PREFIX_PANELS + LOAD_PANELS)  # fmt: skip
     assert not problems, "\n".join(problems)
 
 
@@ -200,7 +208,7 @@ def _check_all(
                     continue
                 series = query(pq.expr, pq.instant)
                 finite = [v for s in series for _, v in s.points if math.isfinite(v)]
-                if only is None and pq.panel in PREFIX_PANELS:
+                if only is None and pq.panel in PREFIX_PANELS + LOAD_PANELS:
                     continue  # test_prefix_cache_panels_fill_from_a_sidecar_that_has_a_reference
                 if only is None and pq.panel in ROUTER_PANELS:
                     continue  # no router here: tests/fleet/test_fleet_live.py fills them

@@ -76,7 +76,7 @@ def _busy_state(tmp_path: Path) -> SidecarState:
     # counter on and KV usage rising (rates have points, the forecast a trend)
     body = (ROOT / "tests" / "data" / "vllm-0.33-metrics-offload-composed.txt").read_text()
     counters = re.compile(
-        r"^(vllm:(generation_tokens|prompt_tokens_by_source|kv_offload_(load|store)_bytes"
+        r"^(vllm:(generation_tokens|prompt_tokens|prompt_tokens_by_source|kv_offload_(load|store)_bytes"
         r"|kv_offload_allocation_failure|admission_rejections)_total\{.*\} )(\S+)$",
         re.M,
     )

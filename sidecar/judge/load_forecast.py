@@ -1,0 +1,191 @@
+"""What the load needs of the cache when it levels, and when a growing load runs it out: the
+forecast from what drives KV use, not from the usage curve.
+
+By Little's law the blocks a load holds when it levels are its admission rate x how long a
+request holds its blocks x the blocks it holds on average:
+
+- admissions per second: vLLM's prompt-token counter over the mean prompt (a quadratic through
+  the counter's last `WINDOW_S` gives the rate now and its trend; the counter integrates the
+  arrivals' noise, which a usage curve does not);
+- residence: the mean output length x the time between a request's tokens (running requests /
+  generation tokens per second over the last `SPEED_S`: each running request gets one token a
+  step);
+- blocks a request holds over its life: its prompt and half its output, in blocks, plus half a
+  block for the one being filled (it grows linearly while it decodes);
+- the mean prompt and output lengths: vLLM's per-request histograms (sums over counts) of the
+  finished requests.
+
+`steady_demand_blocks` against the cache is a live KV onset: `headroom` is how much more
+arrival rate the cache holds at these lengths (negative: this load does not fit, whatever the
+curve says now). The countdown: a load that does not fit fills the gap between the blocks held
+and its demand in about one residence; a load that fits but grows reaches the rate the cache
+holds after (rate it holds - rate now) / trend, and the blocks held follow the arrivals half a
+residence late. None: the load levels below the cache, or the figures cannot tell (no request
+has finished, nothing is running).
+
+First order on purpose: the step time is taken as it is now, though a bigger batch steps slower
+(so a growing load runs out a little sooner than said), and prefill time is left out of the
+residence. Pure: the caller passes the points and the time.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvwatch.sidecar.judge.forecast import MIN_POINTS, line_fit, quadratic_fit
+from kvwatch.sidecar.judge.timeline import counter_increase
+from kvwatch.sidecar.metrics.observe import EngineObservation
+
+__all__ = ["WINDOW_S", "SPEED_S", "LoadForecast", "forecast_from_load"]
+
+WINDOW_S = 60.0  # the admission counter's span for its rate and trend
+SPEED_S = 10.0  # the span of the step time (running / generation rate)
+BIN_S = 5.0  # the step time's bins, to fit it against the requests running
+# fewer admissions than this in the window and the rate is mostly the arrivals' noise (a
+# Poisson count of 50 is +-14%): no figure
+MIN_ADMISSIONS = 50
+SPREAD = 0.25  # the batch must have moved by this share of its mean to fit a line
+MIN_SPAN_S = 10.0  # a shorter history gives no rate
+
+
+@dataclass(frozen=True)
+class LoadForecast:
+    admissions_per_s: float  # the rate now
+    admissions_trend_per_s2: float  # its change per second
+    residence_s: float  # how long a request holds its blocks
+    blocks_per_request: float  # the blocks a running request holds on average
+    steady_demand_blocks: float | None  # what it holds when it levels; None: it grows unbounded
+    headroom: float  # capacity / steady demand - 1: the arrival rate the cache holds beyond now
+    seconds: float | None  # until the load's demand passes the cache; None: it levels below
+
+
+def _mean(total: float | None, count: float | None) -> float | None:
+    if total is None or count is None or not count > 0 or not math.isfinite(total / count):
+        return None
+    return total / count if total / count > 0 else None
+
+
+def forecast_from_load(
+    points: Sequence[tuple[float, EngineObservation]],
+    now: float,
+    capacity_blocks: int | None,
+    block_size: int | None,
+) -> LoadForecast | None:
+    """`points`: one engine's (monotonic seconds, observation), oldest first."""
+    if not capacity_blocks or not block_size or not points:
+        return None
+    last = points[-1][1]
+    prompt = _mean(last.prompt_len_sum, last.prompt_len_count)
+    output = _mean(last.output_len_sum, last.output_len_count)
+    if prompt is None or output is None:
+        return None
+    pts = _admitted([(t, o) for t, o in points if t >= now - WINDOW_S], now, prompt)
+    if len(pts) < MIN_POINTS or pts[-1][0] - pts[0][0] < MIN_SPAN_S:
+        return None
+    admitted = pts[-1][1] - pts[0][1]
+    if admitted < MIN_ADMISSIONS:
+        return None
+    q = quadratic_fit(pts)
+    if q is None:
+        return None
+    _, rate, half_trend = q
+    span = pts[-1][0] - pts[0][0]
+    # a trend counts where it moved the rate over the window by more than twice the count's
+    # own noise (a Poisson count n is +-sqrt(n)): a steady load's fitted bend is noise
+    trend = 2 * half_trend if abs(2 * half_trend) * span > 2 * math.sqrt(admitted) / span else 0.0
+    recent = [(t, o) for t, o in points if t >= now - SPEED_S]
+    step_now = _step_s(recent)
+    if step_now is None or not rate > 0:
+        return None
+    running = statistics.fmean(o.running or 0.0 for _, o in recent)
+    fixed, per_running = _step_line([(t, o) for t, o in points if t >= now - WINDOW_S], step_now)
+    per_request = (prompt + output / 2) / block_size + 0.5
+    most = capacity_blocks / per_request  # the requests the cache holds at these lengths
+    holds = most / (output * (fixed + per_running * most))  # the arrival rate that fills it
+    headroom = holds / rate - 1
+    # Little's law with the step time growing with the batch: N = rate x output x step(N)
+    load = rate * output
+    demand = (
+        load * fixed / (1 - load * per_running) * per_request
+        if load * per_running < 1
+        else None  # the batch would grow without bound: no level
+    )
+    residence = output * step_now
+    held = (last.kv_usage or 0.0) * capacity_blocks
+    seconds: float | None
+    if headroom <= 0:  # this load does not fit: admissions outrun finishes until it is full
+        gap = capacity_blocks - held
+        inflow = max(rate - running / residence, 0.0) * per_request
+        if demand is not None:
+            inflow = max(inflow, (demand - held) / residence)
+        seconds = 0.0 if gap <= 0 else gap / max(inflow, 1e-9)
+    elif trend > 0:  # it fits, and grows: the rate reaches what the cache holds, and the
+        # blocks held follow the arrivals about half a residence late
+        seconds = (holds - rate) / trend + output * (fixed + per_running * most) / 2
+    else:
+        seconds = None
+    return LoadForecast(rate, trend, residence, per_request, demand, headroom, seconds)
+
+
+def _step_line(
+    points: Sequence[tuple[float, EngineObservation]], step_now: float
+) -> tuple[float, float]:
+    """The step time as a line in the requests running, fixed + per_running x N, fitted to
+    the window's bins of BIN_S (a bigger batch reads more KV a step, and a growing load
+    batches more prefill beside it). Where the batch has not moved enough to fit a line (a
+    steady load), the step as it is now and no growth."""
+    bins: list[tuple[float, float]] = []
+    start = 0
+    for k in range(1, len(points) + 1):
+        if k == len(points) or points[k][0] - points[start][0] >= BIN_S:
+            step = _step_s(points[start:k])
+            if step is not None:
+                bins.append((statistics.fmean(o.running or 0.0 for _, o in points[start:k]), step))
+            start = k
+    if len(bins) < 3:
+        return step_now, 0.0
+    ns = [n for n, _ in bins]
+    mean_n = statistics.fmean(ns)
+    if max(ns) - min(ns) < SPREAD * mean_n:
+        return step_now, 0.0
+    slope, mn, ms = line_fit(bins)
+    slope = max(slope, 0.0)
+    fixed = ms - slope * mn
+    if fixed <= 0:  # proportional through the origin at most
+        return 0.0, ms / mn
+    return fixed, slope
+
+
+def _admitted(
+    points: Sequence[tuple[float, EngineObservation]], now: float, prompt: float
+) -> list[tuple[float, float]]:
+    """Requests admitted since the window's start (prompt tokens over the mean prompt), at
+    times relative to now; a counter that fell (a restart) counts on from zero."""
+    out: list[tuple[float, float]] = []
+    total, prev = 0.0, None
+    for t, o in points:
+        v = o.prompt_tokens_total
+        if v is None or not math.isfinite(v):
+            continue
+        if prev is not None:
+            total += counter_increase(prev, v)
+        prev = v
+        out.append((t - now, total / prompt))
+    return out
+
+
+def _step_s(recent: Sequence[tuple[float, EngineObservation]]) -> float | None:
+    """The time between a running request's tokens: requests running / tokens per second."""
+    if len(recent) < 2:
+        return None
+    (t0, a), (t1, b) = recent[0], recent[-1]
+    if a.generation_tokens_total is None or b.generation_tokens_total is None or t1 <= t0:
+        return None
+    gen = (b.generation_tokens_total - a.generation_tokens_total) / (t1 - t0)
+    running = statistics.fmean(o.running or 0.0 for _, o in recent)
+    if not gen > 0 or not running > 0:
+        return None
+    return running / gen
