@@ -180,8 +180,8 @@ KV_STEADY_DEMAND_BLOCKS = _g(
 )  # fmt: skip
 KV_LOAD_HEADROOM_RATIO = _g(
     "kvwatch_kv_load_headroom_ratio", E,
-    "how much more arrival rate the cache holds at the current lengths: capacity / steady "
-    "demand - 1 (0.25: 25% more; below 0: this load does not fit when it levels)",
+    "how much more arrival rate the cache holds at the current lengths: the rate that fills "
+    "it / the rate now - 1 (0.25: 25% more; below 0: this load does not fit when it levels)",
 )  # fmt: skip
 KV_EXHAUSTION_IMMINENT = _g(
     "kvwatch_kv_exhaustion_imminent", E,

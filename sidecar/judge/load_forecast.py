@@ -1,31 +1,31 @@
 """What the load needs of the cache when it levels, and when a growing load runs it out: the
 forecast from what drives KV use, not from the usage curve.
 
-By Little's law the blocks a load holds when it levels are its admission rate x how long a
-request holds its blocks x the blocks it holds on average:
+By Little's law the requests a load holds when it levels are its admission rate x how long a
+request holds its blocks, and the blocks they hold that x the blocks one holds on average:
 
 - admissions per second: vLLM's prompt-token counter over the mean prompt (a quadratic through
   the counter's last `WINDOW_S` gives the rate now and its trend; the counter integrates the
-  arrivals' noise, which a usage curve does not);
+  arrivals' noise, which a usage curve does not). Under `MIN_ADMISSIONS` in the window there
+  is no figure, and a trend counts only where it moved the rate by more than twice the count's
+  own noise;
 - residence: the mean output length x the time between a request's tokens (running requests /
-  generation tokens per second over the last `SPEED_S`: each running request gets one token a
-  step);
+  generation tokens per second: each running request gets one token a step). The step time is
+  fitted as a line in the requests running over the window's bins, since a bigger batch steps
+  slower (on the twin's H100 ramps it went from 8 to 21 ms as the batch grew from 9 to 103); a
+  batch that has not moved keeps the step as it is now;
 - blocks a request holds over its life: its prompt and half its output, in blocks, plus half a
   block for the one being filled (it grows linearly while it decodes);
 - the mean prompt and output lengths: vLLM's per-request histograms (sums over counts) of the
   finished requests.
 
-`steady_demand_blocks` against the cache is a live KV onset: `headroom` is how much more
+`steady_demand_blocks` against the cache is a live KV onset; `headroom` is how much more
 arrival rate the cache holds at these lengths (negative: this load does not fit, whatever the
 curve says now). The countdown: a load that does not fit fills the gap between the blocks held
-and its demand in about one residence; a load that fits but grows reaches the rate the cache
-holds after (rate it holds - rate now) / trend, and the blocks held follow the arrivals half a
-residence late. None: the load levels below the cache, or the figures cannot tell (no request
-has finished, nothing is running).
-
-First order on purpose: the step time is taken as it is now, though a bigger batch steps slower
-(so a growing load runs out a little sooner than said), and prefill time is left out of the
-residence. Pure: the caller passes the points and the time.
+and the cache as admissions outrun finishes; a load that fits but grows reaches the rate the
+cache holds after (that rate - the rate now) / trend, and the blocks held follow the arrivals
+half a residence late. None: the load levels below the cache, or the figures cannot tell.
+Prefill time is left out of the residence. Pure: the caller passes the points and the time.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class LoadForecast:
     residence_s: float  # how long a request holds its blocks
     blocks_per_request: float  # the blocks a running request holds on average
     steady_demand_blocks: float | None  # what it holds when it levels; None: it grows unbounded
-    headroom: float  # capacity / steady demand - 1: the arrival rate the cache holds beyond now
+    headroom: float  # the arrival rate the cache holds / the rate now - 1
     seconds: float | None  # until the load's demand passes the cache; None: it levels below
 
 

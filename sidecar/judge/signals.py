@@ -69,7 +69,7 @@ class EngineSignals:
     kv_offloading_gib: float | None = None
     kv_usage_trend_per_s: float | None = None  # the forecast's fitted slope (usage per second)
     # the load's own view (load_forecast.py): blocks it holds when it levels, and the arrival
-    # rate the cache holds beyond it (capacity / demand - 1)
+    # rate the cache holds beyond the current one (the rate that fills it / the rate now - 1)
     steady_demand_blocks: float | None = None
     load_headroom: float | None = None
     seconds_to_exhaustion_load: float | None = None
