@@ -123,11 +123,10 @@ class Figures:
 
 
 def _groups(d: Any) -> tuple[tuple[str, Figures], ...]:
-    return (
-        tuple((str(k), Figures.of(v)) for k, v in d.items() if isinstance(v, dict))
-        if (isinstance(d, dict))
-        else ()
-    )
+    """Named groups of figures (stages, classes, probe stages), in the file's order."""
+    if not isinstance(d, dict):
+        return ()
+    return tuple((str(k), Figures.of(v)) for k, v in d.items() if isinstance(v, dict))
 
 
 @dataclass(frozen=True)
