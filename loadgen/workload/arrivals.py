@@ -83,11 +83,14 @@ class Gamma:
 class Ramp:
     """Evenly spaced sends (the default) measure a server's response to the rate alone; real
     traffic comes as a Poisson process, whose clusters run a cache out earlier and at random
-    (`poisson=1`: Poisson arrivals at the ramp's rate)."""
+    (`poisson=1`: Poisson arrivals at the ramp's rate), or burstier still (`burstiness=B`:
+    gamma gaps of shape B at the ramp's rate, as `gamma` sends them; B = 0.25 has a gap's
+    coefficient of variation 2)."""
 
     start: float
     end: float
     poisson: int = 0
+    burstiness: float | None = None
 
     def __post_init__(self) -> None:
         if self.start < 0 or self.end < 0 or self.start == self.end == 0:
@@ -96,12 +99,21 @@ class Ramp:
             )
         if self.poisson not in (0, 1):
             raise ValueError(f"poisson must be 0 or 1, got {self.poisson}")
+        if self.burstiness is not None:
+            _positive("burstiness", self.burstiness)
+
+    def _gap(self, rng: random.Random) -> float:
+        """The next arrival's gap in the ramp's own time (the rate's integral: mean 1)."""
+        if self.burstiness is not None:
+            return rng.gammavariate(self.burstiness, 1.0 / self.burstiness)
+        return rng.expovariate(1.0) if self.poisson else 1.0
 
     def offsets(self, rng: random.Random, duration_s: float) -> Iterator[float]:
         # The k-th send is where the cumulative rate r0*t + (r1-r0)*t^2/(2D) reaches k: evenly,
-        # or (time rescaling) where it reaches the k-th arrival of a Poisson process of rate 1.
+        # or (time rescaling) where it reaches the k-th arrival of a Poisson (or gamma renewal)
+        # process of rate 1.
         r0, slope = self.start, (self.end - self.start) / duration_s
-        k = rng.expovariate(1.0) if self.poisson else 0.0
+        k = self._gap(rng) if self.poisson or self.burstiness is not None else 0.0
         while True:
             if slope == 0:
                 t = k / r0
@@ -113,7 +125,7 @@ class Ramp:
             if t >= duration_s:
                 return
             yield t
-            k += rng.expovariate(1.0) if self.poisson else 1
+            k += self._gap(rng)
 
 
 @dataclass(frozen=True)
@@ -185,8 +197,9 @@ def describe(pattern: Pattern) -> str:
             return f"{r:g} req/s, Poisson"
         case Gamma(rate=r, burstiness=b):
             return f"{r:g} req/s, bursty ({b:g})"
-        case Ramp(start=a, end=b, poisson=poisson):
-            return f"{a:g}\u2192{b:g} req/s ramp" + (", Poisson" if poisson else "")
+        case Ramp(start=a, end=b, poisson=poisson, burstiness=burst):
+            how = f", bursty ({burst:g})" if burst is not None else ", Poisson" if poisson else ""
+            return f"{a:g}\u2192{b:g} req/s ramp{how}"
         case Burst(size=size, every=every):
             return f"{size} at once every {every:g} s"
         case Replay(times=times):

@@ -5,7 +5,8 @@ A stage is a pattern held for a duration and/or a request count:
     poisson:rate=4@30s          Poisson at 4 req/s for 30 s
     gamma:rate=4,burstiness=0.5@60s
     constant:rate=2#100         100 requests at 2 req/s
-    ramp:start=1,end=10@60s     linear ramp of the rate (poisson=1: Poisson arrivals)
+    ramp:start=1,end=10@60s     linear ramp of the rate (poisson=1: Poisson arrivals;
+                                burstiness=0.25: gamma gaps, cv 2)
     burst:size=8,every=12@72s   8 requests at once every 12 s
     concurrency:n=16@45s#500    16 in flight, stop at 45 s or 500 requests
 
@@ -39,7 +40,7 @@ _PARAMS: dict[str, tuple[Callable[..., Pattern], dict[str, type[float] | type[in
     "constant": (Constant, {"rate": float}),
     "poisson": (Poisson, {"rate": float}),
     "gamma": (Gamma, {"rate": float, "burstiness": float}),
-    "ramp": (Ramp, {"start": float, "end": float, "poisson": int}),
+    "ramp": (Ramp, {"start": float, "end": float, "poisson": int, "burstiness": float}),
     "burst": (Burst, {"size": int, "every": float}),
     "concurrency": (Concurrency, {"n": int}),
 }

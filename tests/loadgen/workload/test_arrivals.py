@@ -5,7 +5,15 @@ import statistics
 
 import pytest
 
-from kvwatch.loadgen.workload.arrivals import Burst, Concurrency, Constant, Gamma, Poisson, Ramp
+from kvwatch.loadgen.workload.arrivals import (
+    Burst,
+    Concurrency,
+    Constant,
+    Gamma,
+    Poisson,
+    Ramp,
+    describe,
+)
 
 
 def gaps(offsets: list[float]) -> list[float]:
@@ -59,6 +67,20 @@ class TestRamp:
         assert list(Ramp(1, 9, poisson=1).offsets(random.Random(5), 10.0)) == list(
             Ramp(1, 9, poisson=1).offsets(random.Random(5), 10.0)
         )  # seeded
+
+    def test_a_bursty_ramp_has_the_rate_and_gamma_gaps(self) -> None:
+        """`burstiness=0.25`: the ramp's rate with gaps as `gamma` draws them (cv 2 where the
+        rate barely moves), and the count still the rate's integral on average."""
+        offs = list(Ramp(2, 2, burstiness=0.25).offsets(random.Random(3), 2000.0))
+        assert len(offs) == pytest.approx(4000, rel=0.1)
+        g = gaps(offs)
+        assert statistics.pstdev(g) / statistics.mean(g) == pytest.approx(2.0, rel=0.1)
+        ramp = Ramp(1, 9, burstiness=0.25)
+        counts = [len(list(ramp.offsets(random.Random(s), 10.0))) for s in range(300)]
+        assert statistics.mean(counts) == pytest.approx(50, rel=0.08)
+        assert describe(ramp) == "1\u21929 req/s ramp, bursty (0.25)"
+        with pytest.raises(ValueError, match="burstiness"):
+            Ramp(1, 9, burstiness=0.0)
 
     def test_down_ramp_and_flat(self) -> None:
         assert len(list(Ramp(10, 0).offsets(random.Random(0), 10.0))) == pytest.approx(50, abs=1)
