@@ -657,10 +657,13 @@ def _states(run: Run, th: Thresholds) -> dict[str, float | None]:
 
 
 def evaluate_twin(name: str, th: Thresholds) -> None:
-    """The twin's recordings `twin-NAME-ramp-N`, `-poisson-N` and `-steady-N` (recorded after
-    the sidecar's thresholds were chosen on the fixture: all held out), judged as `evaluate`
-    judges the fixture's, plus the states' timing and the victims the twin's log named."""
-    for kind, title in (("ramp", "even ramps"), ("poisson", "Poisson ramps")):
+    """The twin's recordings `twin-NAME-ramp-N`, `-poisson-N`, `-bursty-N` and `-steady-N`
+    (recorded after the sidecar's thresholds were chosen on the fixture), judged as `evaluate`
+    judges the fixture's, plus the states' timing and the victims the twin's log named. Which
+    runs chose #44's countdown and which are held out: docs/detection.md."""
+    kinds = (("ramp", "even ramps"), ("poisson", "Poisson ramps"),
+             ("bursty", "bursty ramps (gamma gaps, cv 2; held out)"))  # fmt: skip
+    for kind, title in kinds:
         ramps = _ramps(f"twin-{name}-{kind}", th)
         if not ramps:
             continue
