@@ -8,12 +8,11 @@ reader uses and refuses a file that lacks one, in one line.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvwatch.loadgen.results.run_schema import STAMP, Cleaned, clean
+from kvwatch.loadgen.results.run_schema import NUM, STAMP, Cleaned, clean
 
 __all__ = [
     "SEARCH_FILE", "Verdict", "ProbeRow", "SearchAdvice", "SearchFile", "search_from_doc",
@@ -24,8 +23,9 @@ SEARCH_FILE = "search.json"
 
 
 def _number(x: object) -> bool:
-    """A finite number (JSON's Infinity and NaN read as floats; a chart cannot place them)."""
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+    """A number as run_schema's NUM holds it: finite (JSON's Infinity and NaN read as floats,
+    and a chart cannot place them), not a bool, below 1e15."""
+    return x is not None and clean(x, NUM, Cleaned()) is not None
 
 
 @dataclass(frozen=True)
