@@ -213,6 +213,8 @@ def _watch(url: str, flags: tuple[str, ...], *out: str) -> subprocess.Popen[str]
         [sys.executable, "-m", "kvwatch", "calibrate", "--metrics", url, "--watch", "3600",
          "--slice", str(SLICE_S), "--interval", "0.5", *flags, *out],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # a bench started in the background by a shell ignores SIGINT, and the child would too
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
 
 
@@ -258,7 +260,7 @@ def cpu(source: str = "run") -> None:
     (RESULTS / name).write_text(json.dumps(out, indent=1) + "\n")
 
 
-def twin() -> None:
+def twin(scale: float) -> None:
     from kvwatch.twin.serve import start_twin
 
     base = StepModel(resolve_model("llama-3.1-8b"), lookup_gpu("h100"))
@@ -273,12 +275,16 @@ def twin() -> None:
     print(f"  runs in {work}")
     if True:
         server = start_twin(
-            "llama-3.1-8b", "h100", work / "vllm.log", time_scale=2.0, status_dir=work,
+            "llama-3.1-8b", "h100", work / "vllm.log", time_scale=scale, status_dir=work,
             step=hidden,
             vllm_args=("--max-model-len", "4096", "--kv-cache-memory-bytes", str(8 * 10**9)),
         )  # fmt: skip
         with server:
             url = server.server.base_url
+            flags = ("--model", "llama-3.1-8b", "--gpu", "h100")
+            # the server's own counters, watched while the loads run: no closed loop's waves
+            watcher = _watch(url, flags, "--out", str(work / "calibration-metrics.json"))
+            time.sleep(1.0)
             runs = []
             loads = [(f"c{c}", ("--concurrency", str(c), "--requests", str(n),
                                 "--input-len", "512", "--output-len", "128"))
@@ -288,30 +294,39 @@ def twin() -> None:
             for name, args in loads:
                 _load(url, work / name, *args)
                 runs += ["--run", str(work / name)]
-            p = _kvwatch("calibrate", *runs, "--model", "llama-3.1-8b", "--gpu", "h100",
-                         "--json")  # fmt: skip
-        if p.returncode != 0:
-            raise SystemExit(f"calibrate failed: {p.stderr.strip()}")
-    cal = json.loads(p.stdout)
-    rows = {
-        k: {"hidden": v, "fitted": cal["constants"].get(k),
-            "error": None if k not in cal["constants"] else cal["constants"][k] / v - 1}
-        for k, v in hidden.items()
-    }  # fmt: skip
-    for k, r in rows.items():
-        err = "not pinned" if r["error"] is None else f"{r['error']:+.1%}"
-        print(f"  {k}: hidden {r['hidden']:.4g}, fitted {r['fitted'] or 0:.4g} ({err})")
-    print(f"  not pinned: {cal['not_pinned']}; fit error {cal['error']}; {step}")
-    out = {"hidden": rows, "calibration": cal, "date": time.strftime("%Y-%m-%d")}
+            time.sleep(SLICE_S + 0.5)  # the last slice closes
+            watched = _ended(watcher)
+            p = _kvwatch("calibrate", *runs, *flags, "--json")
+        if p.returncode != 0 or watched.returncode != 0:
+            raise SystemExit(f"calibrate failed: {p.stderr.strip()} {watched.stderr.strip()}")
+    out: dict[str, Any] = {"step": step, "time_scale": scale, "date": time.strftime("%Y-%m-%d")}
+    cals = {
+        "run": json.loads(p.stdout),
+        "metrics": json.loads((work / "calibration-metrics.json").read_text()),
+    }
+    for source, cal in cals.items():
+        rows = {
+            k: {"hidden": v, "fitted": cal["constants"].get(k),
+                "error": None if k not in cal["constants"] else cal["constants"][k] / v - 1}
+            for k, v in hidden.items()
+        }  # fmt: skip
+        print(f"from {source}:")
+        for k, r in rows.items():
+            err = "not pinned" if r["error"] is None else f"{r['error']:+.1%}"
+            print(f"  {k}: hidden {r['hidden']:.4g}, fitted {r['fitted'] or 0:.4g} ({err})")
+        print(f"  not pinned: {cal['not_pinned']}; fit error {cal['error']}")
+        out[source] = {"hidden": rows, "calibration": cal}
     (RESULTS / "calibrate-twin.json").write_text(json.dumps(out, indent=1) + "\n")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=("cpu", "cpu-metrics", "twin"))
-    what = ap.parse_args().what
+    ap.add_argument("--time-scale", type=float, default=2.0, help="the twin's (default 2)")
+    ns = ap.parse_args()
+    what = ns.what
     if what == "twin":
-        twin()
+        twin(ns.time_scale)
     else:
         cpu("metrics" if what == "cpu-metrics" else "run")
 

@@ -73,6 +73,24 @@ def register(sub: Any) -> None:
         "thrashing (docs/detection.md)",
     )
     s.add_argument(
+        "--kv-events",
+        action="append",
+        default=[],
+        metavar="ENDPOINT",
+        help="follow a server's KV events: the endpoint of vLLM's --kv-events-config publisher "
+        "(e.g. tcp://127.0.0.1:5557). Gives the prefix cache's hit rate at 0.25x-4x its size, "
+        "the ideal hit rate and the blocks stored again after eviction (docs/detection.md). "
+        "One per --target, in the targets' order. Needs pyzmq (vLLM brings it)",
+    )
+    s.add_argument(
+        "--kv-events-replay",
+        action="append",
+        default=[],
+        metavar="ENDPOINT",
+        help="the publisher's replay_endpoint, to recover batches lost in a gap (in the order "
+        "of --kv-events)",
+    )
+    s.add_argument(
         "--db",
         default=str(_default_db()),
         metavar="FILE",

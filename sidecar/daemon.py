@@ -25,6 +25,7 @@ from typing import BinaryIO
 import httpx
 
 from kvwatch.sidecar.contract.thresholds import Thresholds
+from kvwatch.sidecar.kvevents.subscriber import KvEventFeed, check_endpoint
 from kvwatch.sidecar.logs.follow import FileFollower, FollowStats, read_stream, run_and_read
 from kvwatch.sidecar.metrics.scrape import check_health, fetch_version, metrics_url, scrape_once
 from kvwatch.sidecar.outputs.alerting import AlertTracker, active_alerts
@@ -59,6 +60,8 @@ class SidecarConfig:
     receivers: tuple[Receiver, ...] = ()
     model: Architecture | None = None  # --model: the served model's KV groups
     scheduling_policy: str | None = None  # --scheduling-policy; None: from the log
+    kv_events: tuple[str, ...] = ()  # --kv-events: the nth belongs to the nth target
+    kv_events_replay: tuple[str, ...] = ()  # --kv-events-replay, likewise
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -67,6 +70,12 @@ class SidecarConfig:
             raise ValueError("--interval and --timeout must be positive")
         if self.log_path is not None and self.command:
             raise ValueError("use either --log or a command after --, not both")
+        if len(self.kv_events) > len(self.targets):
+            raise ValueError("one --kv-events per --target at most (in the targets' order)")
+        if len(self.kv_events_replay) > len(self.kv_events):
+            raise ValueError("a --kv-events-replay belongs to a --kv-events (in order)")
+        for e in (*self.kv_events, *self.kv_events_replay):
+            check_endpoint(e)
 
 
 async def _scrape_loop(
@@ -134,6 +143,23 @@ def _start_log_reader(
     state.log_stats, state.log_source = follower.stats, str(cfg.log_path)
     state.loops.thread(_LOG_LOOP, lambda: _follow_file(follower, state, stop), stop)
     return None
+
+
+def _start_kv_event_feeds(cfg: SidecarConfig, state: SidecarState, stop: threading.Event) -> None:
+    """One thread per `--kv-events`: the server's KV events into its target's curve."""
+    for i, endpoint in enumerate(cfg.kv_events):
+        target = cfg.targets[i]
+        replay = cfg.kv_events_replay[i] if i < len(cfg.kv_events_replay) else None
+        feed = KvEventFeed(
+            endpoint,
+            functools.partial(state.record_kv_batch, target),
+            functools.partial(state.record_kv_restart, target),
+            replay,
+        )
+        state.follow_kv_events(target, feed.stats)
+        name = f"kv-events:{target}"
+        beat = functools.partial(state.loops.beat, name)
+        state.loops.thread(name, functools.partial(feed.run, stop, beat), stop)
 
 
 async def _alert_loop(
@@ -269,6 +295,7 @@ def serve_sidecar(cfg: SidecarConfig, echo: BinaryIO | None = None) -> int:
     )
     stop = threading.Event()
     child = _start_log_reader(cfg, state, stop, echo or sys.stdout.buffer)
+    _start_kv_event_feeds(cfg, state, stop)
     try:
         return asyncio.run(_main(cfg, state, child, f"http://{host}:{port}"))
     finally:

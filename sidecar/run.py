@@ -56,6 +56,8 @@ def run_sidecar(ns: argparse.Namespace) -> int:
             receivers=tuple(load_receivers(ns.webhook, ns.webhook_config)),
             model=model,
             scheduling_policy=ns.scheduling_policy,
+            kv_events=tuple(ns.kv_events),
+            kv_events_replay=tuple(ns.kv_events_replay),
         )
         if cfg.db_path is not None:
             check_database(cfg.db_path)  # before anything is started or changed

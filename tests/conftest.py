@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,23 @@ def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     """A real vLLM (CPU) with 40 KV blocks of 32 tokens: 32 concurrent 300-token streams preempt."""
     from kvwatch.local.server import LocalVLLM, ServerConfig
 
-    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    where = tmp_path_factory.mktemp("vllm")
+    # its KV events on a Unix socket (tests/sidecar/test_kv_events_live.py): vLLM binds a tcp
+    # endpoint on every interface, and these tests listen on loopback only
+    config = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                         "endpoint": kv_events_endpoints(where)[0],
+                         "replay_endpoint": kv_events_endpoints(where)[1]})  # fmt: skip
     # nice 10: the observers under test get their CPU, as beside a GPU server (docs/testing.md)
-    with LocalVLLM(ServerConfig(model=tiny_model, nice=10), log_path=log) as server:
+    with LocalVLLM(
+        ServerConfig(model=tiny_model, nice=10, extra_args=("--kv-events-config", config)),
+        log_path=where / "vllm.log",
+    ) as server:
         yield server
+
+
+def kv_events_endpoints(server_dir: Path) -> tuple[str, str]:
+    """The shared server's KV event publisher and its replay endpoint."""
+    return f"ipc://{server_dir}/kv-events.sock", f"ipc://{server_dir}/kv-replay.sock"
 
 
 @pytest.fixture

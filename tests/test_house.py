@@ -38,6 +38,7 @@ FLOORS: list[list[str]] = [
     ["kvwatch.sidecar.store"],
     ["kvwatch.sidecar.judge"],
     ["kvwatch.sidecar.logs"],
+    ["kvwatch.sidecar.kvevents"],
     ["kvwatch.sidecar.metrics"],
     ["kvwatch.sidecar.contract"],
     ["kvwatch.timing"],

@@ -45,6 +45,8 @@ __all__ = [
     "PROMPT_TOKENS_PER_SECOND", "PREEMPTIONS_PER_SECOND_SHORT", "PREEMPTIONS_PER_SECOND_LONG",
     "REPEAT_PREEMPTED_REQUESTS", "PROMPT_CACHE_HIT_RATIO", "PROMPT_CACHE_HIT_REFERENCE",
     "PROMPT_TOKENS_RECOMPUTED_PER_SECOND", "PREFIX_CACHE_THRASHING",
+    "PREFIX_CACHE_HIT_RATIO_AT_SIZE", "PREFIX_CACHE_IDEAL_HIT_RATIO",
+    "PREFIX_CACHE_WORKING_SET_BLOCKS", "PREFIX_CACHE_RESTORED_BLOCKS", "KV_EVENT_BATCHES",
     "POLICY_PREEMPTIONS_PER_SECOND",
     "KV_OFFLOAD_LOAD_BYTES_PER_SECOND",
     "KV_OFFLOAD_STORE_BYTES_PER_SECOND", "KV_OFFLOAD_ALLOCATION_FAILURES",
@@ -227,6 +229,30 @@ PROMPT_TOKENS_RECOMPUTED_PER_SECOND = _g(
     "prompt tokens per second computed again that the prefix cache served at its reference "
     "hit share: prompt tokens/s x (reference - current share)",
 )  # fmt: skip
+PREFIX_CACHE_HIT_RATIO_AT_SIZE = _g(
+    "kvwatch_prefix_cache_hit_ratio_at_size", (*E, "blocks"),
+    "the prefix-cache hit rate this traffic would get from a cache of `blocks` KV blocks "
+    "(0.25x to 4x the server's), from vLLM's KV events (--kv-events): an LRU miss-ratio curve "
+    "of block reads, spatially sampled",
+)  # fmt: skip
+PREFIX_CACHE_IDEAL_HIT_RATIO = _g(
+    "kvwatch_prefix_cache_ideal_hit_ratio", E,
+    "the prefix-cache hit rate with room for every block this traffic read (--kv-events)",
+)  # fmt: skip
+PREFIX_CACHE_WORKING_SET_BLOCKS = _g(
+    "kvwatch_prefix_cache_working_set_blocks", E,
+    "the smallest cache (KV blocks) that reaches 99% of the ideal hit rate (--kv-events)",
+)  # fmt: skip
+PREFIX_CACHE_RESTORED_BLOCKS = _c(
+    "kvwatch_prefix_cache_restored_blocks", E,
+    "blocks vLLM stored again after it had removed them from the prefix cache: prefix-cache "
+    "thrash, counted from its KV events (--kv-events)",
+)  # fmt: skip
+KV_EVENT_BATCHES = _c(
+    "kvwatch_kv_event_batches", (*T, "outcome"),
+    "KV event batches from a server's publisher (--kv-events): received, replayed (recovered "
+    "after a gap), missed (lost for good), refused (not a KV event batch)",
+)  # fmt: skip
 PREFIX_CACHE_THRASHING = _g(
     "kvwatch_prefix_cache_thrashing", E,
     "1 while the prefix cache has lost reusable prefixes (hit share down to "
@@ -319,6 +345,8 @@ METRICS: tuple[Metric, ...] = (
     LOG_PREEMPTION_WARNINGS, LOG_INCIDENTS, STATE, STATE_LEVEL, KV_EXHAUSTION_IMMINENT,
     PREFIX_CACHE_THRASHING, THRASHING_EPISODES, EPISODE_PREEMPTIONS, EPISODE_RECOMPUTED_TOKENS,
     *(m for m, _ in ENGINE_GAUGES),
+    PREFIX_CACHE_HIT_RATIO_AT_SIZE, PREFIX_CACHE_IDEAL_HIT_RATIO, PREFIX_CACHE_WORKING_SET_BLOCKS,
+    PREFIX_CACHE_RESTORED_BLOCKS, KV_EVENT_BATCHES,
     ALERTS_FIRING, WEBHOOK_PENDING, WEBHOOK_DELIVERED, WEBHOOK_DROPPED, LOAD_STAGE,
     INTERNAL_ERRORS, HTTP_CONNECTIONS_SHED, HTTP_HANDLER_ERRORS, LOG_LINES,
     LOG_OVERSIZED_LINES, LOG_ROTATIONS,

@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 from kvwatch.sidecar.contract import catalogue as cat
 from kvwatch.sidecar.judge.episodes import Episode
 from kvwatch.sidecar.outputs.http_endpoint import EndpointServer, Request, Response
-from kvwatch.sidecar.state.views import StateView, state_json
+from kvwatch.sidecar.state.views import StateView, TargetView, state_json
 
 __all__ = ["StateCollector", "serve", "EVENTS_TOKEN_ENV", "events_refusal"]
 
@@ -90,6 +90,7 @@ class StateCollector(Collector):
                 if e.episode is not None:
                     add(cat.EPISODE_PREEMPTIONS, labels, e.episode.preemptions)
                     add(cat.EPISODE_RECOMPUTED_TOKENS, labels, e.episode.tokens_recomputed)
+            _kv_events(t, add)
         counts: dict[str, int] = {}
         for a in v.alerting.firing:
             counts[a.name] = counts.get(a.name, 0) + 1
@@ -116,6 +117,27 @@ class StateCollector(Collector):
             if log is None and m in (cat.LOG_LINES, cat.LOG_OVERSIZED_LINES, cat.LOG_ROTATIONS):
                 continue
             yield fam[m.name]
+
+
+def _kv_events(t: TargetView, add: Callable[[cat.Metric, list[str], float], None]) -> None:
+    """The KV event feed's counts and, once the target's engine is known, its curve."""
+    feed, curve = t.kv_events, t.prefix_curve
+    if feed is None or curve is None:
+        return
+    for outcome, n in (("received", feed.batches - feed.replayed), ("replayed", feed.replayed),
+                       ("missed", feed.missed), ("refused", feed.refused)):  # fmt: skip
+        add(cat.KV_EVENT_BATCHES, [t.target, outcome], n)
+    present = [e for e in t.engines if e.present]
+    if not (t.up and present):
+        return
+    labels = [t.target, present[0].model_name, present[0].engine]
+    add(cat.PREFIX_CACHE_RESTORED_BLOCKS, labels, curve.restored_blocks)
+    for point in curve.points:
+        add(cat.PREFIX_CACHE_HIT_RATIO_AT_SIZE, [*labels, str(point.blocks)], point.hit_ratio)
+    if curve.ideal_hit_ratio is not None:
+        add(cat.PREFIX_CACHE_IDEAL_HIT_RATIO, labels, curve.ideal_hit_ratio)
+    if curve.working_set_blocks is not None:
+        add(cat.PREFIX_CACHE_WORKING_SET_BLOCKS, labels, curve.working_set_blocks)
 
 
 EVENTS_TOKEN_ENV = "KVWATCH_EVENTS_TOKEN"

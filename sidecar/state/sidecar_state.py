@@ -22,6 +22,9 @@ from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.judge.episodes import Episode
 from kvwatch.sidecar.judge.liveness import Liveness, Status, judge_liveness
 from kvwatch.sidecar.judge.pipeline import EngineJudge, Transition
+from kvwatch.sidecar.judge.prefix_curve import PrefixCurve
+from kvwatch.sidecar.kvevents.subscriber import FeedStats
+from kvwatch.sidecar.kvevents.wire import Batch
 from kvwatch.sidecar.logs.follow import FollowStats
 from kvwatch.sidecar.logs.logformats import parse_line
 from kvwatch.sidecar.logs.logstate import LogState
@@ -76,6 +79,9 @@ class TargetState:
     # twin's simulated clock, which runs 1/K as fast as the wall's (`clock`)
     time_scale: float | None = None
     clock_anchor: tuple[float, float] | None = None  # (wall, simulated) where K last changed
+    # the server's KV events, where followed (--kv-events): the curve and the feed's counts
+    prefix_curve: PrefixCurve | None = None
+    kv_feed: FeedStats | None = None
 
     def clock(self, now: float) -> float:
         """The judges' clock at monotonic `now`: wall time, or a twin's simulated time. It is
@@ -143,6 +149,7 @@ class TargetState:
             if ej.signals is not None
         )
         log = self.log
+        capacity = max((e.signals.capacity_blocks or 0 for e in engines), default=0) or None
         return TargetView(
             target=self.url,
             up=up,
@@ -160,6 +167,8 @@ class TargetState:
             vllm_version=self.api_version or log.version,
             server_args=log.server_args,
             time_scale=self.time_scale,
+            prefix_curve=None if self.prefix_curve is None else self.prefix_curve.view(capacity),
+            kv_events=None if self.kv_feed is None else replace(self.kv_feed),
             log=LogView(
                 capacity=log.capacity,
                 events=dict(log.events),
@@ -342,6 +351,26 @@ class SidecarState:
                 self.load_stages[name] = when
             else:
                 self.load_stages.pop(name, None)
+
+    def follow_kv_events(self, url: str, stats: FeedStats) -> None:
+        """`url`'s KV events are followed from now on, counted in `stats`."""
+        with self._lock:
+            ts = self.targets[url]
+            ts.prefix_curve = PrefixCurve()
+            ts.kv_feed = stats
+
+    def record_kv_batch(self, url: str, batch: Batch) -> None:
+        with self._lock:
+            curve = self.targets[url].prefix_curve
+            if curve is not None:
+                curve.feed(batch)
+
+    def record_kv_restart(self, url: str) -> None:
+        """The publisher started again: the cache it describes is empty."""
+        with self._lock:
+            curve = self.targets[url].prefix_curve
+            if curve is not None:
+                curve.restart()
 
     def set_alerting(self, status: AlertingView) -> None:
         with self._lock:

@@ -15,7 +15,9 @@ from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.judge.episodes import Episode
 from kvwatch.sidecar.judge.liveness import Liveness
 from kvwatch.sidecar.judge.pipeline import Transition
+from kvwatch.sidecar.judge.prefix_curve import PrefixCurveView
 from kvwatch.sidecar.judge.signals import EngineSignals
+from kvwatch.sidecar.kvevents.subscriber import FeedStats
 from kvwatch.sidecar.logs.follow import FollowStats
 from kvwatch.sidecar.logs.incidents import Incident
 from kvwatch.sidecar.logs.logformats import Capacity, StatsLine, event_to_dict
@@ -85,6 +87,9 @@ class TargetView:
     vllm_version: str | None = None  # GET /version, else the log's startup banner
     server_args: tuple[tuple[str, str], ...] = ()  # the log's `non-default args` (secrets hidden)
     time_scale: float | None = None  # a kvwatch twin's (judged in wall time); None: real
+    # from the server's KV events (--kv-events); None where none are followed
+    prefix_curve: PrefixCurveView | None = None
+    kv_events: FeedStats | None = None
 
 
 @dataclass(frozen=True)
@@ -154,6 +159,21 @@ def engine_json(e: EngineView) -> dict[str, Any]:
     }
 
 
+def prefix_curve_json(c: PrefixCurveView) -> dict[str, Any]:
+    return {
+        "capacity_blocks": c.capacity_blocks,
+        "points": [{"blocks": p.blocks, "hit_ratio": p.hit_ratio} for p in c.points],
+        "hit_ratio_now": c.hit_ratio_now,
+        "ideal_hit_ratio": c.ideal_hit_ratio,
+        "working_set_blocks": c.working_set_blocks,
+        "queries": c.queries,
+        "restored_blocks": c.restored_blocks,
+        "sample_rate": c.sample_rate,
+        "source": c.source,
+        "counts": asdict(c.counts),
+    }
+
+
 def _target_json(t: TargetView) -> dict[str, Any]:
     log = t.log
     return {
@@ -175,6 +195,8 @@ def _target_json(t: TargetView) -> dict[str, Any]:
         "server_args": dict(t.server_args),
         "time_scale": t.time_scale,
         "engines": [engine_json(e) for e in t.engines],
+        "kv_events": None if t.kv_events is None else asdict(t.kv_events),
+        "prefix_curve": None if t.prefix_curve is None else prefix_curve_json(t.prefix_curve),
         "log": {
             "capacity": None if log.capacity is None else event_to_dict(log.capacity),
             "events": dict(log.events),

@@ -1,0 +1,148 @@
+"""vLLM's KV events turned back into the block accesses the prefix cache saw.
+
+The event stream says what the cache stored and removed, not what each request read. The reads
+are reconstructed two ways:
+
+- **Reports** (exact): a request sent with `vllm_xargs: {"kv_cache_report_mode": "full"}`
+  makes vLLM publish the cached blocks it reused as a `BlockStored` of blocks already held
+  (vllm/v1/core/kv_cache_manager.py, `emit_cached_block_events`). A store of blocks that are
+  all cached is read as such a report: every block in it is a hit. The load generator's
+  `--kv-report` asks for it.
+- **The parent chain** (inferred, for traffic nobody tagged): a request that hit a cached
+  prefix stores its first new block with `parent_block_hash` the last block it hit, so the
+  cached chain up to that parent was read. A store whose parent is the newest block of a run
+  stored less than `continuation_s` ago continues that run instead (the same request's next
+  prompt chunk or its next decode block): its chain is not read again. The price: a request
+  that continues a conversation within `continuation_s` of its previous turn's last block
+  reads as a continuation, so its hits are missed (the curve errs low); a request whose prompt
+  was entirely cached and whose output fills no block stores nothing and is not seen.
+
+Once a report is seen, only reports count as hits (inference beside them would count twice).
+
+Every access is `(key, hit, query)`: `query` when it is part of a request's admission (a hit,
+or a block a newly arriving request computed), as vLLM's prefix-cache hit rate counts them;
+continuations (later chunks, decode blocks) are accesses too but no queries. A block stored
+again after the server removed it is a re-store: prefix-cache thrash, counted exactly while
+the removed blocks fit `max_removed`. Bounded memory: at most `max_blocks` cached blocks and
+`max_removed` removed ones are remembered, the oldest forgotten first (counted). Pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvwatch.sidecar.kvevents.wire import BlockKey, Cleared, Event, Removed, Stored
+
+__all__ = ["Access", "BlockTable", "TableCounts"]
+
+MAX_CHAIN = 65_536  # blocks walked up one parent chain (a 1M-token context at block size 16)
+
+
+@dataclass(frozen=True)
+class Access:
+    key: BlockKey
+    hit: bool  # the block was cached when it was read
+    query: bool  # part of a request's admission (counted in the hit rate)
+
+
+@dataclass
+class TableCounts:
+    stores: int = 0  # BlockStored events that stored new blocks
+    reports: int = 0  # BlockStored events that reported reused blocks
+    removed: int = 0  # blocks removed
+    restored: int = 0  # blocks stored again after the server removed them (thrash)
+    clears: int = 0  # AllBlocksCleared (a restart, a reset)
+    forgotten: int = 0  # cached blocks dropped from the table at its bound
+    unknown_parents: int = 0  # stores whose parent the table never saw (a gap, a cap)
+
+
+class BlockTable:
+    """The prefix cache as the events describe it; `apply` yields each event's accesses."""
+
+    def __init__(
+        self,
+        continuation_s: float = 5.0,
+        max_blocks: int = 1 << 20,
+        max_removed: int = 1 << 20,
+    ) -> None:
+        self.continuation_s = continuation_s
+        self.max_blocks = max_blocks
+        self.max_removed = max_removed
+        self.parent: dict[BlockKey, BlockKey | None] = {}  # cached now, oldest first
+        self.tips: dict[BlockKey, float] = {}  # a run's newest block: when it was stored
+        self.removed: dict[BlockKey, None] = {}  # removed, not stored again; oldest first
+        self.reports_seen = False
+        self.counts = TableCounts()
+
+    def apply(self, event: Event, ts: float) -> list[Access]:
+        """The reads `event` stands for, in order (none for a removal or a reset)."""
+        if isinstance(event, Cleared):
+            self.parent.clear()
+            self.tips.clear()
+            self.removed.clear()  # after a restart, a store again is not an eviction's cost
+            self.counts.clears += 1
+        elif isinstance(event, Removed):
+            for key in event.keys:
+                if self.parent.pop(key, 0) != 0:
+                    self.counts.removed += 1
+                    self.tips.pop(key, None)
+                    self._remember_removed(key)
+        elif event.keys:
+            return self._stored(event, ts)
+        return []
+
+    def _stored(self, event: Stored, ts: float) -> list[Access]:
+        if all(k in self.parent for k in event.keys):
+            self.reports_seen = True
+            self.counts.reports += 1
+            for key in event.keys:
+                self._touch(key)
+            return [Access(key, True, True) for key in event.keys]
+        out: list[Access] = []
+        self.counts.stores += 1
+        parent = event.parent
+        stored_at = self.tips.pop(parent, None) if parent is not None else None
+        continues = stored_at is not None and ts - stored_at <= self.continuation_s
+        if parent is not None and parent not in self.parent:
+            self.counts.unknown_parents += 1
+        elif parent is not None and not continues and not self.reports_seen:
+            for key in self._chain(parent):
+                self._touch(key)
+                out.append(Access(key, True, True))
+        before = parent
+        for key in event.keys:
+            hit = key in self.parent
+            if hit:
+                self._touch(key)
+            else:
+                if self.removed.pop(key, 0) is None:
+                    self.counts.restored += 1
+                self.parent[key] = before
+                if len(self.parent) > self.max_blocks:
+                    old = next(iter(self.parent))
+                    del self.parent[old]
+                    self.tips.pop(old, None)
+                    self.counts.forgotten += 1
+            out.append(Access(key, hit, not continues))
+            before = key
+        self.tips[event.keys[-1]] = ts
+        return out
+
+    def _chain(self, last: BlockKey) -> list[BlockKey]:
+        """The cached blocks from the root of `last`'s chain down to `last`, in read order."""
+        out: list[BlockKey] = []
+        key: BlockKey | None = last
+        while key is not None and key in self.parent and len(out) < MAX_CHAIN:
+            out.append(key)
+            key = self.parent[key]
+        out.reverse()
+        return out
+
+    def _touch(self, key: BlockKey) -> None:
+        """Keep the table's order by last use, so its bound forgets the least recent."""
+        self.parent[key] = self.parent.pop(key)
+
+    def _remember_removed(self, key: BlockKey) -> None:
+        self.removed[key] = None
+        if len(self.removed) > self.max_removed:
+            del self.removed[next(iter(self.removed))]

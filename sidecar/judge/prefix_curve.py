@@ -1,0 +1,71 @@
+"""One engine's KV event stream judged: its block reads, its miss-ratio curve, its thrash.
+
+Joins the block table (block_access.py: events to reads) and the curve (reuse_curve.py: reads
+to the hit rate at every size) and reads them at the sizes an operator asks about: 0.25x to 4x
+the blocks the server has. Pure: the subscriber's thread feeds it under the state's lock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvwatch.sidecar.judge.block_access import BlockTable, TableCounts
+from kvwatch.sidecar.judge.reuse_curve import CurvePoint, ReuseCurve
+from kvwatch.sidecar.kvevents.wire import Batch, Cleared
+
+__all__ = ["CURVE_FACTORS", "PrefixCurve", "PrefixCurveView"]
+
+# the sizes the curve is read at, as multiples of the server's own blocks
+CURVE_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
+IDEAL_SHARE = 0.99  # the working set: the size that reaches this share of the ideal hit rate
+
+
+@dataclass(frozen=True)
+class PrefixCurveView:
+    capacity_blocks: int | None  # the server's, where known; the curve's sizes scale from it
+    points: tuple[CurvePoint, ...]  # the hit rate at CURVE_FACTORS x the capacity
+    hit_ratio_now: float | None  # the curve at the server's own size
+    ideal_hit_ratio: float | None  # with room for everything
+    working_set_blocks: int | None  # the size that reaches IDEAL_SHARE of the ideal
+    queries: float  # block reads counted in the hit rate (after fading)
+    restored_blocks: int  # stored again after the server removed them (exact)
+    sample_rate: float  # the share of blocks the curve follows
+    source: str  # "reports" (vLLM said each hit) or "parent chains" (inferred)
+    counts: TableCounts
+
+
+class PrefixCurve:
+    def __init__(self, max_keys: int = 16_384, continuation_s: float = 5.0) -> None:
+        self.table = BlockTable(continuation_s=continuation_s)
+        self.curve = ReuseCurve(max_keys=max_keys)
+
+    def feed(self, batch: Batch) -> None:
+        for event in batch.events:
+            # a reset (Cleared) empties the table; the traffic's history in the curve stays
+            for a in self.table.apply(event, batch.ts):
+                self.curve.read(a.key, counted=a.query)
+
+    def restart(self) -> None:
+        """The publisher started again (its sequence went back): its cache is a new one."""
+        self.table.apply(Cleared(), 0.0)
+
+    def view(self, capacity_blocks: int | None) -> PrefixCurveView:
+        c = self.curve
+        points: tuple[CurvePoint, ...] = ()
+        now = None
+        if capacity_blocks:
+            points = tuple(c.points([max(1, round(f * capacity_blocks)) for f in CURVE_FACTORS]))
+            now = c.hit_ratio(capacity_blocks)
+        ideal = c.ideal_hit_ratio()
+        return PrefixCurveView(
+            capacity_blocks=capacity_blocks,
+            points=points,
+            hit_ratio_now=now,
+            ideal_hit_ratio=ideal,
+            working_set_blocks=None if not ideal else c.blocks_for(IDEAL_SHARE * ideal),
+            queries=c.reads,
+            restored_blocks=self.table.counts.restored,
+            sample_rate=c.rate,
+            source="reports" if self.table.reports_seen else "parent chains",
+            counts=self.table.counts,
+        )

@@ -1,0 +1,151 @@
+"""vLLM's KV event messages, read and checked where they enter.
+
+With `--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq", ...}'` vLLM
+publishes every block it stores in and removes from the prefix cache on a ZMQ PUB socket
+(vllm/distributed/kv_events.py, `ZmqEventPublisher`). A message is three frames: the topic,
+an 8-byte big-endian sequence number, and a msgpack `KVEventBatch`: an array
+`[ts, events, data_parallel_rank]` whose events are maps tagged by `type`:
+
+- `BlockStored`: `block_hashes` (int or bytes each), `parent_block_hash` (or nil),
+  `token_ids`, `block_size`, and since 0.11 or so `group_idx` (the KV cache group);
+- `BlockRemoved`: `block_hashes`, `group_idx`;
+- `AllBlocksCleared`: the cache was reset (a restart or `/reset_prefix_cache`).
+
+Anything else in a message is another publisher's business or a broken one: an unknown event
+type is counted and skipped, a batch that is not that shape is refused in one line. Pure: the
+subscriber (`subscriber.py`) owns the socket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "BlockKey",
+    "Stored",
+    "Removed",
+    "Cleared",
+    "Event",
+    "Batch",
+    "WireError",
+    "decode_batch",
+    "decode_seq",
+]
+
+MAX_EVENTS = 100_000  # vLLM's own queue bound (KVEventsConfig.max_queue_size)
+MAX_HASHES = 65_536  # blocks in one event: a 1M-token prompt at block size 16
+MAX_HASH_BYTES = 64  # vLLM's hashes are 8-byte ints or 32-byte sha256 digests
+
+
+class WireError(ValueError):
+    """A message that is not a KV event batch; one line, safe to print."""
+
+
+# (KV cache group, block hash): a hash is only unique inside its group
+BlockKey = tuple[int, int | bytes]
+
+
+@dataclass(frozen=True)
+class Stored:
+    keys: tuple[BlockKey, ...]  # in the order of the request's blocks
+    parent: BlockKey | None  # the block before the first one, if any
+    tokens: int  # tokens the event carries (its blocks' token_ids)
+
+
+@dataclass(frozen=True)
+class Removed:
+    keys: tuple[BlockKey, ...]
+
+
+@dataclass(frozen=True)
+class Cleared:
+    pass
+
+
+Event = Stored | Removed | Cleared
+
+
+@dataclass(frozen=True)
+class Batch:
+    ts: float  # the publisher's wall clock (time.time() on the server)
+    events: tuple[Event, ...]
+    unknown: int  # events of a type this reader does not know, skipped
+
+
+def decode_seq(frame: bytes) -> int:
+    """The publisher's sequence number: 8 bytes, big-endian, counting from 0."""
+    if len(frame) != 8:
+        raise WireError(f"a sequence frame of {len(frame)} bytes, not 8")
+    return int.from_bytes(frame, "big")
+
+
+def _hash(value: object) -> int | bytes:
+    if isinstance(value, bool) or not isinstance(value, int | bytes):
+        raise WireError(f"a block hash that is a {type(value).__name__}")
+    if isinstance(value, bytes) and len(value) > MAX_HASH_BYTES:
+        raise WireError(f"a block hash of {len(value)} bytes")
+    return value
+
+
+def _group(event: dict[object, object]) -> int:
+    g = event.get("group_idx")
+    if g is None:
+        return 0
+    if isinstance(g, bool) or not isinstance(g, int) or not 0 <= g < 1024:
+        raise WireError(f"group_idx {g!r} is not a KV cache group")
+    return g
+
+
+def _keys(event: dict[object, object], group: int) -> tuple[BlockKey, ...]:
+    hashes = event.get("block_hashes")
+    if not isinstance(hashes, list):
+        raise WireError("an event without a list of block_hashes")
+    if len(hashes) > MAX_HASHES:
+        raise WireError(f"an event of {len(hashes)} blocks")
+    return tuple((group, _hash(h)) for h in hashes)
+
+
+def _event(raw: object) -> Event | None:
+    if not isinstance(raw, dict):
+        raise WireError(f"an event that is a {type(raw).__name__}, not a map")
+    kind = raw.get("type")
+    if kind == "AllBlocksCleared":
+        return Cleared()
+    if kind == "BlockRemoved":
+        return Removed(_keys(raw, _group(raw)))
+    if kind != "BlockStored":
+        return None
+    group = _group(raw)
+    parent = raw.get("parent_block_hash")
+    tokens = raw.get("token_ids")
+    if not isinstance(tokens, list):
+        raise WireError("a BlockStored without token_ids")
+    return Stored(
+        _keys(raw, group), None if parent is None else (group, _hash(parent)), len(tokens)
+    )
+
+
+def decode_batch(payload: bytes) -> Batch:
+    """One message's payload as typed events; WireError if it is not a KV event batch."""
+    import msgspec
+
+    try:
+        doc = msgspec.msgpack.decode(payload)
+    except (msgspec.DecodeError, RecursionError) as e:
+        raise WireError(f"not msgpack: {str(e)[:80]}") from None
+    if not isinstance(doc, list) or len(doc) < 2:
+        raise WireError("a batch that is not [ts, events, ...]")
+    ts, raw_events = doc[0], doc[1]
+    if isinstance(ts, bool) or not isinstance(ts, int | float) or not 0 <= ts < 1e11:
+        raise WireError(f"a batch time of {str(ts)[:40]}")
+    if not isinstance(raw_events, list) or len(raw_events) > MAX_EVENTS:
+        raise WireError("a batch whose events are not a list of at most 100,000")
+    events: list[Event] = []
+    unknown = 0
+    for raw in raw_events:
+        event = _event(raw)
+        if event is None:
+            unknown += 1
+        else:
+            events.append(event)
+    return Batch(float(ts), tuple(events), unknown)

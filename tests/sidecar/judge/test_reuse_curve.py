@@ -1,0 +1,73 @@
+"""The miss-ratio curve against an LRU cache simulated read by read."""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+
+import pytest
+
+from kvwatch.sidecar.judge.reuse_curve import ReuseCurve
+
+
+def _lru_hits(reads: list[int], size: int) -> float:
+    cache: OrderedDict[int, None] = OrderedDict()
+    hits = 0
+    for k in reads:
+        if k in cache:
+            hits += 1
+            cache.move_to_end(k)
+        else:
+            cache[k] = None
+            if len(cache) > size:
+                cache.popitem(last=False)
+    return hits / len(reads)
+
+
+def _zipf_reads(n: int, keys: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    weights = [1 / (i + 1) ** 0.9 for i in range(keys)]
+    return rng.choices(range(keys), weights, k=n)
+
+
+def test_exact_without_sampling() -> None:
+    reads = _zipf_reads(20_000, 3_000, 1)
+    curve = ReuseCurve(max_keys=10_000)
+    for k in reads:
+        curve.read((0, k))
+    assert curve.rate == 1.0
+    for size in (1, 2, 10, 100, 255, 256, 700, 2_000):
+        got = curve.hit_ratio(size)
+        assert got == pytest.approx(_lru_hits(reads, size), abs=0.004), size
+    assert curve.ideal_hit_ratio() == pytest.approx(1 - len(set(reads)) / len(reads))
+
+
+def test_sampled_stays_near_the_truth() -> None:
+    reads = _zipf_reads(120_000, 40_000, 2)
+    curve = ReuseCurve(max_keys=2_000)
+    for k in reads:
+        curve.read((0, k))
+    assert curve.rate < 0.2  # it had to sample
+    assert curve.followed <= 2_000
+    for size in (2_000, 8_000, 20_000):
+        assert curve.hit_ratio(size) == pytest.approx(_lru_hits(reads, size), abs=0.03), size
+
+
+def test_uncounted_reads_move_recency_only() -> None:
+    curve = ReuseCurve()
+    curve.read((0, 1), counted=False)  # a decode block: stored, not a query
+    curve.read((0, 2))
+    curve.read((0, 1))  # one other block since: hits from a cache of 2
+    assert curve.reads == 2
+    assert curve.hit_ratio(1) == 0.0
+    assert curve.hit_ratio(2) == 0.5
+    assert curve.blocks_for(0.5) == 2
+    assert curve.blocks_for(0.9) is None  # above the ideal
+
+
+def test_fading_halves_old_counts() -> None:
+    curve = ReuseCurve(window=100)
+    for i in range(150):
+        curve.read((0, i % 10))
+    assert curve.reads <= 100
+    assert curve.ideal_hit_ratio() == pytest.approx(1.0, abs=0.1)  # the cold start faded
