@@ -15,10 +15,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from kvwatch.sidecar.judge.prefix_curve import PrefixCurve
 from tests.fuzzing import (
     LOG_LINES,
     METRIC_LINES,
     check_exposition,
+    check_kv_event_batch,
     check_log_line,
     check_prometheus_answers,
     check_prometheus_calibration,
@@ -65,6 +67,13 @@ def _streamed(rng: random.Random) -> None:
     check_streamed_answer(raw, cuts, rng.random() < 0.5)
 
 
+_KV_CURVE = PrefixCurve(max_keys=64)
+
+
+def _kv_events(rng: random.Random) -> None:
+    check_kv_event_batch(rng, _KV_CURVE)
+
+
 def _run_dir(rng: random.Random) -> None:
     check_run_dir(rng, _TMP)
 
@@ -81,6 +90,7 @@ TARGETS: dict[str, Callable[[random.Random], None]] = {
     "a streamed completion (HTTP/1.1, SSE, chunk JSON)": _streamed,
     "/v1/models, /tokenize, /version answers": check_server_answers,
     "an edited run directory (report, advise --run, calibrate --run)": _run_dir,
+    "vLLM's KV event batches (sidecar --kv-events)": _kv_events,
 }
 
 

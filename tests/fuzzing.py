@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import random
@@ -390,7 +391,8 @@ def _spoil(doc: Any, places: list[tuple[Any, ...]], rng: random.Random, times: i
         try:
             for k in at[:-1]:
                 node = node[k]
-            node[at[-1]] = rng.choice(_STATE_WRONG)
+            # a copy: a shared [] or {} given a value later would tie the documents together
+            node[at[-1]] = copy.deepcopy(rng.choice(_STATE_WRONG))
         except (KeyError, IndexError, TypeError):
             continue  # a container above it was replaced already
 
@@ -693,3 +695,60 @@ def check_search_file(rng: random.Random, tmp: Path) -> None:
         assert "\n" not in str(e) and str(e)
         return
     assert page.startswith("<!DOCTYPE html>")
+
+
+# --- vLLM's KV event batches (sidecar --kv-events) ------------------------------------------
+
+
+def _kv_batch_doc(rng: random.Random) -> Any:
+    """A batch as vLLM encodes one: stores that chain, removals, now and then a reset."""
+    events: list[Any] = []
+    for _ in range(rng.randint(0, 6)):
+        kind = rng.choice(["BlockStored"] * 4 + ["BlockRemoved", "AllBlocksCleared"])
+        hashes = [
+            rng.choice([rng.randrange(64), rng.randbytes(8)]) for _ in range(rng.randint(1, 4))
+        ]
+        if kind == "BlockStored":
+            events.append({"type": kind, "block_hashes": hashes, "token_ids": [1] * 16,
+                           "parent_block_hash": rng.choice([None, rng.randrange(64)]),
+                           "block_size": 16, "lora_id": None, "medium": "GPU", "lora_name": None,
+                           "group_idx": rng.choice([None, 0, 1])})  # fmt: skip
+        elif kind == "BlockRemoved":
+            events.append({"type": kind, "block_hashes": hashes, "medium": "GPU"})
+        else:
+            events.append({"type": kind})
+    return [1.7e9 + rng.random(), events, None]
+
+
+def check_kv_event_batch(rng: random.Random, curve: Any) -> None:
+    """`sidecar --kv-events` on a batch with fields given any value, or its bytes cut and
+    flipped: typed events that the curve takes, or one WireError line; the curve's figures
+    stay shares and sizes."""
+    import msgspec
+
+    from kvwatch.sidecar.kvevents.wire import WireError, decode_batch
+
+    doc = _kv_batch_doc(rng)
+    if rng.random() < 0.5:
+        _spoil(doc, _places(doc), rng, rng.randint(1, 3))
+    try:
+        raw = msgspec.msgpack.encode(doc)
+    except (TypeError, OverflowError):
+        return
+    if rng.random() < 0.3:
+        cut = bytearray(raw[: rng.randrange(len(raw) + 1)])
+        for _ in range(rng.randint(0, 3)):
+            if cut:
+                cut[rng.randrange(len(cut))] = rng.randrange(256)
+        raw = bytes(cut)
+    try:
+        batch = decode_batch(raw)
+    except WireError as e:
+        assert "\n" not in str(e) and str(e)
+        return
+    curve.feed(batch)
+    view = curve.view(rng.choice([None, 1, 40, 4000]))
+    for p in view.points:
+        assert 0.0 <= p.hit_ratio <= 1.0 and p.blocks >= 1
+    assert view.ideal_hit_ratio is None or 0.0 <= view.ideal_hit_ratio <= 1.0
+    assert view.working_set_blocks is None or view.working_set_blocks >= 1

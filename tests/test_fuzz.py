@@ -372,3 +372,25 @@ def test_an_edited_search_file_draws_or_says_why(rng: random.Random, tmp_path: P
     from tests.fuzzing import check_search_file
 
     check_search_file(rng, tmp_path / "search")
+
+
+@settings(
+    max_examples=EXAMPLES, deadline=None, database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)  # fmt: skip
+@given(rng=st.randoms(use_true_random=False))
+def test_kv_event_batches_feed_the_curve_or_are_refused_in_one_line(rng: random.Random) -> None:
+    """`sidecar --kv-events` reads vLLM's msgpack batches: spoiled fields or cut bytes give
+    events the curve takes, or one line; one curve across the cases, as a sidecar keeps it."""
+    from tests.fuzzing import check_kv_event_batch
+
+    check_kv_event_batch(rng, _KV_CURVE)
+
+
+def _kv_curve() -> Any:
+    from kvwatch.sidecar.judge.prefix_curve import PrefixCurve
+
+    return PrefixCurve(max_keys=64)
+
+
+_KV_CURVE = _kv_curve()

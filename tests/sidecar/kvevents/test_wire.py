@@ -1,0 +1,81 @@
+"""vLLM's KV event messages read where they enter: the shapes vLLM sends, and what it never does."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from kvwatch.sidecar.kvevents.subscriber import check_endpoint
+from kvwatch.sidecar.kvevents.wire import (
+    Cleared,
+    Removed,
+    Stored,
+    WireError,
+    decode_batch,
+    decode_seq,
+)
+
+
+def _pack(doc: object) -> bytes:
+    return msgspec.msgpack.encode(doc)
+
+
+def test_the_shapes_vllm_sends() -> None:
+    # as vLLM 0.32 encodes a KVEventBatch (array_like, events tagged by type)
+    b = decode_batch(_pack([1.7e9, [
+        {"type": "BlockStored", "block_hashes": [11, 12], "parent_block_hash": 10,
+         "token_ids": list(range(32)), "block_size": 16, "lora_id": None, "medium": "GPU",
+         "lora_name": None, "group_idx": 1},
+        {"type": "BlockStored", "block_hashes": [b"\x01" * 32], "parent_block_hash": None,
+         "token_ids": [], "block_size": 16},
+        {"type": "BlockRemoved", "block_hashes": [11], "medium": "GPU"},
+        {"type": "AllBlocksCleared"},
+        {"type": "SomethingNewer", "x": 1},
+    ], None]))  # fmt: skip
+    assert b.ts == 1.7e9 and b.unknown == 1
+    assert b.events == (
+        Stored(((1, 11), (1, 12)), (1, 10), 32),
+        Stored(((0, b"\x01" * 32),), None, 0),
+        Removed(((0, 11),)),
+        Cleared(),
+    )
+    assert decode_seq((7).to_bytes(8, "big")) == 7
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\xc1",  # not msgpack
+        _pack({"ts": 1}),
+        _pack([1.0]),
+        _pack(["x", []]),
+        _pack([float("nan"), []]),
+        _pack([1.0, {}]),
+        _pack([1.0, [3]]),
+        _pack([1.0, [{"type": "BlockStored", "block_hashes": 5, "token_ids": []}]]),
+        _pack([1.0, [{"type": "BlockStored", "block_hashes": [1.5], "token_ids": []}]]),
+        _pack([1.0, [{"type": "BlockStored", "block_hashes": [True], "token_ids": []}]]),
+        _pack([1.0, [{"type": "BlockStored", "block_hashes": [1]}]]),
+        _pack([1.0, [{"type": "BlockRemoved", "block_hashes": [b"x" * 65]}]]),
+        _pack([1.0, [{"type": "BlockRemoved", "block_hashes": [1], "group_idx": -1}]]),
+        _pack([1.0, [{"type": "BlockRemoved", "block_hashes": list(range(70_000))}]]),
+    ],
+)
+def test_what_vllm_never_sends_is_refused_in_one_line(payload: bytes) -> None:
+    with pytest.raises(WireError) as e:
+        decode_batch(payload)
+    assert "\n" not in str(e.value)
+
+
+def test_a_sequence_frame_is_eight_bytes() -> None:
+    with pytest.raises(WireError):
+        decode_seq(b"\x00" * 7)
+
+
+@pytest.mark.parametrize(
+    "endpoint", ["tcp://*:5557", "tcp://host", "tcp://h:0", "udp://x:1", "ipc://", ""]
+)
+def test_an_endpoint_it_cannot_follow_is_refused(endpoint: str) -> None:
+    with pytest.raises(ValueError):
+        check_endpoint(endpoint)
+    assert check_endpoint("tcp://10.0.0.5:5557") and check_endpoint("ipc:///run/kv.sock")
