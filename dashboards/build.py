@@ -33,7 +33,8 @@ from kvwatch.sidecar.contract.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from kvwatch.sidecar.contract.vocabulary import E2E, GENERATION_TOKENS, ITL, PROMPT_TOKENS, TTFT
 
 __all__ = [
-    "DASHBOARDS", "OFFLOAD_PANELS", "PREFIX_PANELS", "ROUTER_PANELS", "kv_pressure", "fleet",
+    "DASHBOARDS", "OFFLOAD_PANELS", "PREFIX_PANELS", "KV_EVENT_PANELS", "ROUTER_PANELS",
+    "kv_pressure", "fleet",
     "build", "render", "write_all",
 ]  # fmt: skip
 
@@ -42,6 +43,11 @@ __all__ = [
 OFFLOAD_PANELS = ("KV offload traffic", "KV offload tier full")
 # the sidecar's reference needs minutes of prompt traffic that reuses prefixes
 PREFIX_PANELS = ("Prefix cache hit share and its reference", "Prompt tokens computed again")
+# filled only where a sidecar follows vLLM's KV events (--kv-events)
+KV_EVENT_PANELS = (
+    "Prefix cache hit rate by cache size",
+    "Prefix cache hit rate with room for everything",
+)
 # the load's steady demand needs 50 admissions in a minute before it says anything
 LOAD_PANELS = ("What the load holds when it levels vs the cache",)
 # vllm-router's own view; filled where Prometheus scrapes the router (tests/fleet)
@@ -448,7 +454,28 @@ def _prefix_cache_row(th: Thresholds) -> list[Any]:
         (q.sidecar_gauge(cat.PREFIX_CACHE_THRASHING), "{{target}} e{{engine}}"),
         width=8,
     )
-    return [share, recomputed, losing]
+    curve = _bars(
+        KV_EVENT_PANELS[0],
+        "The prefix-cache hit rate this traffic would get at other cache sizes, from vLLM's "
+        "KV events (kvwatch sidecar --kv-events): an LRU miss-ratio curve. 1x is the server's "
+        "own size; the gain from 2x is what more KV memory buys in prompt tokens not computed "
+        "(kvwatch advise --sidecar prices it). Empty without --kv-events.",
+        "percentunit",
+        q.sidecar_curve(cat.PREFIX_CACHE_HIT_RATIO_AT_SIZE),
+        "{{factor}}: {{blocks}} blocks, {{target}} e{{engine}}",
+        width=12,
+    )
+    ideal = _series(
+        KV_EVENT_PANELS[1],
+        "The hit rate with room for every block the traffic read (the curve's ceiling), and "
+        "the smallest cache that reaches 99% of it: the working set of the prefixes it reuses. "
+        "Blocks stored again after vLLM removed them are prefix-cache thrash, counted exactly. "
+        "Empty without --kv-events.",
+        "percentunit",
+        (q.sidecar_gauge(cat.PREFIX_CACHE_IDEAL_HIT_RATIO), "ideal {{target}} e{{engine}}"),
+        width=12,
+    )
+    return [share, recomputed, losing, curve, ideal]
 
 
 def _latency(title: str, family: Any, what: str) -> timeseries.Panel:

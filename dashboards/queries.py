@@ -31,7 +31,7 @@ __all__ = [
     "running", "waiting", "waiting_by_reason", "token_rate", "latency_quantile",
     "preemptions_per_request", "state_level", "label_values", "QUANTILES", "MODEL_FILTER",
     "prompt_tokens_by_source", "admission_rejections", "offload_bytes", "offload_failures",
-    "sidecar_gauge",
+    "sidecar_gauge", "sidecar_curve",
 ]  # fmt: skip
 
 VLLM_FILTER = 'model_name=~"$model_name", instance=~"$instance", engine=~"$engine"'
@@ -120,6 +120,11 @@ def offload_bytes(direction: str) -> str:
 def offload_failures() -> str:
     sel = vllm(KV_OFFLOAD_ALLOCATION_FAILURES)
     return f"sum by ({BY}) (increase({sel}[$__rate_interval]))"
+
+
+def sidecar_curve(metric: Metric, matchers: str = SIDECAR_FILTER) -> str:
+    """A sidecar gauge with a point per cache size (the prefix cache's curve)."""
+    return f"max by (target, model_name, engine, blocks, factor) ({sidecar(metric, matchers)})"
 
 
 def sidecar_gauge(metric: Metric, matchers: str = SIDECAR_FILTER) -> str:

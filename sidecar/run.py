@@ -21,6 +21,17 @@ def _listen(value: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
+def _check_kv_event_packages() -> None:
+    """--kv-events reads ZMQ and msgpack: say so at the start, not in a loop that retries."""
+    try:
+        import msgspec  # noqa: F401
+        import zmq  # noqa: F401
+    except ImportError as e:
+        raise CliError(
+            f"--kv-events needs pyzmq and msgspec ({e}): pip install 'kvwatch[kvevents]'"
+        ) from None
+
+
 def run_sidecar(ns: argparse.Namespace) -> int:
     from kvwatch.sidecar.daemon import SidecarConfig, serve_sidecar
     from kvwatch.sidecar.outputs.webhooks import load_receivers
@@ -61,6 +72,8 @@ def run_sidecar(ns: argparse.Namespace) -> int:
         )
         if cfg.db_path is not None:
             check_database(cfg.db_path)  # before anything is started or changed
+        if cfg.kv_events:
+            _check_kv_event_packages()
     except ValueError as e:
         raise CliError(str(e)) from None
     import sqlite3

@@ -8,11 +8,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from kvwatch.common.cli_kit import EXIT_UNREACHABLE, CliError
-from kvwatch.sidecar.state.views import EngineView, engines_from_json, servers_from_json
-from kvwatch.sizing.advice import Observed, kv_bytes_per_token_from, several_groups_note
+from kvwatch.sidecar.state.views import (
+    EngineView,
+    engines_from_json,
+    prefix_curves_from_json,
+    servers_from_json,
+)
+from kvwatch.sizing.advice import (
+    Observed,
+    PrefixCurveSeen,
+    kv_bytes_per_token_from,
+    several_groups_note,
+)
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvmath import LayerSource
 from kvwatch.sizing.levers import ServerInfo
@@ -46,7 +56,11 @@ def observed_from_source(ns: argparse.Namespace) -> tuple[list[tuple[str, Observ
             engines = engines_from_json(doc)
         except ValueError as e:
             raise CliError(f"{url}: {e}") from None
-        items = observed_from_engines(engines, f"sidecar {ns.sidecar}")
+        try:
+            curves = prefix_curves_from_json(doc)
+        except ValueError as e:
+            raise CliError(f"{url}: {e}") from None
+        items = observed_from_engines(engines, f"sidecar {ns.sidecar}", curves)
         servers = servers_from_json(doc)
         if len(servers) == 1:
             server = next(iter(servers.values()))
@@ -64,9 +78,12 @@ def observed_from_source(ns: argparse.Namespace) -> tuple[list[tuple[str, Observ
 
 
 def observed_from_engines(
-    engines: Sequence[tuple[str, EngineView]], source: str
+    engines: Sequence[tuple[str, EngineView]],
+    source: str,
+    curves: Mapping[str, PrefixCurveSeen] | None = None,
 ) -> list[tuple[str, Observed]]:
-    """One Observed per engine a sidecar sees (its own state, or another's /api/state)."""
+    """One Observed per engine a sidecar sees (its own state, or another's /api/state), with
+    its target's prefix-cache curve where the sidecar follows its KV events."""
     out = []
     for target, e in engines:
         s = e.signals
@@ -105,6 +122,7 @@ def observed_from_engines(
                     prompt_cache_hit_reference=s.prompt_cache_hit_reference,
                     prompt_tokens_per_s_long=s.prompt_tokens_per_s_long,
                     prefix_cache_thrashing=e.prefix_cache_thrashing_since_unix is not None,
+                    prefix_curve=(curves or {}).get(target),
                 ),
             )
         )

@@ -22,6 +22,7 @@ from kvwatch.sizing.presets import LINK_BYTES_PER_S
 
 __all__ = [
     "Observed",
+    "PrefixCurveSeen",
     "Advice",
     "advise",
     "RESERVED_BLOCKS",
@@ -67,6 +68,17 @@ def several_groups_note(
 
 
 @dataclass(frozen=True)
+class PrefixCurveSeen:
+    """The prefix cache's hit rate at other sizes, from vLLM's KV events (an LRU miss-ratio
+    curve, sidecar/judge/reuse_curve.py): what more memory buys in prompt tokens not computed."""
+
+    points: tuple[tuple[int, float], ...]  # (KV blocks, hit ratio), ascending in blocks
+    ideal: float  # with room for everything the traffic read
+    working_set_blocks: int | None  # the size that reaches 99% of the ideal
+    source: str  # how the reads were known: "reports" or "parent chains"
+
+
+@dataclass(frozen=True)
 class Observed:
     """The figures advice needs; every source (run directory, sidecar, metrics) fills these."""
 
@@ -100,6 +112,8 @@ class Observed:
     prompt_cache_hit_reference: float | None = None
     prompt_tokens_per_s_long: float | None = None
     prefix_cache_thrashing: bool = False
+    # the miss-ratio curve a sidecar drew from the server's KV events (--kv-events)
+    prefix_curve: PrefixCurveSeen | None = None
 
     def __post_init__(self) -> None:
         for f in ("capacity_blocks", "block_size", "kv_bytes_per_token"):
@@ -449,6 +463,7 @@ def advise(
         assumptions=_assumptions(obs, margin) + _policy_assumption(server),
     )
     prefix = _prefix_cache_options(obs, a)
+    curve = _prefix_curve_options(obs, a)
     if fits:
         if prefix:
             advice.verdict = (
@@ -456,6 +471,7 @@ def advise(
                 "every turn computes its whole context again"
             )
             advice.options += prefix
+        advice.options += curve
         return advice
     advice.verdict = (
         f"undersized: the load needs {n.needed} blocks at its peak, the cache has "
@@ -489,7 +505,7 @@ def advise(
         "weights and, except with MLA, half the KV heads: about twice the blocks in the same "
         "KV memory per GPU)"
     )
-    options += prefix
+    options += prefix + curve
     advice.recommended = _recommend(no_room, fp8, n.cap_flag, n.max_seqs, obs.preemptions > 0)
     return advice
 
@@ -517,4 +533,29 @@ def _prefix_cache_options(obs: Observed, a: list[str]) -> list[str]:
         "the host link away instead of recomputing them)",
         "prefix cache, with several replicas: session affinity (cache-aware routing), so a "
         "conversation returns to the replica that holds its context",
+    ]
+
+
+CURVE_GAIN = 0.05  # a larger cache is advised for its prefixes when it gains this much hit rate
+
+
+def _prefix_curve_options(obs: Observed, a: list[str]) -> list[str]:
+    """The memory that holds the traffic's reused prefixes, from the curve the KV events drew,
+    and its price; nothing where the curve shows no gain worth it."""
+    c = obs.prefix_curve
+    if c is None or not c.points:
+        return []
+    now = min(c.points, key=lambda p: abs(p[0] - obs.capacity_blocks))[1]
+    shown = ", ".join(f"{b:,} blocks {h:.1%}" for b, h in c.points)
+    a.append(f"prefix-cache hit rate by size (vLLM's KV events, LRU, {c.source}): {shown}; "
+             f"with room for everything {c.ideal:.1%}")  # fmt: skip
+    need = c.working_set_blocks
+    if need is None or need <= obs.capacity_blocks or c.ideal - now < CURVE_GAIN:
+        return []
+    block_bytes = obs.kv_bytes_per_token * obs.block_size
+    more = (need - obs.capacity_blocks) * block_bytes
+    return [
+        f"prefix cache: --kv-cache-memory-bytes {math.ceil(need * block_bytes)} (room for the "
+        f"prefixes this traffic reuses, {need:,} blocks: its hit rate {now:.0%} -> about "
+        f"{0.99 * c.ideal:.0%}; the price: {more / 1e9:.1f} GB more KV memory per replica)"
     ]

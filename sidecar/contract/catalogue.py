@@ -230,10 +230,10 @@ PROMPT_TOKENS_RECOMPUTED_PER_SECOND = _g(
     "hit share: prompt tokens/s x (reference - current share)",
 )  # fmt: skip
 PREFIX_CACHE_HIT_RATIO_AT_SIZE = _g(
-    "kvwatch_prefix_cache_hit_ratio_at_size", (*E, "blocks"),
-    "the prefix-cache hit rate this traffic would get from a cache of `blocks` KV blocks "
-    "(0.25x to 4x the server's), from vLLM's KV events (--kv-events): an LRU miss-ratio curve "
-    "of block reads, spatially sampled",
+    "kvwatch_prefix_cache_hit_ratio_at_size", (*E, "blocks", "factor"),
+    "the prefix-cache hit rate this traffic would get from a cache of `blocks` KV blocks, "
+    "`factor` times the server's (0.25x to 4x; 1x is its own size), from vLLM's KV events "
+    "(--kv-events): an LRU miss-ratio curve of block reads, spatially sampled",
 )  # fmt: skip
 PREFIX_CACHE_IDEAL_HIT_RATIO = _g(
     "kvwatch_prefix_cache_ideal_hit_ratio", E,

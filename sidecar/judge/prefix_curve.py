@@ -54,7 +54,10 @@ class PrefixCurve:
         points: tuple[CurvePoint, ...] = ()
         now = None
         if capacity_blocks:
-            points = tuple(c.points([max(1, round(f * capacity_blocks)) for f in CURVE_FACTORS]))
+            sizes = [(f, max(1, round(f * capacity_blocks))) for f in CURVE_FACTORS]
+            points = tuple(
+                CurvePoint(b, r, f) for f, b in sizes if (r := c.hit_ratio(b)) is not None
+            )
             now = c.hit_ratio(capacity_blocks)
         ideal = c.ideal_hit_ratio()
         return PrefixCurveView(

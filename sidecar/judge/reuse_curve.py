@@ -63,6 +63,7 @@ def _bin_edges(b: int) -> tuple[float, float]:
 class CurvePoint:
     blocks: int
     hit_ratio: float
+    factor: float | None = None  # the size as a multiple of the server's, where one is known
 
 
 class ReuseCurve:

@@ -133,7 +133,9 @@ def _kv_events(t: TargetView, add: Callable[[cat.Metric, list[str], float], None
     labels = [t.target, present[0].model_name, present[0].engine]
     add(cat.PREFIX_CACHE_RESTORED_BLOCKS, labels, curve.restored_blocks)
     for point in curve.points:
-        add(cat.PREFIX_CACHE_HIT_RATIO_AT_SIZE, [*labels, str(point.blocks)], point.hit_ratio)
+        factor = f"{point.factor:g}x" if point.factor is not None else ""
+        add(cat.PREFIX_CACHE_HIT_RATIO_AT_SIZE, [*labels, str(point.blocks), factor],
+            point.hit_ratio)  # fmt: skip
     if curve.ideal_hit_ratio is not None:
         add(cat.PREFIX_CACHE_IDEAL_HIT_RATIO, labels, curve.ideal_hit_ratio)
     if curve.working_set_blocks is not None:

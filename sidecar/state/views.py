@@ -23,6 +23,7 @@ from kvwatch.sidecar.logs.incidents import Incident
 from kvwatch.sidecar.logs.logformats import Capacity, StatsLine, event_to_dict
 from kvwatch.sidecar.state.supervise import LoopStatus
 from kvwatch.sidecar.store.outbox import DeliveryStats
+from kvwatch.sizing.advice import PrefixCurveSeen
 from kvwatch.sizing.levers import ServerInfo, valid_version
 
 _D = TypeVar("_D")
@@ -30,7 +31,7 @@ _D = TypeVar("_D")
 __all__ = [
     "EngineView", "LogView", "TargetView", "FiringAlert", "AlertingView", "LoadEvent",
     "LogSourceView", "StateView", "state_json", "engine_json", "engines_from_json",
-    "servers_from_json",
+    "servers_from_json", "prefix_curve_json", "prefix_curves_from_json",
 ]  # fmt: skip
 
 
@@ -162,7 +163,9 @@ def engine_json(e: EngineView) -> dict[str, Any]:
 def prefix_curve_json(c: PrefixCurveView) -> dict[str, Any]:
     return {
         "capacity_blocks": c.capacity_blocks,
-        "points": [{"blocks": p.blocks, "hit_ratio": p.hit_ratio} for p in c.points],
+        "points": [
+            {"blocks": p.blocks, "factor": p.factor, "hit_ratio": p.hit_ratio} for p in c.points
+        ],
         "hit_ratio_now": c.hit_ratio_now,
         "ideal_hit_ratio": c.ideal_hit_ratio,
         "working_set_blocks": c.working_set_blocks,
@@ -265,6 +268,51 @@ def engines_from_json(doc: object) -> list[tuple[str, EngineView]]:
             raise ValueError(f"{t['target'][:100]}: engines is not a list")
         for e in engines:
             out.append((t["target"], _engine_from_json(e)))
+    return out
+
+
+def _share(v: object) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= 1.0:
+        raise ValueError(f"a hit ratio of {str(v)[:40]}")
+    return float(v)
+
+
+def _blocks(v: object) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 < v < 1 << 40:
+        raise ValueError(f"a block count of {str(v)[:40]}")
+    return v
+
+
+def prefix_curves_from_json(doc: object) -> dict[str, PrefixCurveSeen]:
+    """Each target's prefix-cache curve (`--kv-events`) from an `/api/state` document: input
+    from outside, checked field by field (ValueError says what is wrong); a target without one,
+    or whose curve has no reads yet, is left out."""
+    out: dict[str, PrefixCurveSeen] = {}
+    if not isinstance(doc, dict) or not isinstance(doc.get("targets"), list):
+        return out
+    for t in doc["targets"]:
+        if not isinstance(t, dict) or not isinstance(t.get("target"), str):
+            continue
+        c = t.get("prefix_curve")
+        if c is None:
+            continue
+        where = t["target"][:100]
+        if not isinstance(c, dict) or not isinstance(c.get("points"), list):
+            raise ValueError(f"{where}: prefix_curve is not a curve")
+        if c.get("ideal_hit_ratio") is None or not c["points"]:
+            continue
+        try:
+            points = tuple(sorted((_blocks(p.get("blocks")), _share(p.get("hit_ratio")))
+                                  for p in c["points"] if isinstance(p, dict)))  # fmt: skip
+            ws = c.get("working_set_blocks")
+            out[t["target"]] = PrefixCurveSeen(
+                points=points,
+                ideal=_share(c["ideal_hit_ratio"]),
+                working_set_blocks=None if ws is None else _blocks(ws),
+                source=str(c.get("source"))[:40],
+            )
+        except ValueError as e:
+            raise ValueError(f"{where}: prefix_curve: {e}") from None
     return out
 
 

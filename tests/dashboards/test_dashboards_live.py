@@ -25,6 +25,7 @@ import pytest
 from kvwatch.alerts.build import render_rules
 from kvwatch.dashboards.build import (
     DASHBOARDS,
+    KV_EVENT_PANELS,
     LOAD_PANELS,
     OFFLOAD_PANELS,
     PREFIX_PANELS,
@@ -210,6 +211,8 @@ def _check_all(
                 finite = [v for s in series for _, v in s.points if math.isfinite(v)]
                 if only is None and pq.panel in PREFIX_PANELS + LOAD_PANELS:
                     continue  # test_prefix_cache_panels_fill_from_a_sidecar_that_has_a_reference
+                if only is None and pq.panel in KV_EVENT_PANELS:
+                    continue  # need --kv-events: tests/sidecar/test_kv_events_live.py
                 if only is None and pq.panel in ROUTER_PANELS:
                     continue  # no router here: tests/fleet/test_fleet_live.py fills them
                 if only is None and pq.panel in OFFLOAD_PANELS:

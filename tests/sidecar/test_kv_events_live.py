@@ -12,6 +12,8 @@ hit rate vLLM itself measured over the same requests.
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 
 import httpx
 import pytest
@@ -63,6 +65,8 @@ def test_the_curve_matches_the_servers_own_hit_rate(vllm_server) -> None:
                 break
             httpx.get(url + "/healthz")  # a pause that waits on the sidecar, not a sleep
         samples = kvwatch_samples(url)
+        advice = subprocess.run([sys.executable, "-m", "kvwatch", "advise", "--sidecar", url],
+                                capture_output=True, text=True, timeout=60)  # fmt: skip
     feed = state["targets"][0]["kv_events"]
     assert feed["batches"] > 0 and feed["missed"] == 0 and feed["refused"] == 0, feed
     assert curve["capacity_blocks"] == 40, curve
@@ -75,6 +79,12 @@ def test_the_curve_matches_the_servers_own_hit_rate(vllm_server) -> None:
     assert by_size[80] == pytest.approx(curve["ideal_hit_ratio"], abs=0.05)
     assert curve["restored_blocks"] > 0  # documents evicted and computed again
     assert curve["working_set_blocks"] and 40 < curve["working_set_blocks"] <= 80
-    sizes = {s.labels["blocks"] for s in samples["kvwatch_prefix_cache_hit_ratio_at_size"]}
-    assert sizes == {"10", "20", "40", "80", "160"}
+    # the dashboard's curve panel groups by these labels (dashboards/build.py KV_EVENT_PANELS)
+    sizes = {(s.labels["factor"], s.labels["blocks"])
+             for s in samples["kvwatch_prefix_cache_hit_ratio_at_size"]}  # fmt: skip
+    assert sizes == {("0.25x", "10"), ("0.5x", "20"), ("1x", "40"), ("2x", "80"), ("4x", "160")}
+    assert samples["kvwatch_prefix_cache_ideal_hit_ratio"][0].value == curve["ideal_hit_ratio"]
     assert samples["kvwatch_prefix_cache_restored_blocks_total"][0].value > 0
+    # the advice: the memory that holds the documents, from the same curve
+    assert "prefix-cache hit rate by size (vLLM's KV events, LRU, parent chains)" in advice.stdout
+    assert "prefix cache: --kv-cache-memory-bytes" in advice.stdout, advice.stdout + advice.stderr

@@ -124,3 +124,57 @@ class TestGroups:
                            kv_cache_memory_bytes=1000 * lay.bytes_per_block)  # fmt: skip
         # one full-attention group grows; the six sliding groups hold their windows
         assert judge._growth_for(good) == pytest.approx(1 / 16) and judge.model_error is None
+
+
+class TestPrefixCurveAdvice:
+    """The memory for the prefixes the traffic reuses, from the curve its KV events drew."""
+
+    def _curve(self, ws: int | None = 70) -> object:
+        from kvwatch.sizing.advice import PrefixCurveSeen
+
+        return PrefixCurveSeen(((10, 0.06), (20, 0.18), (40, 0.55), (80, 0.73), (160, 0.73)),
+                               0.735, ws, "parent chains")  # fmt: skip
+
+    def test_the_working_set_and_its_price(self) -> None:
+        a = advise(obs(peak_demand=2, preemptions=0, prefix_curve=self._curve()))
+        assert a.verdict.startswith("fits")
+        # 70 blocks of 32 tokens x 8,192 bytes; 30 blocks more than the 40 there are
+        assert (
+            "prefix cache: --kv-cache-memory-bytes 18350080 (room for the prefixes this traffic "
+            "reuses, 70 blocks: its hit rate 55% -> about 73%; the price: 0.0 GB more KV memory "
+            "per replica)"
+        ) in a.options
+        assert any(x.startswith("prefix-cache hit rate by size") and "40 blocks 55.0%" in x
+                   for x in a.arithmetic)  # fmt: skip
+
+    def test_no_option_where_more_memory_gains_little(self) -> None:
+        from kvwatch.sizing.advice import PrefixCurveSeen
+
+        flat = PrefixCurveSeen(((20, 0.50), (40, 0.52), (80, 0.53)), 0.53, 60, "reports")
+        a = advise(obs(peak_demand=2, preemptions=0, prefix_curve=flat))
+        assert not any(o.startswith("prefix cache:") for o in a.options)
+        assert any(x.startswith("prefix-cache hit rate by size") for x in a.arithmetic)
+        assert not any(
+            o.startswith("prefix cache:")
+            for o in advise(
+                obs(peak_demand=2, preemptions=0, prefix_curve=self._curve(None))
+            ).options
+        )
+
+
+def test_prefix_curves_from_a_sidecars_state() -> None:
+    from kvwatch.sidecar.state.views import prefix_curves_from_json
+
+    curve = {"points": [{"blocks": 80, "hit_ratio": 0.7}, {"blocks": 40, "hit_ratio": 0.5}],
+             "ideal_hit_ratio": 0.72, "working_set_blocks": 75,
+             "source": "parent chains"}  # fmt: skip
+    doc = {"targets": [{"target": "http://a", "prefix_curve": curve},
+                       {"target": "http://b", "prefix_curve": None}]}  # fmt: skip
+    got = prefix_curves_from_json(doc)
+    assert list(got) == ["http://a"]
+    assert got["http://a"].points == ((40, 0.5), (80, 0.7)) and got["http://a"].ideal == 0.72
+    for bad in ({"blocks": 0, "hit_ratio": 0.5}, {"blocks": 40, "hit_ratio": 1.5},
+                {"blocks": True, "hit_ratio": 0.5}, {"blocks": 40, "hit_ratio": "x"}):  # fmt: skip
+        doc["targets"][0]["prefix_curve"] = {**curve, "points": [bad]}
+        with pytest.raises(ValueError, match="http://a: prefix_curve"):
+            prefix_curves_from_json(doc)
