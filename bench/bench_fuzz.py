@@ -21,6 +21,7 @@ from tests.fuzzing import (
     METRIC_LINES,
     check_exposition,
     check_kv_event_batch,
+    check_kv_recording,
     check_log_line,
     check_prometheus_answers,
     check_prometheus_calibration,
@@ -91,6 +92,7 @@ TARGETS: dict[str, Callable[[random.Random], None]] = {
     "/v1/models, /tokenize, /version answers": check_server_answers,
     "an edited run directory (report, advise --run, calibrate --run)": _run_dir,
     "vLLM's KV event batches (sidecar --kv-events)": _kv_events,
+    "a run's KV event recording (advise --run)": lambda rng: check_kv_recording(rng, _TMP),
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 import time
@@ -396,8 +397,17 @@ def _run_into(
     )
     stall, slo = in_wall_time(StallRule(ns.stall_factor, ns.stall_min), slo, time_scale)
     send = lambda: send_stages(ns, stages, opts, workload, stall, progress)  # noqa: E731
-    m = measure(server_metrics_url(ns), headers, ns.sidecar, send)
+    with contextlib.ExitStack() as stack:
+        recorder = None
+        if ns.kv_events:
+            from kvwatch.loadgen.results.kv_events import KvEventRecorder
+
+            recorder = KvEventRecorder(ns.kv_events, ns.kv_events_replay, run_dir)
+            stack.enter_context(recorder)
+        m = measure(server_metrics_url(ns), headers, ns.sidecar, send)
     summary = summarize_records(m.records, slo)
+    if recorder is not None:
+        summary["kv_events"] = recorder.summary()
     if time_scale is not None:
         summary["time_scale"] = time_scale
     if (delta := m.server_delta()) is not None:

@@ -153,7 +153,30 @@ def _register_run(lsub: Any) -> None:
     )
     o.add_argument("--json", action="store_true", help="print the summary as JSON")
     o.add_argument("--no-progress", action="store_true", help="no live progress line")
+    o.add_argument(
+        "--kv-events",
+        metavar="ENDPOINT",
+        type=_kv_endpoint,
+        help="record the server's KV events during the run (vLLM's --kv-events-config "
+        "publisher, e.g. tcp://127.0.0.1:5557) into kv_events.bin: `kvwatch advise --run DIR` "
+        "draws the prefix cache's hit rate at every size from them",
+    )
+    o.add_argument(
+        "--kv-events-replay",
+        metavar="ENDPOINT",
+        type=_kv_endpoint,
+        help="the publisher's replay endpoint, to recover batches lost in a gap",
+    )
     r.set_defaults(func=handler("kvwatch.loadgen.cmd_run:run_load"))
+
+
+def _kv_endpoint(text: str) -> str:
+    from kvwatch.sidecar.kvevents.subscriber import check_endpoint
+
+    try:
+        return check_endpoint(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _session_args(g: Any) -> None:

@@ -752,3 +752,36 @@ def check_kv_event_batch(rng: random.Random, curve: Any) -> None:
         assert 0.0 <= p.hit_ratio <= 1.0 and p.blocks >= 1
     assert view.ideal_hit_ratio is None or 0.0 <= view.ideal_hit_ratio <= 1.0
     assert view.working_set_blocks is None or view.working_set_blocks >= 1
+
+
+def check_kv_recording(rng: random.Random, tmp: Path) -> None:
+    """`advise --run` on a run's kv_events.bin with bytes cut, flipped or added: a curve and
+    notes of what was left out, or one RecordingError line."""
+    import msgspec
+
+    from kvwatch.loadgen.results.kv_events import curve_from_recording
+    from kvwatch.sidecar.kvevents.recording import RecordingError, write_frame
+
+    path = tmp / "kv_events.bin"
+    with path.open("wb") as f:
+        for seq in range(rng.randint(0, 5)):
+            write_frame(f, rng.choice([seq, seq, rng.randrange(2**64)]),
+                        msgspec.msgpack.encode(_kv_batch_doc(rng)))  # fmt: skip
+    data = bytearray(path.read_bytes())
+    for _ in range(rng.randint(0, 4)):
+        what = rng.random()
+        if data and what < 0.4:
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        elif what < 0.7:
+            del data[rng.randrange(len(data) + 1) :]
+        else:
+            data[rng.randrange(len(data) + 1) : 0] = rng.randbytes(rng.randint(1, 16))
+    path.write_bytes(bytes(data))
+    try:
+        curve, notes = curve_from_recording(path, rng.choice([1, 40, 8000]))
+    except RecordingError as e:
+        assert "\n" not in str(e) and str(e)
+        return
+    assert all("\n" not in n for n in notes)
+    if curve is not None:
+        assert all(0.0 <= h <= 1.0 for _, h in curve.points) and 0.0 <= curve.ideal <= 1.0

@@ -394,3 +394,18 @@ def _kv_curve() -> Any:
 
 
 _KV_CURVE = _kv_curve()
+
+
+@settings(
+    max_examples=max(1, EXAMPLES // 4), deadline=None, database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)  # fmt: skip
+@given(rng=st.randoms(use_true_random=False))
+def test_a_kv_event_recording_draws_a_curve_or_says_why_in_one_line(
+    rng: random.Random, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """`advise --run` reads a run's kv_events.bin: cut, flipped or padded bytes give a curve
+    and what was left out, or one line."""
+    from tests.fuzzing import check_kv_recording
+
+    check_kv_recording(rng, tmp_path_factory.mktemp("kv"))

@@ -4,10 +4,13 @@ it ran on (`ServerInfo`), from the run's typed files (run_files.py)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
+from kvwatch.loadgen.results.kv_events import KV_EVENTS_FILE, curve_from_recording
 from kvwatch.loadgen.results.run_files import Record, RunFiles, read_run
 from kvwatch.sidecar.judge.signals import cached_share
+from kvwatch.sidecar.kvevents.recording import RecordingError
 from kvwatch.sizing.advice import Observed, kv_bytes_per_token_from, several_groups_note
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.levers import ServerInfo, valid_version
@@ -105,4 +108,12 @@ def observed_from_dir(run_dir: Path) -> tuple[Observed, ServerInfo]:
         run = read_run(run_dir)
     except ValueError as e:
         raise SizingError(str(e)) from None
-    return observed_from_files(run), server_from_files(run)
+    observed = observed_from_files(run)
+    events = run_dir / KV_EVENTS_FILE
+    if events.is_file():  # recorded with --kv-events: the prefix cache's curve
+        try:
+            curve, notes = curve_from_recording(events, observed.capacity_blocks)
+        except RecordingError as e:
+            raise SizingError(str(e)) from None
+        observed = replace(observed, prefix_curve=curve, notes=(*observed.notes, *notes))
+    return observed, server_from_files(run)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from kvwatch.sidecar.judge.block_access import BlockTable, TableCounts
 from kvwatch.sidecar.judge.reuse_curve import CurvePoint, ReuseCurve
 from kvwatch.sidecar.kvevents.wire import Batch, Cleared
+from kvwatch.sizing.advice import PrefixCurveSeen
 
 __all__ = ["CURVE_FACTORS", "PrefixCurve", "PrefixCurveView"]
 
@@ -71,4 +72,17 @@ class PrefixCurve:
             sample_rate=c.rate,
             source="reports" if self.table.reports_seen else "parent chains",
             counts=self.table.counts,
+        )
+
+    def seen(self, capacity_blocks: int) -> PrefixCurveSeen | None:
+        """What the advice takes of the curve at a server of `capacity_blocks`; None before
+        any read was counted."""
+        v = self.view(capacity_blocks)
+        if v.ideal_hit_ratio is None or not v.points:
+            return None
+        return PrefixCurveSeen(
+            points=tuple((p.blocks, p.hit_ratio) for p in v.points),
+            ideal=v.ideal_hit_ratio,
+            working_set_blocks=v.working_set_blocks,
+            source=v.source,
         )

@@ -18,14 +18,15 @@ supervised). Needs pyzmq and msgspec (both come with vLLM; `pip install kvwatch[
 
 from __future__ import annotations
 
+import functools
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import Any
 
+from kvwatch.sidecar.kvevents.sequence import BatchSequence
 from kvwatch.sidecar.kvevents.wire import Batch, WireError, decode_batch, decode_seq
 
-__all__ = ["FeedStats", "KvEventFeed", "check_endpoint"]
+__all__ = ["KvEventFeed", "check_endpoint"]
 
 _POLL_MS = 200
 _REPLAY_WAIT_MS = 2_000
@@ -44,18 +45,7 @@ def check_endpoint(endpoint: str) -> str:
     raise ValueError(f"{endpoint!r} is not a ZMQ endpoint (tcp://HOST:PORT or ipc://PATH)")
 
 
-@dataclass
-class FeedStats:
-    batches: int = 0  # fed on, in order
-    replayed: int = 0  # of those, recovered through the replay endpoint
-    missed: int = 0  # batches lost for good (no replay endpoint, or past its buffer)
-    refused: int = 0  # messages that were not KV event batches
-    unknown_events: int = 0  # events of a type this reader does not know
-    restarts: int = 0  # the publisher's sequence went back
-    last_batch_unix: float | None = None  # our clock when the last batch came
-
-
-class KvEventFeed:
+class KvEventFeed(BatchSequence):
     def __init__(
         self,
         endpoint: str,
@@ -63,14 +53,12 @@ class KvEventFeed:
         on_restart: Callable[[], None],
         replay_endpoint: str | None = None,
         topic: str = "",
+        on_raw: Callable[[int, bytes], None] | None = None,
     ) -> None:
+        super().__init__(on_batch, on_restart, on_raw)
         self.endpoint = check_endpoint(endpoint)
         self.replay_endpoint = None if replay_endpoint is None else check_endpoint(replay_endpoint)
         self.topic = topic.encode()
-        self.on_batch = on_batch
-        self.on_restart = on_restart
-        self.stats = FeedStats()
-        self._next: int | None = None
 
     def run(self, stop: threading.Event, beat: Callable[[], None] = lambda: None) -> None:
         """Follow the publisher until `stop`; `beat` is called at least every 0.2 s."""
@@ -87,61 +75,36 @@ class KvEventFeed:
             replay = ctx.socket(zmq.DEALER)
             replay.setsockopt(zmq.LINGER, 0)
             replay.connect(self.replay_endpoint)
+        recover = None if replay is None else functools.partial(self._recover, replay)
         try:
             while not stop.is_set():
                 if sub.poll(_POLL_MS):
-                    self._message(sub.recv_multipart(), replay)
+                    frames = sub.recv_multipart()
+                    if len(frames) == 3:
+                        self.take(frames[1], frames[2], recover)
+                    else:
+                        self.stats.refused += 1
                 beat()
         finally:
             sub.close()
             if replay is not None:
                 replay.close()
 
-    def _message(self, frames: list[bytes], replay: object) -> None:
-        if len(frames) != 3:
-            self.stats.refused += 1
-            return
-        try:
-            seq = decode_seq(frames[1])
-            batch = decode_batch(frames[2])
-        except WireError:
-            self.stats.refused += 1
-            return
-        if self._next is not None and seq < self._next:
-            self.stats.restarts += 1
-            self.on_restart()
-        elif self._next is not None and seq > self._next:
-            self._recover(self._next, seq, replay)
-        self._feed(batch)
-        self._next = seq + 1
-
-    def _feed(self, batch: Batch) -> None:
-        self.stats.batches += 1
-        self.stats.unknown_events += batch.unknown
-        self.stats.last_batch_unix = time.time()
-        self.on_batch(batch)
-
-    def _recover(self, first: int, upto: int, replay: object) -> None:
-        """Batches `first` .. `upto - 1` were lost: ask the replay endpoint for them."""
-        import zmq
-
-        got = first
-        if isinstance(replay, zmq.Socket):
-            replay.send_multipart([b"", first.to_bytes(8, "big")])
-            while replay.poll(_REPLAY_WAIT_MS):
-                frames = replay.recv_multipart()
-                # [b"", topic, seq, payload]; the end is [b"", b"", END_SEQ, b""]
-                if len(frames) != 4 or frames[2] == _END_SEQ:
-                    break
-                try:
-                    seq = decode_seq(frames[2])
-                    batch = decode_batch(frames[3])
-                except WireError:
-                    self.stats.refused += 1
-                    continue
-                if got <= seq < upto:  # in order, once; the rest arrives on the SUB
-                    self.stats.missed += seq - got
-                    self.stats.replayed += 1
-                    self._feed(batch)
-                    got = seq + 1
-        self.stats.missed += upto - got
+    def _recover(self, replay: Any, first: int, upto: int) -> None:
+        """Batches `first` .. `upto - 1` were lost: ask the replay endpoint for them and feed
+        the ones it still holds, in order (the caller counts the rest as missed)."""
+        replay.send_multipart([b"", first.to_bytes(8, "big")])
+        while replay.poll(_REPLAY_WAIT_MS):
+            frames = replay.recv_multipart()
+            # [b"", topic, seq, payload]; the end is [b"", b"", END_SEQ, b""]
+            if len(frames) != 4 or frames[2] == _END_SEQ:
+                break
+            try:
+                seq = decode_seq(frames[2])
+                batch = decode_batch(frames[3])
+            except WireError:
+                self.stats.refused += 1
+                continue
+            if (self.next or 0) <= seq < upto:  # in order, once; the rest comes on the SUB
+                self.stats.missed += seq - (self.next or 0)
+                self.feed(seq, frames[3], batch, replayed=True)

@@ -23,7 +23,7 @@ from kvwatch.sidecar.judge.episodes import Episode
 from kvwatch.sidecar.judge.liveness import Liveness, Status, judge_liveness
 from kvwatch.sidecar.judge.pipeline import EngineJudge, Transition
 from kvwatch.sidecar.judge.prefix_curve import PrefixCurve
-from kvwatch.sidecar.kvevents.subscriber import FeedStats
+from kvwatch.sidecar.kvevents.sequence import FeedStats
 from kvwatch.sidecar.kvevents.wire import Batch
 from kvwatch.sidecar.logs.follow import FollowStats
 from kvwatch.sidecar.logs.logformats import parse_line

@@ -17,7 +17,7 @@ from kvwatch.sidecar.judge.liveness import Liveness
 from kvwatch.sidecar.judge.pipeline import Transition
 from kvwatch.sidecar.judge.prefix_curve import PrefixCurveView
 from kvwatch.sidecar.judge.signals import EngineSignals
-from kvwatch.sidecar.kvevents.subscriber import FeedStats
+from kvwatch.sidecar.kvevents.sequence import FeedStats
 from kvwatch.sidecar.logs.follow import FollowStats
 from kvwatch.sidecar.logs.incidents import Incident
 from kvwatch.sidecar.logs.logformats import Capacity, StatsLine, event_to_dict

@@ -14,10 +14,12 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
 
+from kvwatch.loadgen.results.kv_events import KvEventRecorder, curve_from_recording
 from tests.conftest import kv_events_endpoints
 from tests.sidecar.running import kvwatch_samples, running_sidecar
 
@@ -37,13 +39,14 @@ def _prefix_counters(base: str) -> tuple[float, float]:
     return got["vllm:prefix_cache_queries_total"], got["vllm:prefix_cache_hits_total"]
 
 
-def test_the_curve_matches_the_servers_own_hit_rate(vllm_server) -> None:
+def test_the_curve_matches_the_servers_own_hit_rate(vllm_server, tmp_path: Path) -> None:
     base = vllm_server.base_url
     events, replay = kv_events_endpoints(vllm_server.log_path.parent)
     args = ["--target", base, "--interval", "0.5", "--kv-events", events,
             "--kv-events-replay", replay]  # fmt: skip
     rng = random.Random(7)
-    with running_sidecar(args) as url, httpx.Client(timeout=60) as client:
+    recorder = KvEventRecorder(events, replay, tmp_path)  # as `loadgen run --kv-events` does
+    with running_sidecar(args) as url, httpx.Client(timeout=60) as client, recorder:
         model = client.get(base + "/v1/models").json()["data"][0]["id"]
         # the model and its engine become known to the sidecar before the load
         client.post(base + "/v1/completions", json={"model": model,
@@ -88,3 +91,8 @@ def test_the_curve_matches_the_servers_own_hit_rate(vllm_server) -> None:
     # the advice: the memory that holds the documents, from the same curve
     assert "prefix-cache hit rate by size (vLLM's KV events, LRU, parent chains)" in advice.stdout
     assert "prefix cache: --kv-cache-memory-bytes" in advice.stdout, advice.stdout + advice.stderr
+    # the same events recorded in a run directory draw the same curve (`advise --run DIR`)
+    recorded, notes = curve_from_recording(recorder.path, 40)
+    assert recorded is not None and not notes, notes
+    assert recorded.points == tuple((p["blocks"], p["hit_ratio"]) for p in curve["points"])
+    assert recorder.summary()["missed"] == 0
