@@ -80,7 +80,9 @@ def register(sub: Any) -> None:
         help="follow a server's KV events: the endpoint of vLLM's --kv-events-config publisher "
         "(e.g. tcp://127.0.0.1:5557). Gives the prefix cache's hit rate at 0.25x-4x its size, "
         "the ideal hit rate and the blocks stored again after eviction (docs/detection.md). "
-        "One per --target, in the targets' order. Needs pyzmq (vLLM brings it)",
+        "One per --target, in the targets' order. 'auto' with a vLLM command after --: the "
+        "sidecar turns the events on (on private Unix sockets) or follows the command's own "
+        "--kv-events-config. Needs pyzmq (vLLM brings it)",
     )
     s.add_argument(
         "--kv-events-replay",

@@ -4,12 +4,16 @@ its parsed options into the work's typed config and imports that work only when 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from kvwatch.common.cli_kit import EXIT_FOUND, EXIT_OK, EXIT_UNREACHABLE, CliError
 from kvwatch.sidecar.contract.threshold_option import thresholds_from
+from kvwatch.sidecar.kvevents.launch import AUTO, events_for_command
 
 __all__ = ["run_sidecar", "run_logs"]
 
@@ -52,6 +56,18 @@ def run_sidecar(ns: argparse.Namespace) -> int:
             model = resolve_model(ns.model)
         except ValueError as e:
             raise CliError(f"--model: {e}") from None
+    kv_events, kv_replay = list(ns.kv_events), list(ns.kv_events_replay)
+    private = None
+    if AUTO in kv_events:
+        if not command or kv_events != [AUTO] or kv_replay:
+            raise CliError("--kv-events auto goes alone, with the vLLM command after --")
+        private = Path(tempfile.mkdtemp(prefix="kvwatch-kv-events-"))  # 0700, ours alone
+        atexit.register(shutil.rmtree, private, True)
+        try:
+            command, events, replay = events_for_command(command, private)
+        except ValueError as e:
+            raise CliError(str(e)) from None
+        kv_events, kv_replay = [events], [] if replay is None else [replay]
     try:
         cfg = SidecarConfig(
             targets=tuple(ns.target),
@@ -67,8 +83,8 @@ def run_sidecar(ns: argparse.Namespace) -> int:
             receivers=tuple(load_receivers(ns.webhook, ns.webhook_config)),
             model=model,
             scheduling_policy=ns.scheduling_policy,
-            kv_events=tuple(ns.kv_events),
-            kv_events_replay=tuple(ns.kv_events_replay),
+            kv_events=tuple(kv_events),
+            kv_events_replay=tuple(kv_replay),
         )
         if cfg.db_path is not None:
             check_database(cfg.db_path)  # before anything is started or changed

@@ -370,13 +370,20 @@ _STATE_WRONG: list[Any] = ["x", None, [], {}, -1, 0, True, 1e308, float("nan"), 
 
 def _state_doc() -> Any:
     """A real /api/state document: a sidecar's state after two scrapes of vLLM's busy body."""
+    from kvwatch.sidecar.kvevents.sequence import FeedStats
+    from kvwatch.sidecar.kvevents.wire import Batch, Stored
     from kvwatch.sidecar.state.sidecar_state import SidecarState
     from kvwatch.sidecar.state.views import state_json
 
     body = (DATA / "vllm-0.32-metrics-busy.txt").read_text()
-    state = SidecarState(["http://a"])
-    for t in (1.0, 2.0):
-        state.record_scrape("http://a", t, ScrapeOutcome(0.01, parse_exposition(body)))
+    state = SidecarState(["http://a", "http://b"])
+    for url in ("http://a", "http://b"):  # both followed: a curve each and the fleet's
+        state.follow_kv_events(url, FeedStats())
+        for t in (1.0, 2.0):
+            state.record_scrape(url, t, ScrapeOutcome(0.01, parse_exposition(body)))
+        for i in range(30):
+            keys = ((0, i % 7), (0, 100 + i))
+            state.record_kv_batch(url, Batch(10.0 * i, (Stored(keys, None, 32),), 0))
     return json.loads(json.dumps(state_json(state.view(2.0))))
 
 
@@ -412,7 +419,12 @@ def check_sidecar_state(rng: random.Random) -> None:
     """`advise --sidecar` on another sidecar's /api/state with one to three fields given any
     value: advice, or one ValueError/SizingError line; never a traceback or an unfinite figure."""
     from kvwatch.advise.sources import observed_from_engines
-    from kvwatch.sidecar.state.views import engines_from_json, servers_from_json
+    from kvwatch.sidecar.state.views import (
+        engines_from_json,
+        fleet_prefix_from_json,
+        prefix_curves_from_json,
+        servers_from_json,
+    )
     from kvwatch.sizing.advice import advise
     from kvwatch.sizing.errors import SizingError
 
@@ -424,8 +436,9 @@ def check_sidecar_state(rng: random.Random) -> None:
     try:
         engines = engines_from_json(doc)
         servers = servers_from_json(doc)
+        curves, fleet = prefix_curves_from_json(doc), fleet_prefix_from_json(doc)
         server = next(iter(servers.values())) if len(servers) == 1 else None
-        for _, obs in observed_from_engines(engines, "sidecar http://fuzz"):
+        for _, obs in observed_from_engines(engines, "sidecar http://fuzz", curves, fleet):
             advise(obs, server=server)
     except (ValueError, SizingError) as e:
         assert "\n" not in str(e) and str(e), repr(e)

@@ -14,10 +14,12 @@ from kvwatch.common.cli_kit import EXIT_UNREACHABLE, CliError
 from kvwatch.sidecar.state.views import (
     EngineView,
     engines_from_json,
+    fleet_prefix_from_json,
     prefix_curves_from_json,
     servers_from_json,
 )
 from kvwatch.sizing.advice import (
+    FleetPrefixSeen,
     Observed,
     PrefixCurveSeen,
     kv_bytes_per_token_from,
@@ -58,9 +60,10 @@ def observed_from_source(ns: argparse.Namespace) -> tuple[list[tuple[str, Observ
             raise CliError(f"{url}: {e}") from None
         try:
             curves = prefix_curves_from_json(doc)
+            fleet = fleet_prefix_from_json(doc)
         except ValueError as e:
             raise CliError(f"{url}: {e}") from None
-        items = observed_from_engines(engines, f"sidecar {ns.sidecar}", curves)
+        items = observed_from_engines(engines, f"sidecar {ns.sidecar}", curves, fleet)
         servers = servers_from_json(doc)
         if len(servers) == 1:
             server = next(iter(servers.values()))
@@ -81,6 +84,7 @@ def observed_from_engines(
     engines: Sequence[tuple[str, EngineView]],
     source: str,
     curves: Mapping[str, PrefixCurveSeen] | None = None,
+    fleet: FleetPrefixSeen | None = None,
 ) -> list[tuple[str, Observed]]:
     """One Observed per engine a sidecar sees (its own state, or another's /api/state), with
     its target's prefix-cache curve where the sidecar follows its KV events."""
@@ -123,6 +127,7 @@ def observed_from_engines(
                     prompt_tokens_per_s_long=s.prompt_tokens_per_s_long,
                     prefix_cache_thrashing=e.prefix_cache_thrashing_since_unix is not None,
                     prefix_curve=(curves or {}).get(target),
+                    fleet_prefix=fleet if fleet and target in fleet.targets else None,
                 ),
             )
         )

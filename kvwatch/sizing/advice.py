@@ -23,6 +23,7 @@ from kvwatch.sizing.presets import LINK_BYTES_PER_S
 __all__ = [
     "Observed",
     "PrefixCurveSeen",
+    "FleetPrefixSeen",
     "Advice",
     "advise",
     "RESERVED_BLOCKS",
@@ -79,6 +80,17 @@ class PrefixCurveSeen:
 
 
 @dataclass(frozen=True)
+class FleetPrefixSeen:
+    """A model's replicas' prefix caches together, from their KV events
+    (sidecar/judge/fleet_prefix.py): what the router's spreading of prefixes costs."""
+
+    targets: tuple[str, ...]  # the replicas' URLs
+    duplicated_share: float  # of the blocks the replicas cache, the copies
+    replicas_hit_ratio: float  # as routed now
+    pooled_hit_ratio: float  # one cache of their memory together
+
+
+@dataclass(frozen=True)
 class Observed:
     """The figures advice needs; every source (run directory, sidecar, metrics) fills these."""
 
@@ -114,6 +126,8 @@ class Observed:
     prefix_cache_thrashing: bool = False
     # the miss-ratio curve a sidecar drew from the server's KV events (--kv-events)
     prefix_curve: PrefixCurveSeen | None = None
+    # this engine's replicas together, where one sidecar follows all of their KV events
+    fleet_prefix: FleetPrefixSeen | None = None
 
     def __post_init__(self) -> None:
         for f in ("capacity_blocks", "block_size", "kv_bytes_per_token"):
@@ -542,20 +556,39 @@ CURVE_GAIN = 0.05  # a larger cache is advised for its prefixes when it gains th
 def _prefix_curve_options(obs: Observed, a: list[str]) -> list[str]:
     """The memory that holds the traffic's reused prefixes, from the curve the KV events drew,
     and its price; nothing where the curve shows no gain worth it."""
+    out = _routing_options(obs.fleet_prefix, a)
     c = obs.prefix_curve
     if c is None or not c.points:
-        return []
+        return out
     now = min(c.points, key=lambda p: abs(p[0] - obs.capacity_blocks))[1]
     shown = ", ".join(f"{b:,} blocks {h:.1%}" for b, h in c.points)
     a.append(f"prefix-cache hit rate by size (vLLM's KV events, LRU, {c.source}): {shown}; "
              f"with room for everything {c.ideal:.1%}")  # fmt: skip
     need = c.working_set_blocks
     if need is None or need <= obs.capacity_blocks or c.ideal - now < CURVE_GAIN:
-        return []
+        return out
     block_bytes = obs.kv_bytes_per_token * obs.block_size
     more = (need - obs.capacity_blocks) * block_bytes
-    return [
+    return out + [
         f"prefix cache: --kv-cache-memory-bytes {math.ceil(need * block_bytes)} (room for the "
         f"prefixes this traffic reuses, {need:,} blocks: its hit rate {now:.0%} -> about "
         f"{0.99 * c.ideal:.0%}; the price: {more / 1e9:.1f} GB more KV memory per replica)"
+    ]
+
+
+def _routing_options(f: FleetPrefixSeen | None, a: list[str]) -> list[str]:
+    """A prefix-aware router where the replicas' KV events show routing costing hits."""
+    if f is None:
+        return []
+    a.append(f"the {len(f.targets)} replicas' prefix caches: {f.duplicated_share:.0%} of their "
+             f"blocks are copies of another replica's; hit rate as routed "
+             f"{f.replicas_hit_ratio:.1%}, one cache of their memory together "
+             f"{f.pooled_hit_ratio:.1%}")  # fmt: skip
+    if f.pooled_hit_ratio - f.replicas_hit_ratio < CURVE_GAIN:
+        return []
+    return [
+        "router: a prefix-aware policy (vllm-router --policy cache_aware, llm-d's prefix-cache "
+        "scorer, session affinity), so a conversation's turns return to the replica that "
+        f"holds its context: hit rate {f.replicas_hit_ratio:.0%} -> about "
+        f"{f.pooled_hit_ratio:.0%} with the same memory"
     ]

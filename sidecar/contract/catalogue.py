@@ -47,6 +47,8 @@ __all__ = [
     "PROMPT_TOKENS_RECOMPUTED_PER_SECOND", "PREFIX_CACHE_THRASHING",
     "PREFIX_CACHE_HIT_RATIO_AT_SIZE", "PREFIX_CACHE_IDEAL_HIT_RATIO",
     "PREFIX_CACHE_WORKING_SET_BLOCKS", "PREFIX_CACHE_RESTORED_BLOCKS", "KV_EVENT_BATCHES",
+    "FLEET_PREFIX_DUPLICATED_RATIO", "FLEET_PREFIX_POOLED_HIT_RATIO",
+    "FLEET_PREFIX_REPLICAS_HIT_RATIO",
     "POLICY_PREEMPTIONS_PER_SECOND",
     "KV_OFFLOAD_LOAD_BYTES_PER_SECOND",
     "KV_OFFLOAD_STORE_BYTES_PER_SECOND", "KV_OFFLOAD_ALLOCATION_FAILURES",
@@ -248,6 +250,21 @@ PREFIX_CACHE_RESTORED_BLOCKS = _c(
     "blocks vLLM stored again after it had removed them from the prefix cache: prefix-cache "
     "thrash, counted from its KV events (--kv-events)",
 )  # fmt: skip
+FLEET_PREFIX_DUPLICATED_RATIO = _g(
+    "kvwatch_fleet_prefix_cache_duplicated_ratio", ("model_name",),
+    "of the blocks a model's replicas hold in their prefix caches now, the share that copies a "
+    "block another replica holds (--kv-events on each replica)",
+)  # fmt: skip
+FLEET_PREFIX_POOLED_HIT_RATIO = _g(
+    "kvwatch_fleet_prefix_cache_pooled_hit_ratio", ("model_name",),
+    "the hit rate the replicas' reads would get from one cache of their memory together: what "
+    "a prefix-aware router comes near (--kv-events on each replica)",
+)  # fmt: skip
+FLEET_PREFIX_REPLICAS_HIT_RATIO = _g(
+    "kvwatch_fleet_prefix_cache_replicas_hit_ratio", ("model_name",),
+    "the hit rate the replicas get as routed now (their own curves at their sizes, weighted by "
+    "reads); below the pooled one by what routing costs",
+)  # fmt: skip
 KV_EVENT_BATCHES = _c(
     "kvwatch_kv_event_batches", (*T, "outcome"),
     "KV event batches from a server's publisher (--kv-events): received, replayed (recovered "
@@ -346,7 +363,8 @@ METRICS: tuple[Metric, ...] = (
     PREFIX_CACHE_THRASHING, THRASHING_EPISODES, EPISODE_PREEMPTIONS, EPISODE_RECOMPUTED_TOKENS,
     *(m for m, _ in ENGINE_GAUGES),
     PREFIX_CACHE_HIT_RATIO_AT_SIZE, PREFIX_CACHE_IDEAL_HIT_RATIO, PREFIX_CACHE_WORKING_SET_BLOCKS,
-    PREFIX_CACHE_RESTORED_BLOCKS, KV_EVENT_BATCHES,
+    PREFIX_CACHE_RESTORED_BLOCKS, KV_EVENT_BATCHES, FLEET_PREFIX_DUPLICATED_RATIO,
+    FLEET_PREFIX_POOLED_HIT_RATIO, FLEET_PREFIX_REPLICAS_HIT_RATIO,
     ALERTS_FIRING, WEBHOOK_PENDING, WEBHOOK_DELIVERED, WEBHOOK_DROPPED, LOAD_STAGE,
     INTERNAL_ERRORS, HTTP_CONNECTIONS_SHED, HTTP_HANDLER_ERRORS, LOG_LINES,
     LOG_OVERSIZED_LINES, LOG_ROTATIONS,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvwatch.sidecar.judge.block_access import BlockTable, TableCounts
-from kvwatch.sidecar.judge.reuse_curve import CurvePoint, ReuseCurve
+from kvwatch.sidecar.judge.reuse_curve import MAX_KEYS, CurvePoint, ReuseCurve
 from kvwatch.sidecar.kvevents.wire import Batch, Cleared
 from kvwatch.sizing.advice import PrefixCurveSeen
 
@@ -36,15 +36,19 @@ class PrefixCurveView:
 
 
 class PrefixCurve:
-    def __init__(self, max_keys: int = 16_384, continuation_s: float = 5.0) -> None:
+    def __init__(self, max_keys: int = MAX_KEYS, continuation_s: float = 5.0) -> None:
         self.table = BlockTable(continuation_s=continuation_s)
         self.curve = ReuseCurve(max_keys=max_keys)
 
-    def feed(self, batch: Batch) -> None:
+    def feed(self, batch: Batch, pooled: ReuseCurve | None = None) -> None:
+        """One batch's reads into the curve, and into `pooled` (the fleet's: one curve over
+        every replica's reads) where given."""
         for event in batch.events:
             # a reset (Cleared) empties the table; the traffic's history in the curve stays
             for a in self.table.apply(event, batch.ts):
                 self.curve.read(a.key, counted=a.query)
+                if pooled is not None:
+                    pooled.read(a.key, counted=a.query)
 
     def restart(self) -> None:
         """The publisher started again (its sequence went back): its cache is a new one."""

@@ -31,9 +31,10 @@ from dataclasses import dataclass
 
 from kvwatch.sidecar.kvevents.wire import BlockKey
 
-__all__ = ["ReuseCurve", "CurvePoint"]
+__all__ = ["ReuseCurve", "CurvePoint", "MAX_KEYS"]
 
 MODULUS = 1 << 24
+MAX_KEYS = 16_384  # blocks followed at most by default: about 3 MB of the sidecar's memory
 _BIN = math.log(1.01)
 
 
@@ -69,7 +70,7 @@ class CurvePoint:
 class ReuseCurve:
     """Reads in, the hit rate at any cache size out."""
 
-    def __init__(self, max_keys: int = 16_384, window: float = 2_000_000.0) -> None:
+    def __init__(self, max_keys: int = MAX_KEYS, window: float = 2_000_000.0) -> None:
         self.max_keys = max_keys
         self.window = window
         self.threshold = MODULUS  # rate 1 until more than max_keys blocks are followed

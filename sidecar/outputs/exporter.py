@@ -91,6 +91,15 @@ class StateCollector(Collector):
                     add(cat.EPISODE_PREEMPTIONS, labels, e.episode.preemptions)
                     add(cat.EPISODE_RECOMPUTED_TOKENS, labels, e.episode.tokens_recomputed)
             _kv_events(t, add)
+        if (f := v.fleet_prefix) is not None:
+            fleet = (
+                (cat.FLEET_PREFIX_DUPLICATED_RATIO, f.duplicated_share),
+                (cat.FLEET_PREFIX_POOLED_HIT_RATIO, f.pooled_hit_ratio),
+                (cat.FLEET_PREFIX_REPLICAS_HIT_RATIO, f.replicas_hit_ratio),
+            )
+            for m, value in fleet:
+                if value is not None:
+                    add(m, [f.model_name], value)
         counts: dict[str, int] = {}
         for a in v.alerting.firing:
             counts[a.name] = counts.get(a.name, 0) + 1

@@ -20,9 +20,12 @@ from kvwatch.sidecar.contract.readings import FIELDS as READING_FIELDS
 from kvwatch.sidecar.contract.readings import FORMAT as READINGS_FORMAT
 from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.judge.episodes import Episode
+from kvwatch.sidecar.judge.fleet_prefix import FleetPrefixView, fleet_prefix_view
+from kvwatch.sidecar.judge.fleet_prefix import Replica as FleetReplica
 from kvwatch.sidecar.judge.liveness import Liveness, Status, judge_liveness
 from kvwatch.sidecar.judge.pipeline import EngineJudge, Transition
 from kvwatch.sidecar.judge.prefix_curve import PrefixCurve
+from kvwatch.sidecar.judge.reuse_curve import MAX_KEYS, ReuseCurve
 from kvwatch.sidecar.kvevents.sequence import FeedStats
 from kvwatch.sidecar.kvevents.wire import Batch
 from kvwatch.sidecar.logs.follow import FollowStats
@@ -224,6 +227,8 @@ class SidecarState:
         self.log_stats: FollowStats | None = None
         self.log_source: str | None = None
         self.heartbeat = time.monotonic()
+        # every followed replica's reads in one curve (--kv-events on two targets or more)
+        self.pooled_curve: ReuseCurve | None = None
         self._lock = threading.Lock()
 
     def record_scrape(self, url: str, now: float, outcome: ScrapeOutcome) -> None:
@@ -353,17 +358,21 @@ class SidecarState:
                 self.load_stages.pop(name, None)
 
     def follow_kv_events(self, url: str, stats: FeedStats) -> None:
-        """`url`'s KV events are followed from now on, counted in `stats`."""
+        """`url`'s KV events are followed from now on, counted in `stats`. From the second
+        target on, their reads also feed one pooled curve (the fleet's)."""
         with self._lock:
             ts = self.targets[url]
             ts.prefix_curve = PrefixCurve()
             ts.kv_feed = stats
+            followed = sum(t.prefix_curve is not None for t in self.targets.values())
+            if followed >= 2 and self.pooled_curve is None:
+                self.pooled_curve = ReuseCurve(max_keys=2 * MAX_KEYS)
 
     def record_kv_batch(self, url: str, batch: Batch) -> None:
         with self._lock:
             curve = self.targets[url].prefix_curve
             if curve is not None:
-                curve.feed(batch)
+                curve.feed(batch, self.pooled_curve)
 
     def record_kv_restart(self, url: str) -> None:
         """The publisher started again: the cache it describes is empty."""
@@ -383,6 +392,7 @@ class SidecarState:
             log = None
             if self.log_stats is not None:
                 log = LogSourceView(self.log_source or "", replace(self.log_stats))
+            targets = tuple(ts.view(now, self.stale_after_s) for ts in self.targets.values())
             return StateView(
                 started_unix=self.started_unix,
                 heartbeat_age_s=now - self.heartbeat,
@@ -392,9 +402,28 @@ class SidecarState:
                 load_stages=dict(self.load_stages),
                 load_events=tuple(self.load_events)[-_SHOWN:],
                 log=log,
-                targets=tuple(ts.view(now, self.stale_after_s) for ts in self.targets.values()),
+                targets=targets,
                 loops=self.loops.status(),
+                fleet_prefix=self._fleet_prefix(targets),
             )
+
+    def _fleet_prefix(self, views: tuple[TargetView, ...]) -> FleetPrefixView | None:
+        """The followed replicas together, where they all serve one model (under the lock)."""
+        if self.pooled_curve is None:
+            return None
+        replicas, models = [], set()
+        for v in views:
+            ts = self.targets[v.target]
+            if ts.prefix_curve is None:
+                continue
+            models |= {e.model_name for e in v.engines}
+            capacity = v.prefix_curve.capacity_blocks if v.prefix_curve is not None else None
+            if capacity:
+                c = ts.prefix_curve
+                replicas.append(FleetReplica(v.target, c.table, c.curve, capacity))
+        if len(models) != 1 or len(replicas) < 2:
+            return None  # not yet known, or not one model's replicas
+        return fleet_prefix_view(models.pop(), replicas, self.pooled_curve)
 
     def readings_json(self) -> dict[str, object]:
         """`GET /api/readings` (sidecar/contract/readings.py): each engine's timeline as the

@@ -13,6 +13,7 @@ from typing import Any, TypeVar, get_args, get_type_hints
 from kvwatch.sidecar.contract.levels import Level
 from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.judge.episodes import Episode
+from kvwatch.sidecar.judge.fleet_prefix import FleetPrefixView
 from kvwatch.sidecar.judge.liveness import Liveness
 from kvwatch.sidecar.judge.pipeline import Transition
 from kvwatch.sidecar.judge.prefix_curve import PrefixCurveView
@@ -23,7 +24,7 @@ from kvwatch.sidecar.logs.incidents import Incident
 from kvwatch.sidecar.logs.logformats import Capacity, StatsLine, event_to_dict
 from kvwatch.sidecar.state.supervise import LoopStatus
 from kvwatch.sidecar.store.outbox import DeliveryStats
-from kvwatch.sizing.advice import PrefixCurveSeen
+from kvwatch.sizing.advice import FleetPrefixSeen, PrefixCurveSeen
 from kvwatch.sizing.levers import ServerInfo, valid_version
 
 _D = TypeVar("_D")
@@ -31,7 +32,7 @@ _D = TypeVar("_D")
 __all__ = [
     "EngineView", "LogView", "TargetView", "FiringAlert", "AlertingView", "LoadEvent",
     "LogSourceView", "StateView", "state_json", "engine_json", "engines_from_json",
-    "servers_from_json", "prefix_curve_json", "prefix_curves_from_json",
+    "servers_from_json", "prefix_curve_json", "prefix_curves_from_json", "fleet_prefix_from_json",
 ]  # fmt: skip
 
 
@@ -136,6 +137,8 @@ class StateView:
     log: LogSourceView | None
     targets: tuple[TargetView, ...]
     loops: Mapping[str, LoopStatus] = field(default_factory=dict)  # background loops' health
+    # the followed replicas' prefix caches together (--kv-events on one model's replicas)
+    fleet_prefix: FleetPrefixView | None = None
 
     @property
     def failing_loops(self) -> tuple[str, ...]:
@@ -251,7 +254,12 @@ def state_json(v: StateView) -> dict[str, Any]:
         "log": None if v.log is None else {"source": v.log.source, **asdict(v.log.stats)},
         "targets": [_target_json(t) for t in v.targets],
         "loops": {name: asdict(st) for name, st in v.loops.items()},
+        "fleet_prefix": None if v.fleet_prefix is None else _fleet_prefix_json(v.fleet_prefix),
     }
+
+
+def _fleet_prefix_json(f: FleetPrefixView) -> dict[str, Any]:
+    return {**asdict(f), "targets": list(f.targets), "routing_gap": f.routing_gap}
 
 
 def engines_from_json(doc: object) -> list[tuple[str, EngineView]]:
@@ -314,6 +322,28 @@ def prefix_curves_from_json(doc: object) -> dict[str, PrefixCurveSeen]:
         except ValueError as e:
             raise ValueError(f"{where}: prefix_curve: {e}") from None
     return out
+
+
+def fleet_prefix_from_json(doc: object) -> FleetPrefixSeen | None:
+    """The replicas' prefix caches together (`fleet_prefix`) from an `/api/state` document,
+    checked (ValueError); None where the sidecar follows no fleet."""
+    if not isinstance(doc, dict) or doc.get("fleet_prefix") is None:
+        return None
+    f = doc["fleet_prefix"]
+    if not isinstance(f, dict) or not isinstance(f.get("targets"), list):
+        raise ValueError("fleet_prefix is not a fleet's")
+    try:
+        if any(f.get(k) is None for k in ("duplicated_share", "replicas_hit_ratio",
+                                          "pooled_hit_ratio")):  # fmt: skip
+            return None
+        return FleetPrefixSeen(
+            targets=tuple(str(t)[:200] for t in f["targets"]),
+            duplicated_share=_share(f["duplicated_share"]),
+            replicas_hit_ratio=_share(f["replicas_hit_ratio"]),
+            pooled_hit_ratio=_share(f["pooled_hit_ratio"]),
+        )
+    except ValueError as e:
+        raise ValueError(f"fleet_prefix: {e}") from None
 
 
 def servers_from_json(doc: object) -> dict[str, ServerInfo]:

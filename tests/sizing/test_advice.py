@@ -178,3 +178,33 @@ def test_prefix_curves_from_a_sidecars_state() -> None:
         doc["targets"][0]["prefix_curve"] = {**curve, "points": [bad]}
         with pytest.raises(ValueError, match="http://a: prefix_curve"):
             prefix_curves_from_json(doc)
+
+
+def test_a_router_that_spreads_prefixes_is_named() -> None:
+    from kvwatch.sizing.advice import FleetPrefixSeen
+
+    spread = FleetPrefixSeen(("http://a", "http://b"), 0.27, 0.40, 0.705)
+    a = advise(obs(peak_demand=2, preemptions=0, fleet_prefix=spread))
+    assert (
+        "router: a prefix-aware policy (vllm-router --policy cache_aware, llm-d's prefix-cache "
+        "scorer, session affinity), so a conversation's turns return to the replica that holds "
+        "its context: hit rate 40% -> about 70% with the same memory"
+    ) in a.options
+    assert any("27% of their blocks are copies" in x for x in a.arithmetic)
+    even = FleetPrefixSeen(("http://a", "http://b"), 0.0, 0.71, 0.705)
+    evenly = advise(obs(peak_demand=2, preemptions=0, fleet_prefix=even))
+    assert not any(o.startswith("router:") for o in evenly.options)
+
+
+def test_a_fleet_from_a_sidecars_state() -> None:
+    from kvwatch.sidecar.state.views import fleet_prefix_from_json
+
+    f = {"targets": ["http://a", "http://b"], "duplicated_share": 0.3,
+         "replicas_hit_ratio": 0.4, "pooled_hit_ratio": 0.7}  # fmt: skip
+    got = fleet_prefix_from_json({"fleet_prefix": f})
+    assert got is not None and got.targets == ("http://a", "http://b")
+    assert fleet_prefix_from_json({"fleet_prefix": None}) is None
+    assert fleet_prefix_from_json({"fleet_prefix": {**f, "pooled_hit_ratio": None}}) is None
+    for bad in ({**f, "duplicated_share": 2}, {**f, "targets": "x"}, [1]):
+        with pytest.raises(ValueError, match="fleet_prefix"):
+            fleet_prefix_from_json({"fleet_prefix": bad})
