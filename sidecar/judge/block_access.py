@@ -36,6 +36,11 @@ from kvwatch.sidecar.kvevents.wire import BlockKey, Cleared, Event, Removed, Sto
 __all__ = ["Access", "BlockTable", "TableCounts"]
 
 MAX_CHAIN = 65_536  # blocks walked up one parent chain (a 1M-token context at block size 16)
+# About 150 bytes a block (measured): 524,288 cached blocks (8M tokens at 16 a block) cost
+# about 75 MB at the most, the removed ones a fifth of that; a server with more blocks has its
+# least recently used ones forgotten here (counted: `forgotten`)
+MAX_BLOCKS = 1 << 19
+MAX_REMOVED = 1 << 17
 
 
 @dataclass(frozen=True)
@@ -62,8 +67,8 @@ class BlockTable:
     def __init__(
         self,
         continuation_s: float = 5.0,
-        max_blocks: int = 1 << 20,
-        max_removed: int = 1 << 20,
+        max_blocks: int = MAX_BLOCKS,
+        max_removed: int = MAX_REMOVED,
     ) -> None:
         self.continuation_s = continuation_s
         self.max_blocks = max_blocks
