@@ -47,6 +47,7 @@ PREFIX_PANELS = ("Prefix cache hit share and its reference", "Prompt tokens comp
 KV_EVENT_PANELS = (
     "Prefix cache hit rate by cache size",
     "Prefix cache hit rate with room for everything",
+    "Replicas' prefix caches: copies, as routed, pooled",
 )
 # the load's steady demand needs 50 admissions in a minute before it says anything
 LOAD_PANELS = ("What the load holds when it levels vs the cache",)
@@ -690,6 +691,21 @@ def _fleet_row(th: Thresholds) -> list[Any]:
             "short",
             (f"max by (worker) ({cat.ROUTER_WORKER_HEALTH})", "{{worker}}"),
             width=12,
+        )
+        .min(0)
+        .max(1),
+        _series(
+            KV_EVENT_PANELS[2],
+            "From the replicas' KV events (one sidecar following each: --kv-events): the share "
+            "of their cached blocks that copies a block another replica holds, their hit rate "
+            "as routed, and the hit rate of one cache of their memory together (what a "
+            "prefix-aware router nears). A wide gap is hits the routing leaves on the table: "
+            "kvwatch advise --sidecar names the router policy. Empty without --kv-events.",
+            "percentunit",
+            (cat.FLEET_PREFIX_DUPLICATED_RATIO.select(every), "copies " + model),
+            (cat.FLEET_PREFIX_REPLICAS_HIT_RATIO.select(every), "as routed " + model),
+            (cat.FLEET_PREFIX_POOLED_HIT_RATIO.select(every), "pooled " + model),
+            width=24,
         )
         .min(0)
         .max(1),
