@@ -123,6 +123,12 @@ def fleet_groups(
         a("KvwatchFleetImbalance",
           f"{cat.REC_KV_SHORT.name} == 1 and on({_F}) {room} > 0", th, VLLM_INSTANCE, s),
         a("KvwatchFleetReplicaDown", f"{cat.REC_FLEET_DOWN.name} > 0", th, None, s),
+        # one sidecar follows the replicas' KV events: the gap is its figures' (max: the same
+        # sidecar scraped twice, or two sidecars of one fleet, say one thing)
+        a("KvwatchFleetPrefixCacheSplit",
+          f"max by ({_F}) ({cat.FLEET_PREFIX_POOLED_HIT_RATIO.series}) - on({_F}) "
+          f"max by ({_F}) ({cat.FLEET_PREFIX_REPLICAS_HIT_RATIO.series}) >= "
+          f"{th.fleet_prefix_gap:g}", th, None, s),
     ]  # fmt: skip
     return [
         {"name": "kvwatch-fleet.rules", "rules": _recordings(th, sidecar_job)},

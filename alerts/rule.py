@@ -57,6 +57,9 @@ _TEMPLATE_VALUES = {
     "kv_spread": _model_query(cat.REC_FLEET_KV_SPREAD.name, _PCT),
     "capacity_lost": _model_query(cat.REC_FLEET_CAPACITY_LOST.name, "humanize"),
     "capacity_lost_share": _LOST_SHARE,
+    "fleet_routed": _model_query(cat.FLEET_PREFIX_REPLICAS_HIT_RATIO.name, _PCT),
+    "fleet_pooled": _model_query(cat.FLEET_PREFIX_POOLED_HIT_RATIO.name, _PCT),
+    "fleet_copies": _model_query(cat.FLEET_PREFIX_DUPLICATED_RATIO.name, _PCT),
     "request_share": _engine_query(cat.REC_REQUEST_SHARE.name, _PCT),
     "prompt_share": _engine_query(cat.REC_PROMPT_TOKEN_SHARE.name, _PCT),
 }

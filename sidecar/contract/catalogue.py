@@ -728,6 +728,18 @@ ALERTS: tuple[Alert, ...] = (
         RULES, for_="5m",
     ),
     Alert(
+        "KvwatchFleetPrefixCacheSplit", "warning",
+        "{model_name}: the router splits prefixes across replicas",
+        "From the replicas' KV events, one cache of their memory together would hit "
+        "{value_pct} more of the prompt blocks than they hit as routed, for 10 minutes "
+        "({fleet_routed} as routed, {fleet_pooled} pooled), and {fleet_copies} of their cached "
+        "blocks are copies of another replica's: the router sends a conversation's turns to "
+        "replicas that do not hold its context. Route by prefix (vllm-router --policy "
+        "cache_aware, llm-d's prefix-cache scorer, session affinity) before adding memory "
+        "(kvwatch advise --sidecar).",
+        RULES, for_="10m", scope="fleet",
+    ),
+    Alert(
         "KvwatchFleetReplicaDown", "warning",
         "{model_name}: {value} replica(s) down or dead",
         "{value} of the replicas of {model_name} seen in the last hour are down or dead for a "

@@ -103,6 +103,10 @@ class Thresholds:
     prefix_min_prompt_tokens_per_s: float = 50.0
     # ...held this long, in seconds, before it is said (one quiet window is not a trend).
     prefix_for_s: float = 60.0
+    # The hit rate a model's replicas leave to their router: one cache of their memory together
+    # (their KV events' pooled curve) above their hit rate as routed by this much
+    # (KvwatchFleetPrefixCacheSplit; on the twin, round robin over two replicas left 30 points).
+    fleet_prefix_gap: float = 0.05
     # How often a still-firing alert is sent again, in seconds.
     repeat_interval_s: float = 3600.0
     # Where alert annotations point for the runbook (one section per alert).

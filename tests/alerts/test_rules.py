@@ -86,7 +86,7 @@ class TestGenerated:
         k8s = yaml.safe_load(render_prometheus_rule())
         assert k8s["kind"] == "PrometheusRule"
         assert k8s["spec"]["groups"] == yaml.safe_load(render_rules())["groups"]
-        assert len(ALERT_NAMES) == len(set(ALERT_NAMES)) == 17
+        assert len(ALERT_NAMES) == len(set(ALERT_NAMES)) == 18
 
 
 class TestPromtool:
