@@ -11,6 +11,7 @@ thrash count), and the sidecar's CPU and memory while it followed the events.
     PYTHONPATH=. .venv/bin/python bench/bench_prefix_curve.py \
         --trace /tmp/traces/conversation_trace.jsonl --window 0:200 --length-scale 0.05 \
         --kv-blocks 7000 [--save bench/results/twin/prefix-curve-mooncake-conv.json]
+    PYTHONPATH=. .venv/bin/python bench/bench_prefix_curve.py --cpu-check [--concurrency 256]
 
 The trace: kvcache-ai/Mooncake FAST25-release/traces/conversation_trace.jsonl (Apache 2.0; a
 120-line slice is in tests/data/traces). Results: docs/detection.md.
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -98,17 +100,87 @@ def _run(ns: argparse.Namespace, blocks: int, work: Path, follow: bool) -> dict[
     return out
 
 
+def cpu_check(ns: argparse.Namespace) -> None:
+    """The sidecar's cost with events on under `--concurrency` running requests: a closed loop
+    of prompts sharing 16 prefixes on one twin, its events followed for `--seconds`."""
+    tmp = Path(tempfile.mkdtemp(prefix="kvwatch-bench-curve-cpu-"))
+    try:
+        with ExitStack() as stack:
+            args = ("--max-model-len", "4096", "--block-size", str(BLOCK),
+                    "--max-num-seqs", str(ns.concurrency),
+                    "--kv-events-config", _kv_events_config(tmp))  # fmt: skip
+            twin = stack.enter_context(start_twin(MODEL, GPU, tmp / "vllm.log", time_scale=1.0,
+                                                  status_dir=tmp, vllm_args=args))  # fmt: skip
+            url = twin.server.base_url
+            port = free_port()
+            sidecar = subprocess.Popen(
+                [sys.executable, "-m", "kvwatch", "sidecar", "--target", url, "--db", "",
+                 "--listen", f"127.0.0.1:{port}", "--kv-events", f"ipc://{tmp}/kv-events.sock"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            stack.callback(stop_process, sidecar)
+            if not wait_until_ok(f"http://127.0.0.1:{port}/healthz", sidecar, 30.0):
+                raise SystemExit("the sidecar did not start")
+            cpu0, t0 = cpu_seconds(sidecar.pid), time.monotonic()
+            p = subprocess.run(
+                [sys.executable, "-m", "kvwatch", "loadgen", "run", "--url", url,
+                 "--concurrency", str(ns.concurrency), "--duration", f"{ns.seconds:g}",
+                 "--input-len", "768", "--output-len", "256", "--shared-prefix", "256",
+                 "--prefix-groups", "16", "--json", "--no-progress", "--run-dir",
+                 str(tmp / "run")],
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            if p.returncode not in (0, 1):
+                raise SystemExit(f"loadgen failed ({p.returncode}): {p.stderr[-2000:]}")
+            took = time.monotonic() - t0
+            cpu = (cpu_seconds(sidecar.pid) - cpu0) / took
+            state = httpx.get(f"http://127.0.0.1:{port}/api/state", timeout=30).json()
+            target = state["targets"][0]
+            peak_running = max((r.get("running") or 0 for r in _timeline(tmp / "run")), default=0)
+            out = {"date": time.strftime("%Y-%m-%d"), "concurrency": ns.concurrency,
+                   "seconds": round(took, 1), "peak_running": peak_running,
+                   "sidecar_cpu_share": cpu,
+                   "sidecar_rss_mb": status_kb(sidecar.pid, "VmHWM") / 1024,
+                   "batches": target["kv_events"]["batches"],
+                   "batches_per_s": target["kv_events"]["batches"] / took,
+                   "block_reads": target["prefix_curve"]["queries"],
+                   "sample_rate": target["prefix_curve"]["sample_rate"]}  # fmt: skip
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps(out, indent=1))
+    if ns.save:
+        ns.save.parent.mkdir(parents=True, exist_ok=True)
+        ns.save.write_text(json.dumps(out, indent=1) + "\n")
+
+
+def _timeline(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "timeline.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--trace", type=Path, required=True)
+    ap.add_argument("--trace", type=Path)
     ap.add_argument("--window", default="0:200", metavar="START:END")
     ap.add_argument("--speed", type=float, default=1.0)
     ap.add_argument("--length-scale", type=float, default=0.05)
     ap.add_argument("--kv-blocks", type=int, default=7000, help="M, the first run's KV blocks")
     ap.add_argument("--save", type=Path)
+    ap.add_argument(
+        "--cpu-check",
+        action="store_true",
+        help="instead: the sidecar's cost under --concurrency running requests",
+    )
+    ap.add_argument("--concurrency", type=int, default=256)
+    ap.add_argument("--seconds", type=float, default=90.0)
     ns = ap.parse_args()
+    if ns.cpu_check:
+        cpu_check(ns)
+        return
+    if ns.trace is None:
+        ap.error("give --trace (or --cpu-check)")
     tmp = Path(tempfile.mkdtemp(prefix="kvwatch-bench-curve-"))
     try:
         first = _run(ns, ns.kv_blocks, tmp / "m", follow=True)
