@@ -113,9 +113,10 @@ def cpu_check(ns: argparse.Namespace) -> None:
                                                   status_dir=tmp, vllm_args=args))  # fmt: skip
             url = twin.server.base_url
             port = free_port()
+            events = [] if ns.without_events else ["--kv-events", f"ipc://{tmp}/kv-events.sock"]
             sidecar = subprocess.Popen(
                 [sys.executable, "-m", "kvwatch", "sidecar", "--target", url, "--db", "",
-                 "--listen", f"127.0.0.1:{port}", "--kv-events", f"ipc://{tmp}/kv-events.sock"],
+                 "--listen", f"127.0.0.1:{port}", *events],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
             stack.callback(stop_process, sidecar)
@@ -138,13 +139,15 @@ def cpu_check(ns: argparse.Namespace) -> None:
             target = state["targets"][0]
             peak_running = max((r.get("running") or 0 for r in _timeline(tmp / "run")), default=0)
             out = {"date": time.strftime("%Y-%m-%d"), "concurrency": ns.concurrency,
+                   "kv_events": not ns.without_events,
                    "seconds": round(took, 1), "peak_running": peak_running,
                    "sidecar_cpu_share": cpu,
-                   "sidecar_rss_mb": status_kb(sidecar.pid, "VmHWM") / 1024,
-                   "batches": target["kv_events"]["batches"],
-                   "batches_per_s": target["kv_events"]["batches"] / took,
-                   "block_reads": target["prefix_curve"]["queries"],
-                   "sample_rate": target["prefix_curve"]["sample_rate"]}  # fmt: skip
+                   "sidecar_rss_mb": status_kb(sidecar.pid, "VmHWM") / 1024}  # fmt: skip
+            if not ns.without_events:
+                feed, curve = target["kv_events"], target["prefix_curve"]
+                out |= {"batches": feed["batches"], "batches_per_s": feed["batches"] / took,
+                        "block_reads": curve["queries"],
+                        "sample_rate": curve["sample_rate"]}  # fmt: skip
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps(out, indent=1))
@@ -174,6 +177,11 @@ def main() -> None:
         help="instead: the sidecar's cost under --concurrency running requests",
     )
     ap.add_argument("--concurrency", type=int, default=256)
+    ap.add_argument(
+        "--without-events",
+        action="store_true",
+        help="with --cpu-check: the same sidecar without --kv-events (the baseline)",
+    )
     ap.add_argument("--seconds", type=float, default=90.0)
     ns = ap.parse_args()
     if ns.cpu_check:

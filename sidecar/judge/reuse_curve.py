@@ -24,7 +24,6 @@ and the server's own rate differ on traces. Pure.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
@@ -38,11 +37,18 @@ MAX_KEYS = 16_384  # blocks followed at most by default: about 3 MB of the sidec
 _BIN = math.log(1.01)
 
 
+_M64 = (1 << 64) - 1
+
+
 def _spatial_hash(key: BlockKey) -> int:
+    """A well-mixed 24-bit hash of a block key (splitmix64's finaliser): vLLM's block hashes
+    are digests already, but one taken modulo a power of two must not lean on that."""
     group, h = key
-    raw = h if isinstance(h, bytes) else h.to_bytes(16, "big", signed=True)
-    digest = hashlib.blake2b(raw + group.to_bytes(2, "big"), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % MODULUS
+    x = int.from_bytes(h[:8], "big") if isinstance(h, bytes) else h & _M64
+    x = (x ^ (group * 0x9E3779B97F4A7C15)) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return (x ^ (x >> 31)) >> 40
 
 
 _UNIT = 256  # below this distance bins are one block wide, above they are 1% wide
