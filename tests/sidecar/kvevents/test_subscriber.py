@@ -76,12 +76,19 @@ def _connected(pub: object, got: _Got) -> None:
         time.sleep(0.05)
 
 
+def _feed(tmp: Path, got: _Got) -> KvEventFeed:
+    """A feed of the publisher in `tmp`, with its replay endpoint, into `got`."""
+
+    def restarted() -> None:
+        got.restarts += 1
+
+    return KvEventFeed(f"ipc://{tmp}/pub", got.batches.append, restarted, f"ipc://{tmp}/replay")
+
+
 def test_in_order_then_a_gap_replayed(tmp_path: Path) -> None:
     pub = _publisher(tmp_path)
     got = _Got()
-    feed = KvEventFeed(f"ipc://{tmp_path}/pub", got.batches.append,
-                       lambda: setattr(got, "restarts", got.restarts + 1),
-                       f"ipc://{tmp_path}/replay")  # fmt: skip
+    feed = _feed(tmp_path, got)
     try:
         with _following(feed):
             _connected(pub, got)
@@ -103,9 +110,7 @@ def test_in_order_then_a_gap_replayed(tmp_path: Path) -> None:
 def test_a_gap_past_the_buffer_is_missed_and_a_restart_is_said(tmp_path: Path) -> None:
     pub = _publisher(tmp_path, buffer_steps=2)
     got = _Got()
-    feed = KvEventFeed(f"ipc://{tmp_path}/pub", got.batches.append,
-                       lambda: setattr(got, "restarts", got.restarts + 1),
-                       f"ipc://{tmp_path}/replay")  # fmt: skip
+    feed = _feed(tmp_path, got)
     try:
         with _following(feed):
             _connected(pub, got)
