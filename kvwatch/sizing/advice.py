@@ -76,7 +76,7 @@ class PrefixCurveSeen:
     points: tuple[tuple[int, float], ...]  # (KV blocks, hit ratio), ascending in blocks
     ideal: float  # with room for everything the traffic read
     working_set_blocks: int | None  # the size that reaches 99% of the ideal
-    source: str  # how the reads were known: "reports" or "parent chains"
+    source: str  # how the reads were known: "parent chains", or "reports and parent chains"
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,10 @@ The event stream says what the cache stored and removed, not what each request r
 are reconstructed two ways:
 
 - **Reports** (exact): a request sent with `vllm_xargs: {"kv_cache_report_mode": "full"}`
-  makes vLLM publish the cached blocks it reused as a `BlockStored` of blocks already held
-  (vllm/v1/core/kv_cache_manager.py, `emit_cached_block_events`). A store of blocks that are
-  all cached is read as such a report: every block in it is a hit. The load generator's
-  `--kv-report` asks for it.
+  makes vLLM publish the cached blocks it reused as a `BlockStored` of blocks already held,
+  with no parent (vllm/v1/core/kv_cache_manager.py, `emit_cached_block_events`). Such a store
+  is read as a report: every block in it is a hit, and the same request's first new block,
+  stored under the report's last block, reads no chain again.
 - **The parent chain** (inferred, for traffic nobody tagged): a request that hit a cached
   prefix stores its first new block with `parent_block_hash` the last block it hit, so the
   cached chain up to that parent was read. A store whose parent is the newest block of a run
@@ -16,8 +16,6 @@ are reconstructed two ways:
   that continues a conversation within `continuation_s` of its previous turn's last block
   reads as a continuation, so its hits are missed (the curve errs low); a request whose prompt
   was entirely cached and whose output fills no block stores nothing and is not seen.
-
-Once a report is seen, only reports count as hits (inference beside them would count twice).
 
 Every access is `(key, hit, query)`: `query` when it is part of a request's admission (a hit,
 or a block a newly arriving request computed), as vLLM's prefix-cache hit rate counts them;
@@ -41,6 +39,7 @@ MAX_CHAIN = 65_536  # blocks walked up one parent chain (a 1M-token context at b
 # least recently used ones forgotten here (counted: `forgotten`)
 MAX_BLOCKS = 1 << 19
 MAX_REMOVED = 1 << 17
+_MAX_REPORTED = 4096  # reports whose request has not stored its first new block yet
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,7 @@ class TableCounts:
 
 
 class BlockTable:
-    """The prefix cache as the events describe it; `apply` yields each event's accesses."""
+    """The prefix cache as the events describe it; `apply` gives each event's accesses."""
 
     def __init__(
         self,
@@ -76,14 +75,20 @@ class BlockTable:
         self.parent: dict[BlockKey, BlockKey | None] = {}  # cached now, oldest first
         self.tips: dict[BlockKey, float] = {}  # a run's newest block: when it was stored
         self.removed: dict[BlockKey, None] = {}  # removed, not stored again; oldest first
-        self.reports_seen = False
+        self.reported: dict[BlockKey, float] = {}  # a report's last block: when it came
         self.counts = TableCounts()
+
+    @property
+    def source(self) -> str:
+        """How the hits were known: vLLM's reports, the parent chains, or both."""
+        return "parent chains" if not self.counts.reports else "reports and parent chains"
 
     def apply(self, event: Event, ts: float) -> list[Access]:
         """The reads `event` stands for, in order (none for a removal or a reset)."""
         if isinstance(event, Cleared):
             self.parent.clear()
             self.tips.clear()
+            self.reported.clear()
             self.removed.clear()  # after a restart, a store again is not an eviction's cost
             self.counts.clears += 1
         elif isinstance(event, Removed):
@@ -97,20 +102,24 @@ class BlockTable:
         return []
 
     def _stored(self, event: Stored, ts: float) -> list[Access]:
-        if all(k in self.parent for k in event.keys):
-            self.reports_seen = True
+        if event.parent is None and all(k in self.parent for k in event.keys):
             self.counts.reports += 1
             for key in event.keys:
                 self._touch(key)
+            self.reported[event.keys[-1]] = ts
+            if len(self.reported) > _MAX_REPORTED:
+                del self.reported[next(iter(self.reported))]
             return [Access(key, True, True) for key in event.keys]
         out: list[Access] = []
         self.counts.stores += 1
         parent = event.parent
         stored_at = self.tips.pop(parent, None) if parent is not None else None
         continues = stored_at is not None and ts - stored_at <= self.continuation_s
+        reported_at = self.reported.pop(parent, None) if parent is not None else None
+        after_report = reported_at is not None and ts - reported_at <= self.continuation_s
         if parent is not None and parent not in self.parent:
             self.counts.unknown_parents += 1
-        elif parent is not None and not continues and not self.reports_seen:
+        elif parent is not None and not continues and not after_report:
             for key in self._chain(parent):
                 self._touch(key)
                 out.append(Access(key, True, True))
@@ -128,7 +137,7 @@ class BlockTable:
                     del self.parent[old]
                     self.tips.pop(old, None)
                     self.counts.forgotten += 1
-            out.append(Access(key, hit, not continues))
+            out.append(Access(key, hit, not continues or after_report))
             before = key
         self.tips[event.keys[-1]] = ts
         return out

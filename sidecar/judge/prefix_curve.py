@@ -31,7 +31,7 @@ class PrefixCurveView:
     queries: float  # block reads counted in the hit rate (after fading)
     restored_blocks: int  # stored again after the server removed them (exact)
     sample_rate: float  # the share of blocks the curve follows
-    source: str  # "reports" (vLLM said each hit) or "parent chains" (inferred)
+    source: str  # "parent chains" (inferred), or "reports and parent chains" (vLLM said some)
     counts: TableCounts
 
 
@@ -74,7 +74,7 @@ class PrefixCurve:
             queries=c.reads,
             restored_blocks=self.table.counts.restored,
             sample_rate=c.rate,
-            source="reports" if self.table.reports_seen else "parent chains",
+            source=self.table.source,
             counts=self.table.counts,
         )
 

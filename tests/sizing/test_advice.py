@@ -150,7 +150,9 @@ class TestPrefixCurveAdvice:
     def test_no_option_where_more_memory_gains_little(self) -> None:
         from kvwatch.sizing.advice import PrefixCurveSeen
 
-        flat = PrefixCurveSeen(((20, 0.50), (40, 0.52), (80, 0.53)), 0.53, 60, "reports")
+        flat = PrefixCurveSeen(
+            ((20, 0.50), (40, 0.52), (80, 0.53)), 0.53, 60, "reports and parent chains"
+        )
         a = advise(obs(peak_demand=2, preemptions=0, prefix_curve=flat))
         assert not any(o.startswith("prefix cache:") for o in a.options)
         assert any(x.startswith("prefix-cache hit rate by size") for x in a.arithmetic)

@@ -27,13 +27,15 @@ def test_a_request_that_hits_a_prefix_reads_its_chain() -> None:
     ]  # fmt: skip
 
 
-def test_reports_are_hits_and_stop_inference() -> None:
+def test_a_report_is_hits_and_its_requests_next_store_reads_no_chain() -> None:
     t = BlockTable()
     _apply(t, Stored(_k(1, 2), None, 32), 0.0)
+    # vLLM's report of the reused blocks (parent nil), then the request's first new block
     assert _apply(t, Stored(_k(1, 2), None, 32), 10.0) == [(1, 1, 1), (2, 1, 1)]
-    assert t.reports_seen and t.counts.reports == 1
-    # with reports on, a parent chain is not read twice
     assert _apply(t, Stored(_k(3), (0, 2), 16), 10.0) == [(3, False, True)]
+    assert t.counts.reports == 1 and t.source == "reports and parent chains"
+    # a request without a report still has its chain read
+    assert _apply(t, Stored(_k(4), (0, 2), 16), 40.0) == [(1, 1, 1), (2, 1, 1), (4, 0, 1)]
 
 
 def test_a_block_stored_again_after_removal_is_thrash() -> None:
