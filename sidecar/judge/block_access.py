@@ -28,6 +28,7 @@ the removed blocks fit `max_removed`. Bounded memory: at most `max_blocks` cache
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvwatch.sidecar.kvevents.wire import BlockKey, Cleared, Event, Removed, Stored
 
@@ -42,8 +43,9 @@ MAX_REMOVED = 1 << 17
 _MAX_REPORTED = 4096  # reports whose request has not stored its first new block yet
 
 
-@dataclass(frozen=True)
-class Access:
+class Access(NamedTuple):
+    """One read (a tuple: one is made per block read, and a frozen dataclass costs thrice)."""
+
     key: BlockKey
     hit: bool  # the block was cached when it was read
     query: bool  # part of a request's admission (counted in the hit rate)
