@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from kvwatch.sidecar.kvevents.recording import MAX_PAYLOAD
 from kvwatch.sidecar.kvevents.sequence import BatchSequence
 from kvwatch.sidecar.kvevents.wire import Batch, WireError, decode_batch, decode_seq
 
@@ -31,6 +32,7 @@ __all__ = ["KvEventFeed", "check_endpoint"]
 _POLL_MS = 200
 _REPLAY_WAIT_MS = 2_000
 _END_SEQ = (-1).to_bytes(8, "big", signed=True)
+_MAX_REPLAYED = 2 * 10_000 + 1  # twice vLLM's default buffer_steps, and its end marker
 
 
 def check_endpoint(endpoint: str) -> str:
@@ -68,12 +70,14 @@ class KvEventFeed(BatchSequence):
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, 100_000)
+        sub.setsockopt(zmq.MAXMSGSIZE, MAX_PAYLOAD)  # a peer that sends more is dropped
         sub.setsockopt(zmq.SUBSCRIBE, self.topic)
         sub.connect(self.endpoint)
         replay = None
         if self.replay_endpoint is not None:
             replay = ctx.socket(zmq.DEALER)
             replay.setsockopt(zmq.LINGER, 0)
+            replay.setsockopt(zmq.MAXMSGSIZE, MAX_PAYLOAD)
             replay.connect(self.replay_endpoint)
         recover = None if replay is None else functools.partial(self._recover, replay)
         try:
@@ -94,7 +98,9 @@ class KvEventFeed(BatchSequence):
         """Batches `first` .. `upto - 1` were lost: ask the replay endpoint for them and feed
         the ones it still holds, in order (the caller counts the rest as missed)."""
         replay.send_multipart([b"", first.to_bytes(8, "big")])
-        while replay.poll(_REPLAY_WAIT_MS):
+        for _ in range(_MAX_REPLAYED):  # vLLM sends its buffer from `first` on, then the end
+            if not replay.poll(_REPLAY_WAIT_MS):
+                break
             frames = replay.recv_multipart()
             # [b"", topic, seq, payload]; the end is [b"", b"", END_SEQ, b""]
             if len(frames) != 4 or frames[2] == _END_SEQ:
