@@ -394,6 +394,7 @@ def _run_into(
         max_inflight=ns.max_inflight,
         request_timeout_s=ns.request_timeout,
         events_url=ns.sidecar,
+        kv_report=ns.kv_report,
     )
     stall, slo = in_wall_time(StallRule(ns.stall_factor, ns.stall_min), slo, time_scale)
     send = lambda: send_stages(ns, stages, opts, workload, stall, progress)  # noqa: E731

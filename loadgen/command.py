@@ -162,6 +162,13 @@ def _register_run(lsub: Any) -> None:
         "draws the prefix cache's hit rate at every size from them",
     )
     o.add_argument(
+        "--kv-report",
+        action="store_true",
+        help="ask vLLM (0.32+) to publish each request's prefix-cache hits in its KV events "
+        "(vllm_xargs kv_cache_report_mode=full): the curve then knows every hit instead of "
+        "inferring them from the blocks stored",
+    )
+    o.add_argument(
         "--kv-events-replay",
         metavar="ENDPOINT",
         type=_kv_endpoint,

@@ -31,7 +31,7 @@ from kvwatch.loadgen.workload.schedule import Stage
 from kvwatch.loadgen.workload.sessions import Conversation, Conversations
 from kvwatch.loadgen.workload.spec import WorkItem
 
-__all__ = ["RunOptions", "RunResult", "Progress", "Share", "run_stages", "run_loop"]
+__all__ = ["RunOptions", "RunResult", "Progress", "Share", "run_stages", "run_loop", "request_body"]
 
 log = logging.getLogger("kvwatch.loadgen")
 
@@ -61,10 +61,19 @@ class RunOptions:
     request_timeout_s: float = 600.0
     max_inflight: int | None = None  # cap on open requests; excess waits (and shows as lag)
     events_url: str | None = None  # a kvwatch sidecar to tell stage starts and ends
+    kv_report: bool = False  # ask vLLM to publish each request's prefix-cache hits (KV events)
 
     @property
     def endpoint(self) -> str:
         return "/v1/chat/completions" if self.chat else "/v1/completions"
+
+
+def request_body(item: WorkItem, opts: RunOptions) -> dict[str, Any]:
+    """What one request sends: the item's content under the run's options."""
+    body = item.body(opts.model, opts.chat, opts.ignore_eos)
+    if opts.kv_report:  # vLLM 0.32+: its KV events then say which cached blocks each one hit
+        body["vllm_xargs"] = {"kv_cache_report_mode": "full"}
+    return body
 
 
 @dataclass(frozen=True)
@@ -149,8 +158,7 @@ class _Sender:
             **where,
         )
         self.result.records.append(rec)
-        body = item.body(self.opts.model, self.opts.chat, self.opts.ignore_eos)
-        return rec, completion_request(self.pool, body, self.opts.endpoint)
+        return rec, completion_request(self.pool, request_body(item, self.opts), self.opts.endpoint)
 
     def start(self, rec: RequestRecord, request: bytes) -> asyncio.Future[None]:
         """Send now, unless `--max-inflight` holds it back (then it waits, and the wait shows
