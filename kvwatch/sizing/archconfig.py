@@ -819,10 +819,10 @@ def _attention_params(layer: Layer, text: Mapping[str, Any], hidden: int, heads:
         nope = _size(text.get("qk_nope_head_dim") or 0)
         v = _size(text.get("v_head_dim") or nope)
         lora = _size(text.get("kv_lora_rank") or 0)
-        q_lora = text.get("q_lora_rank")
+        q_lora = _size(text.get("q_lora_rank") or 0)  # a negative rank is no rank (fuzzing)
         q = (
             hidden * q_lora + q_lora * heads * (nope + rope)
-            if isinstance(q_lora, int) and q_lora
+            if q_lora
             else hidden * heads * (nope + rope)
         )
         return q + hidden * (lora + rope) + lora * heads * (nope + v) + heads * v * hidden

@@ -42,3 +42,19 @@ def test_layer_types_in_the_config_win() -> None:
     assert _windows(QWEN2 | {"layer_types": types, "max_window_layers": 6}) == [None, 64] * 3
     with pytest.raises(SizingError, match="some but not all layers"):
         _windows(QWEN2 | {"layer_types": types})  # max_window_layers 28 is not 6
+
+
+def test_a_negative_q_lora_rank_is_no_rank() -> None:
+    """Found by the config fuzz target (CI, 2026-12-05): a DeepSeek-V2 config with q_lora_rank
+    -1335 gave a negative parameter count; a rank that is not a count is now no rank."""
+    cfg = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 6,
+           "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1024,
+           "max_position_embeddings": 8192, "torch_dtype": "bfloat16",
+           "model_type": "deepseek_v2", "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+           "qk_nope_head_dim": 128, "v_head_dim": 128, "n_routed_experts": 4,
+           "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 128,
+           "first_k_dense_replace": 1, "moe_layer_freq": 1}  # fmt: skip
+    bad = architecture_from_config({**cfg, "q_lora_rank": -1335})
+    none = architecture_from_config(cfg)
+    assert bad.params_total == none.params_total > 0
+    assert bad.params_active == none.params_active > 0
