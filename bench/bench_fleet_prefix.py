@@ -34,6 +34,8 @@ import httpx
 
 from kvwatch.fleet.router import Router
 from kvwatch.local.server import free_port, stop_process, wait_until_ok
+from kvwatch.sidecar.metrics.exposition import parse_exposition
+from kvwatch.sidecar.metrics.observe import observe, prefix_cache_counts
 from kvwatch.sizing.kvmath import kv_bytes_per_token, resolve_model
 from kvwatch.twin.serve import start_twin
 
@@ -43,13 +45,9 @@ SESSION_ARGS = ["--turns", "8", "--think-time", "uniform:5,15", "--input-len", "
 
 
 def _counters(url: str) -> tuple[float, float]:
-    """vLLM's prefix-cache counters (queries, hits), in tokens."""
-    got = {"vllm:prefix_cache_queries_total": 0.0, "vllm:prefix_cache_hits_total": 0.0}
-    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
-        name = line.split("{")[0].split(" ")[0]
-        if name in got:
-            got[name] += float(line.rsplit(" ", 1)[1])
-    return got["vllm:prefix_cache_queries_total"], got["vllm:prefix_cache_hits_total"]
+    """vLLM's own prefix-cache counters (queries, hits), in tokens."""
+    body = httpx.get(url + "/metrics", timeout=30).text
+    return prefix_cache_counts(observe(parse_exposition(body)))
 
 
 def _sidecar(stack: ExitStack, replicas: list[tuple[str, Path]]) -> str:

@@ -17,9 +17,11 @@ are reconstructed two ways:
   reads as a continuation, so its hits are missed (the curve errs low); a request whose prompt
   was entirely cached and whose output fills no block stores nothing and is not seen.
 
-Every access is `(key, hit, query)`: `query` when it is part of a request's admission (a hit,
-or a block a newly arriving request computed), as vLLM's prefix-cache hit rate counts them;
-continuations (later chunks, decode blocks) are accesses too but no queries. A block stored
+An event's reads come as one `Reads`: the cached chain it hit (queries all), then its own
+blocks, which are queries when they are part of a request's admission (blocks a newly arriving
+request computed), as vLLM's prefix-cache hit rate counts them; continuations (later chunks,
+decode blocks) are reads too but no queries. One value per event, not one per block: the
+sidecar pays for every block vLLM stores (issue #45's CPU target). A block stored
 again after the server removed it is a re-store: prefix-cache thrash, counted exactly while
 the removed blocks fit `max_removed`. Bounded memory: at most `max_blocks` cached blocks and
 `max_removed` removed ones are remembered, the oldest forgotten first (counted). Pure.
@@ -27,12 +29,13 @@ the removed blocks fit `max_removed`. Bounded memory: at most `max_blocks` cache
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from kvwatch.sidecar.kvevents.wire import BlockKey, Cleared, Event, Removed, Stored
 
-__all__ = ["Access", "BlockTable", "TableCounts"]
+__all__ = ["Reads", "BlockTable", "TableCounts"]
 
 MAX_CHAIN = 65_536  # blocks walked up one parent chain (a 1M-token context at block size 16)
 # About 150 bytes a block (measured): 524,288 cached blocks (8M tokens at 16 a block) cost
@@ -43,12 +46,17 @@ MAX_REMOVED = 1 << 17
 _MAX_REPORTED = 4096  # reports whose request has not stored its first new block yet
 
 
-class Access(NamedTuple):
-    """One read (a tuple: one is made per block read, and a frozen dataclass costs thrice)."""
+class Reads(NamedTuple):
+    """One event's block reads, in order: `hits` (cached blocks its request read: queries),
+    then `own` (the event's blocks: queries when `counted`)."""
 
-    key: BlockKey
-    hit: bool  # the block was cached when it was read
-    query: bool  # part of a request's admission (counted in the hit rate)
+    hits: Sequence[BlockKey]
+    own: Sequence[BlockKey]
+    counted: bool
+
+
+_NONE = Reads((), (), False)
+_GONE = object()
 
 
 @dataclass
@@ -85,80 +93,79 @@ class BlockTable:
         """How the hits were known: vLLM's reports, the parent chains, or both."""
         return "parent chains" if not self.counts.reports else "reports and parent chains"
 
-    def apply(self, event: Event, ts: float) -> list[Access]:
-        """The reads `event` stands for, in order (none for a removal or a reset)."""
-        if isinstance(event, Cleared):
+    def apply(self, event: Event, ts: float) -> Reads:
+        """The reads `event` stands for (none for a removal or a reset)."""
+        if type(event) is Stored:
+            return self._stored(event, ts) if event.keys else _NONE
+        if type(event) is Removed:
+            table, tips, removed = self.parent, self.tips, self.removed
+            for key in event.keys:
+                if table.pop(key, 0) != 0:
+                    self.counts.removed += 1
+                    tips.pop(key, None)
+                    removed[key] = None
+                    if len(removed) > self.max_removed:
+                        del removed[next(iter(removed))]
+        elif isinstance(event, Cleared):
             self.parent.clear()
             self.tips.clear()
             self.reported.clear()
             self.removed.clear()  # after a restart, a store again is not an eviction's cost
             self.counts.clears += 1
-        elif isinstance(event, Removed):
-            for key in event.keys:
-                if self.parent.pop(key, 0) != 0:
-                    self.counts.removed += 1
-                    self.tips.pop(key, None)
-                    self._remember_removed(key)
-        elif event.keys:
-            return self._stored(event, ts)
-        return []
+        return _NONE
 
-    def _stored(self, event: Stored, ts: float) -> list[Access]:
-        if event.parent is None and all(k in self.parent for k in event.keys):
+    def _stored(self, event: Stored, ts: float) -> Reads:
+        table, keys, parent = self.parent, event.keys, event.parent
+        if parent is None and all(k in table for k in keys):
             self.counts.reports += 1
-            for key in event.keys:
-                self._touch(key)
-            self.reported[event.keys[-1]] = ts
+            for key in keys:
+                table[key] = table.pop(key)  # keep the order by last use for the bound
+            self.reported[keys[-1]] = ts
             if len(self.reported) > _MAX_REPORTED:
                 del self.reported[next(iter(self.reported))]
-            return [Access(key, True, True) for key in event.keys]
-        out: list[Access] = []
+            return Reads(keys, (), True)
         self.counts.stores += 1
-        parent = event.parent
-        stored_at = self.tips.pop(parent, None) if parent is not None else None
-        continues = stored_at is not None and ts - stored_at <= self.continuation_s
-        reported_at = self.reported.pop(parent, None) if parent is not None else None
-        after_report = reported_at is not None and ts - reported_at <= self.continuation_s
-        if parent is not None and parent not in self.parent:
-            self.counts.unknown_parents += 1
-        elif parent is not None and not continues and not after_report:
-            for key in self._chain(parent):
-                self._touch(key)
-                out.append(Access(key, True, True))
-        before = parent
-        for key in event.keys:
-            hit = key in self.parent
-            if hit:
-                self._touch(key)
+        hits: Sequence[BlockKey] = ()
+        continues = after_report = False
+        if parent is not None:
+            stored_at = self.tips.pop(parent, None)
+            continues = stored_at is not None and ts - stored_at <= self.continuation_s
+            if self.reported:
+                reported_at = self.reported.pop(parent, None)
+                after_report = reported_at is not None and ts - reported_at <= self.continuation_s
+            if parent not in table:
+                self.counts.unknown_parents += 1
+            elif not continues and not after_report:
+                hits = self._chain(parent)
+                for key in hits:
+                    table[key] = table.pop(key)
+        removed, before = self.removed, parent
+        for key in keys:
+            if key in table:
+                table[key] = table.pop(key)
             else:
-                if self.removed.pop(key, 0) is None:
+                if removed and removed.pop(key, 0) is None:
                     self.counts.restored += 1
-                self.parent[key] = before
-                if len(self.parent) > self.max_blocks:
-                    old = next(iter(self.parent))
-                    del self.parent[old]
+                table[key] = before
+                if len(table) > self.max_blocks:
+                    old = next(iter(table))
+                    del table[old]
                     self.tips.pop(old, None)
                     self.counts.forgotten += 1
-            out.append(Access(key, hit, not continues or after_report))
             before = key
-        self.tips[event.keys[-1]] = ts
-        return out
+        self.tips[keys[-1]] = ts
+        return Reads(hits, keys, not continues or after_report)
 
     def _chain(self, last: BlockKey) -> list[BlockKey]:
         """The cached blocks from the root of `last`'s chain down to `last`, in read order."""
+        table = self.parent
         out: list[BlockKey] = []
         key: BlockKey | None = last
-        while key is not None and key in self.parent and len(out) < MAX_CHAIN:
+        while key is not None and len(out) < MAX_CHAIN:
+            up = table.get(key, _GONE)
+            if up is _GONE:
+                break
             out.append(key)
-            key = self.parent[key]
+            key = up  # type: ignore[assignment]
         out.reverse()
         return out
-
-    def _touch(self, key: BlockKey) -> None:
-        """Keep the table's order by last use, so its bound forgets the least recent."""
-        self.parent[key] = self.parent.pop(key)
-
-    def _remember_removed(self, key: BlockKey) -> None:
-        self.removed[key] = None
-        if len(self.removed) > self.max_removed:
-            del self.removed[next(iter(self.removed))]

@@ -43,12 +43,14 @@ class PrefixCurve:
     def feed(self, batch: Batch, pooled: ReuseCurve | None = None) -> None:
         """One batch's reads into the curve, and into `pooled` (the fleet's: one curve over
         every replica's reads) where given."""
+        table, curve, ts = self.table, self.curve, batch.ts
         for event in batch.events:
             # a reset (Cleared) empties the table; the traffic's history in the curve stays
-            for a in self.table.apply(event, batch.ts):
-                self.curve.read(a.key, counted=a.query)
-                if pooled is not None:
-                    pooled.read(a.key, counted=a.query)
+            hits, own, counted = table.apply(event, ts)
+            for c in (curve, pooled):
+                if c is not None:
+                    c.read_many(hits, True)
+                    c.read_many(own, counted)
 
     def restart(self) -> None:
         """The publisher started again (its sequence went back): its cache is a new one."""

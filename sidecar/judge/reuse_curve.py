@@ -14,8 +14,16 @@ the highest hashes, and each read from then on counts 1/R of the reads; the gap 
 reads counted that way and all the reads (which are all seen) is added as hits at distance 0
 (SHARDS-adj: the gap comes from whether the hottest blocks were sampled). Its error grows as R
 falls, which `rate` reports. Distances are kept in bins one block wide up to 256 and 1% wide
-above, read by interpolation inside a bin. Old traffic fades: when the counted reads pass
-`window`, every count is halved.
+above, read by interpolation inside a bin.
+
+Old traffic goes by generations. A sample that ran for days would hold the lowest hashes of
+every block ever stored (every decode block is new), so its rate, and the share of today's
+working set it follows, would fall without end. Instead a new sample starts every `window`
+counted reads, counts from half a window on (so the blocks read just before it started are not
+taken as never read), and answers from a window on, when the one before it is dropped: the
+figures stand on the last half to one and a half windows of reads, at a rate of `max_keys` over
+the blocks seen in at most two windows. Two samples run at once: twice the per-block work of
+one, the price of a rate that does not fall.
 
 vLLM's eviction is not exactly LRU (it frees a finished request's blocks tail first, and a
 running request's blocks cannot be evicted at all); docs/detection.md says how far the curve
@@ -25,7 +33,8 @@ and the server's own rate differ on traces. Pure.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvwatch.sidecar.kvevents.wire import BlockKey
@@ -33,22 +42,22 @@ from kvwatch.sidecar.kvevents.wire import BlockKey
 __all__ = ["ReuseCurve", "CurvePoint", "MAX_KEYS"]
 
 MODULUS = 1 << 24
-MAX_KEYS = 16_384  # blocks followed at most by default: about 3 MB of the sidecar's memory
+MAX_KEYS = 8_192  # blocks one sample follows at most: about 1.5 MB of the sidecar's memory
+WINDOW = 1_000_000.0  # counted reads between two samples' starts (see ReuseCurve._advance)
 _BIN = math.log(1.01)
-
-
-_M64 = (1 << 64) - 1
+_MASK = MODULUS - 1
 
 
 def _spatial_hash(key: BlockKey) -> int:
-    """A well-mixed 24-bit hash of a block key (splitmix64's finaliser): vLLM's block hashes
-    are digests already, but one taken modulo a power of two must not lean on that."""
-    group, h = key
-    x = int.from_bytes(h[:8], "big") if isinstance(h, bytes) else h & _M64
-    x = (x ^ (group * 0x9E3779B97F4A7C15)) & _M64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
-    return (x ^ (x >> 31)) >> 40
+    """A 24-bit hash of a block key, the same in every process: Python's tuple hash (xxHash's
+    multiply-rotate rounds over the group and an int hash, which Python never salts), with a
+    digest's first 8 bytes standing for it (a bytes hash is salted per process). One C call:
+    the sidecar takes it for every block vLLM stores. Tested uniform on sequential, strided and
+    random hashes (tests/sidecar/judge/test_reuse_curve.py)."""
+    h = key[1]
+    if type(h) is bytes:
+        return hash((key[0], int.from_bytes(h[:8], "big"))) & _MASK
+    return hash(key) & _MASK
 
 
 _UNIT = 256  # below this distance bins are one block wide, above they are 1% wide
@@ -73,88 +82,168 @@ class CurvePoint:
     factor: float | None = None  # the size as a multiple of the server's, where one is known
 
 
-class ReuseCurve:
-    """Reads in, the hit rate at any cache size out."""
+class _Sample:
+    """One generation: the followed blocks, their reuse distances (fixed-size SHARDS), and
+    whether it counts reads yet (a new one first only learns what was read lately)."""
 
-    def __init__(self, max_keys: int = MAX_KEYS, window: float = 2_000_000.0) -> None:
+    def __init__(self, max_keys: int, counting: bool) -> None:
         self.max_keys = max_keys
-        self.window = window
+        self.counting = counting
         self.threshold = MODULUS  # rate 1 until more than max_keys blocks are followed
-        self._last: dict[BlockKey, int] = {}  # followed block: the clock of its last read
-        self._hash: dict[BlockKey, int] = {}
-        self._times: list[int] = []  # the followed blocks' last-read clocks, ascending
-        self._clock = 0
-        self._bins: dict[int, float] = {}  # distance bin: reads (each 1/R)
+        self.last: dict[BlockKey, int] = {}  # followed block: the clock of its last read
+        self.times: list[int] = []  # the followed blocks' last-read clocks, ascending
+        self.clock = 0
+        self.bins: dict[int, float] = {}  # distance bin: reads (each 1/R)
         self.cold = 0.0  # reads of blocks never read before (each 1/R)
         self.sampled = 0.0  # counted reads of followed blocks (each 1/R)
         self.reads = 0.0  # every counted read (queries), followed or not
+        self.age = 0.0  # counted reads since it started, counting or not
 
     @property
     def rate(self) -> float:
         return self.threshold / MODULUS
 
-    def read(self, key: BlockKey, counted: bool = True) -> None:
-        """A read of `key`; `counted` ones enter the hit rate, the rest only move recency."""
-        if counted:
-            self.reads += 1
-            if self.reads > self.window:
-                self._fade()
-        h = self._hash.get(key)
-        if h is None:
-            h = _spatial_hash(key)
-            if h >= self.threshold:
-                return
-        weight = 1.0 / self.rate
-        self._clock += 1
-        prev = self._last.get(key)
+    def follow(self, key: BlockKey, counted: bool) -> None:
+        """A read of a followed block (its spatial hash is under the threshold)."""
+        counted = counted and self.counting
+        weight = MODULUS / self.threshold
+        self.clock += 1
+        prev = self.last.get(key)
         if prev is None:
-            self._hash[key] = h
             if counted:
                 self.cold += weight
         else:
-            i = bisect_left(self._times, prev)
-            distance = (len(self._times) - bisect_right(self._times, prev)) / self.rate
-            del self._times[i]
+            times = self.times
+            i = bisect_left(times, prev)
+            distance = (len(times) - i - 1) * weight
+            del times[i]
             if counted:
                 b = _bin(distance)
-                self._bins[b] = self._bins.get(b, 0.0) + weight
-        self._last[key] = self._clock
-        self._times.append(self._clock)
+                self.bins[b] = self.bins.get(b, 0.0) + weight
+        self.last[key] = self.clock
+        self.times.append(self.clock)
         if counted:
             self.sampled += weight
-        if len(self._last) > self.max_keys:
+        if len(self.last) > self.max_keys:
             self._lower_threshold()
 
-    def hit_ratio(self, blocks: float) -> float | None:
-        """The share of counted reads an LRU cache of `blocks` would have hit; None before any."""
-        if self.reads <= 0:
-            return None
-        hits = self._adjustment()
-        for b, n in self._bins.items():
+    def hits_at(self, blocks: float) -> float:
+        hits = self.adjustment()
+        for b, n in self.bins.items():
             lo, hi = _bin_edges(b)
             if hi <= blocks:
                 hits += n
             elif lo < blocks:  # distance < blocks: a part of the bin, spread evenly
                 hits += n * (blocks - lo) / (hi - lo)
-        return min(1.0, max(0.0, hits / self.reads))
+        return hits
+
+    def adjustment(self) -> float:
+        """SHARDS-adj: the reads the sample missed or over-counted, as hits at distance 0.
+        Its error is mostly in the hottest blocks (whether a block that carries a tenth of the
+        reads was sampled), and those are read again at once."""
+        return self.reads - self.sampled
+
+    def _lower_threshold(self) -> None:
+        """Drop the tenth of the followed blocks with the highest hashes."""
+        hashes = {k: _spatial_hash(k) for k in self.last}
+        by_hash = sorted(hashes.values())
+        keep = max(1, int(self.max_keys * 0.9))
+        self.threshold = by_hash[keep - 1] + 1 if keep < len(by_hash) else self.threshold
+        for k, h in hashes.items():
+            if h >= self.threshold:
+                del self.last[k]
+        self.times = sorted(self.last.values())
+
+
+class ReuseCurve:
+    """Reads in, the hit rate at any cache size out, over the last one to two windows."""
+
+    def __init__(self, max_keys: int = MAX_KEYS, window: float = WINDOW) -> None:
+        self.max_keys = max_keys
+        self.window = window
+        self._samples = [_Sample(max_keys, counting=True)]  # the answering one first
+
+    @property
+    def rate(self) -> float:
+        """The share of blocks the answering sample follows."""
+        return self._samples[0].rate
+
+    @property
+    def reads(self) -> float:
+        """The counted reads the figures stand on."""
+        return self._samples[0].reads
+
+    @property
+    def followed(self) -> int:
+        return sum(len(s.last) for s in self._samples)
+
+    def read(self, key: BlockKey, counted: bool = True) -> None:
+        """A read of `key`; `counted` ones enter the hit rate, the rest only move recency."""
+        self.read_many((key,), counted)
+
+    def read_many(self, keys: Sequence[BlockKey], counted: bool = True) -> None:
+        """Reads of `keys` in order, all counted or none: the per-block path the sidecar runs
+        for every block vLLM stores, so a block outside the samples costs one hash."""
+        if not keys:
+            return
+        if counted:
+            self._advance(len(keys))
+        samples = self._samples
+        if len(samples) == 1:
+            one = samples[0]
+            for key in keys:
+                if _spatial_hash(key) < one.threshold:
+                    one.follow(key, counted)
+            return
+        for key in keys:
+            h = _spatial_hash(key)
+            for sample in samples:
+                if h < sample.threshold:
+                    sample.follow(key, counted)
+
+    def _advance(self, n: int) -> None:
+        """Every `window` counted reads a new sample starts; it counts from half a window on
+        (by then it knows the blocks read lately, so a block read before it started is not
+        taken as never read) and answers from a window on, when the one before it goes."""
+        samples = self._samples
+        young = samples[-1]
+        if young.age >= self.window:
+            if len(samples) == 2:
+                del samples[0]
+            samples.append(_Sample(self.max_keys, counting=False))
+        for s in samples:
+            s.age += n
+            if not s.counting and s.age > self.window / 2:
+                s.counting = True
+            if s.counting:
+                s.reads += n
+
+    def hit_ratio(self, blocks: float) -> float | None:
+        """The share of counted reads an LRU cache of `blocks` would have hit; None before any."""
+        s = self._samples[0]
+        if s.reads <= 0:
+            return None
+        return min(1.0, max(0.0, s.hits_at(blocks) / s.reads))
 
     def ideal_hit_ratio(self) -> float | None:
         """The hit rate with room for everything: all but the first reads of each block."""
-        if self.reads <= 0:
+        s = self._samples[0]
+        if s.reads <= 0:
             return None
-        return min(1.0, max(0.0, 1.0 - self.cold / self.reads))
+        return min(1.0, max(0.0, 1.0 - s.cold / s.reads))
 
     def blocks_for(self, hit_ratio: float) -> int | None:
         """The smallest cache (blocks) whose hit rate reaches `hit_ratio`; None if none does."""
         ideal = self.ideal_hit_ratio()
         if ideal is None or hit_ratio > ideal + 1e-12:
             return None
-        need = hit_ratio * self.reads
-        got = self._adjustment()
+        s = self._samples[0]
+        need = hit_ratio * s.reads
+        got = s.adjustment()
         if got >= need:
             return 1
-        for b in sorted(self._bins):
-            n = self._bins[b]
+        for b in sorted(s.bins):
+            n = s.bins[b]
             if got + n >= need:
                 lo, hi = _bin_edges(b)
                 return max(1, math.ceil(lo + (hi - lo) * (need - got) / n))
@@ -168,30 +257,3 @@ class ReuseCurve:
             if r is not None:
                 out.append(CurvePoint(s, r))
         return out
-
-    @property
-    def followed(self) -> int:
-        return len(self._last)
-
-    def _fade(self) -> None:
-        self._bins = {b: n / 2 for b, n in self._bins.items() if n > 1e-9}
-        self.cold /= 2
-        self.sampled /= 2
-        self.reads /= 2
-
-    def _adjustment(self) -> float:
-        """SHARDS-adj: the reads the sample missed or over-counted, as hits at distance 0.
-        Its error is mostly in the hottest blocks (whether a block that carries a tenth of the
-        reads was sampled), and those are read again at once."""
-        return self.reads - self.sampled
-
-    def _lower_threshold(self) -> None:
-        """Drop the tenth of the followed blocks with the highest hashes (fixed-size SHARDS)."""
-        by_hash = sorted(self._hash.values())
-        keep = max(1, int(self.max_keys * 0.9))
-        self.threshold = by_hash[keep - 1] + 1 if keep < len(by_hash) else self.threshold
-        gone = [k for k, h in self._hash.items() if h >= self.threshold]
-        for k in gone:
-            del self._hash[k]
-            del self._last[k]
-        self._times = sorted(self._last.values())

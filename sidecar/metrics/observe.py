@@ -7,7 +7,7 @@ V0 servers have no `engine` label: their engine is "" (and so is their cache con
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from kvwatch.sidecar.contract.vocabulary import (
@@ -26,6 +26,8 @@ from kvwatch.sidecar.contract.vocabulary import (
     OFFLOAD_STORE,
     PREEMPTIONS,
     PREEMPTIONS_BY_REASON,
+    PREFIX_CACHE_HITS,
+    PREFIX_CACHE_QUERIES,
     PROMPT_TOKENS,
     PROMPT_TOKENS_BY_SOURCE,
     REQUEST_GENERATION_TOKENS,
@@ -49,6 +51,7 @@ __all__ = [
     "observe",
     "Buckets",
     "bucket_quantile",
+    "prefix_cache_counts",
 ]
 
 Buckets = tuple[tuple[float, float], ...]  # cumulative (upper bound, count), sorted
@@ -131,6 +134,9 @@ class EngineObservation:
     # 0.32+: where prompt KV came from (prompt_tokens_by_source)
     prompt_tokens_computed_total: float | None = None
     prompt_tokens_cached_total: float | None = None  # prefix cache + external transfer
+    # the prefix cache's own token counters (every V1 server): what its hit rate is made of
+    prefix_cache_queries_total: float | None = None
+    prefix_cache_hits_total: float | None = None
     # --kv-offloading-size: traffic with the CPU tier and the stores it had no room for
     offload_load_bytes_total: float | None = None
     offload_store_bytes_total: float | None = None
@@ -214,6 +220,8 @@ def observe(exp: Exposition) -> dict[EngineKey, EngineObservation]:
     }
     by_source = _by_label(exp.family(PROMPT_TOKENS_BY_SOURCE), "source")
     cached = _add(by_source.get("local_cache_hit", {}), by_source.get("external_kv_transfer", {}))
+    prefix_queries = _gauge(exp, PREFIX_CACHE_QUERIES)
+    prefix_hits = _gauge(exp, PREFIX_CACHE_HITS)
     load, store = _offload_bytes(exp)
     failures = _gauge(exp, KV_OFFLOAD_ALLOCATION_FAILURES)
     pinned = _gauge(exp, KV_OFFLOAD_CPU_CACHE_USAGE)
@@ -248,6 +256,8 @@ def observe(exp: Exposition) -> dict[EngineKey, EngineObservation]:
             cache=caches.get(k[1]),
             prompt_tokens_computed_total=by_source.get("local_compute", {}).get(k),
             prompt_tokens_cached_total=cached.get(k),
+            prefix_cache_queries_total=prefix_queries.get(k),
+            prefix_cache_hits_total=prefix_hits.get(k),
             offload_load_bytes_total=load.get(k),
             offload_store_bytes_total=store.get(k),
             offload_allocation_failures_total=failures.get(k),
@@ -263,6 +273,16 @@ def observe(exp: Exposition) -> dict[EngineKey, EngineObservation]:
             ttft_count=ttft_count.get(k),
         )
     return out
+
+
+def prefix_cache_counts(engines: Mapping[EngineKey, EngineObservation]) -> tuple[float, float]:
+    """The server's prefix-cache (queries, hits) in tokens, summed over its engines (0 where
+    an engine does not export them): two readings' differences make the hit rate it measured."""
+    obs = engines.values()
+    return (
+        sum(o.prefix_cache_queries_total or 0.0 for o in obs),
+        sum(o.prefix_cache_hits_total or 0.0 for o in obs),
+    )
 
 
 def _sum_count(samples: list[Sample]) -> tuple[dict[EngineKey, float], dict[EngineKey, float]]:

@@ -53,6 +53,9 @@ __all__ = ["TargetState", "SidecarState"]
 _MAX_TRANSITIONS = 500
 _SHOWN = 50  # transitions and load events a view carries
 _MAX_OPEN_STAGES = 100
+# how long the fleet's prefix figures are reused: their set union walks every replica's cached
+# blocks (up to 2^19 each), too much for every view (the judge loop takes one a second)
+FLEET_PREFIX_REFRESH_S = 5.0
 
 
 @dataclass
@@ -229,6 +232,7 @@ class SidecarState:
         self.heartbeat = time.monotonic()
         # every followed replica's reads in one curve (--kv-events on two targets or more)
         self.pooled_curve: ReuseCurve | None = None
+        self._fleet_prefix_at: tuple[float, FleetPrefixView | None] | None = None
         self._lock = threading.Lock()
 
     def record_scrape(self, url: str, now: float, outcome: ScrapeOutcome) -> None:
@@ -404,8 +408,17 @@ class SidecarState:
                 log=log,
                 targets=targets,
                 loops=self.loops.status(),
-                fleet_prefix=self._fleet_prefix(targets),
+                fleet_prefix=self._fleet_prefix_cached(targets, now),
             )
+
+    def _fleet_prefix_cached(
+        self, views: tuple[TargetView, ...], now: float
+    ) -> FleetPrefixView | None:
+        """The fleet's prefix figures, at most FLEET_PREFIX_REFRESH_S old (under the lock)."""
+        got = self._fleet_prefix_at
+        if got is None or not 0 <= now - got[0] < FLEET_PREFIX_REFRESH_S:
+            got = self._fleet_prefix_at = (now, self._fleet_prefix(views))
+        return got[1]
 
     def _fleet_prefix(self, views: tuple[TargetView, ...]) -> FleetPrefixView | None:
         """The followed replicas together, where they all serve one model (under the lock)."""

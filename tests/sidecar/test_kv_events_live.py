@@ -20,6 +20,8 @@ import httpx
 import pytest
 
 from kvwatch.loadgen.results.kv_events import KvEventRecorder, curve_from_recording
+from kvwatch.sidecar.metrics.exposition import parse_exposition
+from kvwatch.sidecar.metrics.observe import observe, prefix_cache_counts
 from tests.conftest import kv_events_endpoints
 from tests.sidecar.running import kvwatch_samples, running_sidecar
 
@@ -30,13 +32,8 @@ DOCS, DOC_TOKENS, REQUESTS = 8, 192, 56
 
 def _prefix_counters(base: str) -> tuple[float, float]:
     """vLLM's own prefix-cache counters (queries, hits), in tokens."""
-    text = httpx.get(base + "/metrics", timeout=10).text
-    got = {"vllm:prefix_cache_queries_total": 0.0, "vllm:prefix_cache_hits_total": 0.0}
-    for line in text.splitlines():
-        name = line.split("{")[0].split(" ")[0]
-        if name in got:
-            got[name] += float(line.rsplit(" ", 1)[1])
-    return got["vllm:prefix_cache_queries_total"], got["vllm:prefix_cache_hits_total"]
+    body = httpx.get(base + "/metrics", timeout=30).text
+    return prefix_cache_counts(observe(parse_exposition(body)))
 
 
 def test_the_curve_matches_the_servers_own_hit_rate(vllm_server, tmp_path: Path) -> None:

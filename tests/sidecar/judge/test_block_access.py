@@ -11,51 +11,54 @@ def _k(*hs: int) -> tuple[tuple[int, int], ...]:
 
 
 def _apply(t: BlockTable, e: object, ts: float) -> list[tuple[int, bool, bool]]:
-    return [(a.key[1], a.hit, a.query) for a in t.apply(e, ts)]  # type: ignore[arg-type]
+    """(hash, hit, query) for each block read, as the curve takes them."""
+    held = set(t.parent)
+    hits, own, counted = t.apply(e, ts)  # type: ignore[arg-type]
+    return [(k[1], True, True) for k in hits] + [(k[1], k in held, counted) for k in own]
 
 
 def test_a_request_that_hits_a_prefix_reads_its_chain() -> None:
     t = BlockTable(continuation_s=5.0)
-    assert _apply(t, Stored(_k(1, 2, 3), None, 48), 0.0) == [(1, 0, 1), (2, 0, 1), (3, 0, 1)]
+    assert _apply(t, Stored(_k(1, 2, 3), None), 0.0) == [(1, 0, 1), (2, 0, 1), (3, 0, 1)]
     # the same request's next decode block, 1 s later: a continuation, no query
-    assert _apply(t, Stored(_k(4), (0, 3), 16), 1.0) == [(4, False, False)]
+    assert _apply(t, Stored(_k(4), (0, 3)), 1.0) == [(4, False, False)]
     # another request shares blocks 1-2 and computes 9: the chain to its parent is read
-    assert _apply(t, Stored(_k(9), (0, 2), 16), 2.0) == [(1, 1, 1), (2, 1, 1), (9, 0, 1)]
+    assert _apply(t, Stored(_k(9), (0, 2)), 2.0) == [(1, 1, 1), (2, 1, 1), (9, 0, 1)]
     # a turn that continues block 4 after the run went quiet: its whole chain is a hit
-    assert _apply(t, Stored(_k(5), (0, 4), 16), 30.0) == [
+    assert _apply(t, Stored(_k(5), (0, 4)), 30.0) == [
         (1, 1, 1), (2, 1, 1), (3, 1, 1), (4, 1, 1), (5, 0, 1)
     ]  # fmt: skip
 
 
 def test_a_report_is_hits_and_its_requests_next_store_reads_no_chain() -> None:
     t = BlockTable()
-    _apply(t, Stored(_k(1, 2), None, 32), 0.0)
+    _apply(t, Stored(_k(1, 2), None), 0.0)
     # vLLM's report of the reused blocks (parent nil), then the request's first new block
-    assert _apply(t, Stored(_k(1, 2), None, 32), 10.0) == [(1, 1, 1), (2, 1, 1)]
-    assert _apply(t, Stored(_k(3), (0, 2), 16), 10.0) == [(3, False, True)]
+    assert _apply(t, Stored(_k(1, 2), None), 10.0) == [(1, 1, 1), (2, 1, 1)]
+    assert _apply(t, Stored(_k(3), (0, 2)), 10.0) == [(3, False, True)]
     assert t.counts.reports == 1 and t.source == "reports and parent chains"
     # a request without a report still has its chain read
-    assert _apply(t, Stored(_k(4), (0, 2), 16), 40.0) == [(1, 1, 1), (2, 1, 1), (4, 0, 1)]
+    assert _apply(t, Stored(_k(4), (0, 2)), 40.0) == [(1, 1, 1), (2, 1, 1), (4, 0, 1)]
 
 
 def test_a_block_stored_again_after_removal_is_thrash() -> None:
     t = BlockTable()
-    _apply(t, Stored(_k(1, 2), None, 32), 0.0)
+    _apply(t, Stored(_k(1, 2), None), 0.0)
     _apply(t, Removed(_k(2, 77)), 1.0)  # 77 was never held: not counted
     assert t.counts.removed == 1
-    _apply(t, Stored(_k(2), (0, 1), 16), 20.0)
+    _apply(t, Stored(_k(2), (0, 1)), 20.0)
     assert t.counts.restored == 1
     _apply(t, Cleared(), 21.0)  # a restart: what was removed before is forgotten
-    _apply(t, Stored(_k(1), None, 16), 22.0)
+    _apply(t, Stored(_k(1), None), 22.0)
     assert t.counts.restored == 1 and t.counts.clears == 1
 
 
 def test_the_table_is_bounded() -> None:
     t = BlockTable(max_blocks=100, max_removed=10)
     for i in range(1_000):
-        _apply(t, Stored(_k(i), None, 16), float(i))
+        _apply(t, Stored(_k(i), None), float(i))
     assert len(t.parent) == 100 and t.counts.forgotten == 900
     _apply(t, Removed(_k(*range(900, 1_000))), 1e4)
     assert len(t.removed) == 10
-    _apply(t, Stored(_k(5_000), (0, 3), 16), 1e4)  # a parent long forgotten
+    _apply(t, Stored(_k(5_000), (0, 3)), 1e4)  # a parent long forgotten
     assert t.counts.unknown_parents == 1

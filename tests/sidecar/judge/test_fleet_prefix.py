@@ -35,7 +35,7 @@ class _Replica:
         while len(self.cache) > self.size:
             gone.append(self.cache.popitem(last=False)[0])
         parent = (0, blocks[hit - 1]) if hit else None
-        events.append(Stored(tuple((0, b) for b in new), parent, 16 * len(new)))
+        events.append(Stored(tuple((0, b) for b in new), parent))
         if gone:
             events.append(Removed(tuple((0, b) for b in gone)))
         return Batch(ts, tuple(events), 0)

@@ -67,9 +67,26 @@ def test_uncounted_reads_move_recency_only() -> None:
     assert curve.blocks_for(0.9) is None  # above the ideal
 
 
-def test_fading_halves_old_counts() -> None:
+def test_old_traffic_goes_by_generations() -> None:
     curve = ReuseCurve(window=100)
-    for i in range(150):
+    for i in range(250):
         curve.read((0, i % 10))
-    assert curve.reads <= 100
-    assert curve.ideal_hit_ratio() == pytest.approx(1.0, abs=0.1)  # the cold start faded
+    # the answering sample started at read 100 and counted from read 150: its blocks were
+    # all read while it warmed up, so none is taken as never read
+    assert curve.reads == 100
+    assert curve.ideal_hit_ratio() == 1.0
+    # the traffic moves to 20 other blocks: two windows on, the curve is theirs alone
+    # (a window must be long against the distances asked about: 1M reads in the sidecar)
+    for i in range(400):
+        curve.read((0, 1000 + i % 20))
+    assert curve.hit_ratio(10) == 0.0 and curve.hit_ratio(20) == 1.0
+
+
+def test_the_sample_rate_does_not_fall_without_end() -> None:
+    """Every block new (decode blocks are): the rate stands on two windows' blocks, not on
+    every block ever seen."""
+    curve = ReuseCurve(max_keys=100, window=1_000)
+    for i in range(20_000):
+        curve.read((0, i))
+    assert curve.rate > 100 / 2_000 * 0.5  # one sample over all 20,000: about 100 / 20,000
+    assert curve.followed <= 2 * 100

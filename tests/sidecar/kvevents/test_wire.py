@@ -34,8 +34,8 @@ def test_the_shapes_vllm_sends() -> None:
     ], None]))  # fmt: skip
     assert b.ts == 1.7e9 and b.unknown == 1
     assert b.events == (
-        Stored(((1, 11), (1, 12)), (1, 10), 32),
-        Stored(((0, b"\x01" * 32),), None, 0),
+        Stored(((1, 11), (1, 12)), (1, 10)),
+        Stored(((0, b"\x01" * 32),), None),
         Removed(((0, 11),)),
         Cleared(),
     )

@@ -13,7 +13,7 @@ from kvwatch.sidecar.contract.thresholds import Thresholds
 from kvwatch.sidecar.judge.signals import derive
 from kvwatch.sidecar.judge.timeline import Timeline
 from kvwatch.sidecar.metrics.exposition import parse_exposition
-from kvwatch.sidecar.metrics.observe import EngineObservation, observe
+from kvwatch.sidecar.metrics.observe import EngineObservation, observe, prefix_cache_counts
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 OFFLOAD = (DATA / "vllm-0.33-metrics-offload-composed.txt").read_text()
@@ -147,3 +147,13 @@ class TestSignals:
         restarted = _bump(OFFLOAD, "kv_offload_store_bytes", -VICTIMS_BYTES + 4096)
         s = self._signals(OFFLOAD, restarted)
         assert s.offload_store_bytes_per_s == 4096
+
+
+def test_the_prefix_cache_counters_are_read_apart_from_the_external_ones() -> None:
+    body = _bump(_bump(BUSY_032, "prefix_cache_hits", 512.0), "external_prefix_cache_queries", 9.0)
+    obs = _one(body)
+    assert (obs.prefix_cache_queries_total, obs.prefix_cache_hits_total) == (1036.0, 512.0)
+    two = body + body.replace('engine="0"', 'engine="1"')
+    assert prefix_cache_counts(observe(parse_exposition(two))) == (2072.0, 1024.0)
+    bare = _one(_drop(BUSY_032, r"vllm:prefix_cache_(hits|queries)"))
+    assert bare.prefix_cache_hits_total is None  # absent, not zero
