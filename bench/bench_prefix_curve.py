@@ -76,8 +76,10 @@ def _run(ns: argparse.Namespace, blocks: int, work: Path, follow: bool) -> dict[
                 raise SystemExit("the sidecar did not start")
             cpu0, t0 = cpu_seconds(sidecar.pid), time.monotonic()
         try:
+            # the first run's events are also recorded, for the sampling sweep
+            record = ["--kv-events", f"ipc://{work}/kv-events.sock"] if follow else []
             p = subprocess.run(
-                [sys.executable, "-m", "kvwatch", "loadgen", "run", "--url", url,
+                [sys.executable, "-m", "kvwatch", "loadgen", "run", "--url", url, *record,
                  "--trace", str(ns.trace), "--trace-window", ns.window, "--trace-speed",
                  str(ns.speed), "--trace-length-scale", str(ns.length_scale), "--json",
                  "--no-progress", "--run-dir", str(work / "run")],
@@ -167,6 +169,35 @@ def cpu_check(ns: argparse.Namespace) -> None:
         ns.save.write_text(json.dumps(out, indent=1) + "\n")
 
 
+SWEEP_KEYS = (256, 512, 1024, 2048, 4096, 8192, 1 << 20)
+
+
+def sampling_sweep(path: Path, kv_blocks: int, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first run's recorded events drawn again at each sample size (`max_keys`; 2^20:
+    every block followed): how far the curve is, at each sampling rate, from vLLM's measured
+    hit rates at 0.5x, 1x and 2x. The sidecar's default is MAX_KEYS."""
+    from kvwatch.sidecar.judge.prefix_curve import PrefixCurve
+    from kvwatch.sidecar.kvevents.recording import read_frames
+    from kvwatch.sidecar.kvevents.sequence import BatchSequence
+
+    frames, _ = read_frames(path)
+    measured = {r["factor"]: r["measured"] for r in rows}
+    out = []
+    for keys in SWEEP_KEYS:
+        curve = PrefixCurve(max_keys=keys)
+        seq = BatchSequence(curve.feed, curve.restart)
+        for n, payload in frames:
+            seq.take(n.to_bytes(8, "big"), payload)
+        view = curve.view(kv_blocks)
+        row: dict[str, Any] = {"max_keys": keys, "sample_rate": round(view.sample_rate, 4)}
+        for p in view.points:
+            got = measured.get(p.factor)
+            if got is not None:
+                row[f"points_off_{p.factor:g}x"] = round(100 * (p.hit_ratio - got), 2)
+        out.append(row)
+    return out
+
+
 def replay_cost(path: Path) -> dict[str, Any]:
     """A recording's batches through the sidecar's decode and curve in this process, timed:
     the per-read cost of following the events, apart from the sidecar's other work."""
@@ -251,6 +282,7 @@ def main() -> None:
                          "preemptions": rerun["preemptions"]})  # fmt: skip
             print(f"{factor:g}x ({blocks} blocks): curve {by_size.get(blocks)}, vLLM "
                   f"{rerun['measured_hit_rate']:.4f}", flush=True)  # fmt: skip
+        sweep = sampling_sweep(tmp / "m" / "run" / "kv_events.bin", ns.kv_blocks, rows)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     for r in rows:
@@ -261,8 +293,10 @@ def main() -> None:
         "trace": ns.trace.name, "window": ns.window, "speed": ns.speed,
         "length_scale": ns.length_scale, "rows": rows,
         "first_run": {k: v for k, v in first.items() if k != "curve"}, "curve": curve,
+        "sampling_sweep": sweep,
     }  # fmt: skip
     print(json.dumps(out["rows"], indent=1))
+    print(json.dumps(sweep, indent=1))
     print(f"ideal {curve['ideal_hit_ratio']}, restored {curve['restored_blocks']}, "
           f"sample rate {curve['sample_rate']}, sidecar {first['sidecar_cpu_share']:.2%} of a "
           f"core, {first['sidecar_rss_mb']:.0f} MB")  # fmt: skip

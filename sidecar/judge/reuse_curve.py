@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from kvwatch.sidecar.kvevents.wire import BlockKey
 
-__all__ = ["ReuseCurve", "CurvePoint", "MAX_KEYS"]
+__all__ = ["ReuseCurve", "CurvePoint", "MAX_KEYS", "MODULUS", "WINDOW", "spatial_hash"]
 
 MODULUS = 1 << 24
 MAX_KEYS = 8_192  # blocks one sample follows at most: about 1.5 MB of the sidecar's memory
@@ -48,7 +48,7 @@ _BIN = math.log(1.01)
 _MASK = MODULUS - 1
 
 
-def _spatial_hash(key: BlockKey) -> int:
+def spatial_hash(key: BlockKey) -> int:
     """A 24-bit hash of a block key, the same in every process: Python's tuple hash (xxHash's
     multiply-rotate rounds over the group and an int hash, which Python never salts), with a
     digest's first 8 bytes standing for it (a bytes hash is salted per process). One C call:
@@ -145,7 +145,7 @@ class _Sample:
 
     def _lower_threshold(self) -> None:
         """Drop the tenth of the followed blocks with the highest hashes."""
-        hashes = {k: _spatial_hash(k) for k in self.last}
+        hashes = {k: spatial_hash(k) for k in self.last}
         by_hash = sorted(hashes.values())
         keep = max(1, int(self.max_keys * 0.9))
         self.threshold = by_hash[keep - 1] + 1 if keep < len(by_hash) else self.threshold
@@ -192,11 +192,11 @@ class ReuseCurve:
         if len(samples) == 1:
             one = samples[0]
             for key in keys:
-                if _spatial_hash(key) < one.threshold:
+                if spatial_hash(key) < one.threshold:
                     one.follow(key, counted)
             return
         for key in keys:
-            h = _spatial_hash(key)
+            h = spatial_hash(key)
             for sample in samples:
                 if h < sample.threshold:
                     sample.follow(key, counted)

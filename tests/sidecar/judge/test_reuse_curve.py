@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 from collections import OrderedDict
 
 import pytest
 
-from kvwatch.sidecar.judge.reuse_curve import ReuseCurve
+from kvwatch.sidecar.judge.reuse_curve import MODULUS, ReuseCurve, spatial_hash
 
 
 def _lru_hits(reads: list[int], size: int) -> float:
@@ -90,3 +93,38 @@ def test_the_sample_rate_does_not_fall_without_end() -> None:
         curve.read((0, i))
     assert curve.rate > 100 / 2_000 * 0.5  # one sample over all 20,000: about 100 / 20,000
     assert curve.followed <= 2 * 100
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["sequential", "strided", "high bits", "random ints", "sha256 digests", "second group"],
+)
+def test_the_spatial_hash_samples_any_block_hashes_evenly(kind: str) -> None:
+    rng = random.Random(5)
+    n = 100_000
+    keys: list[tuple[int, int | bytes]] = {
+        "sequential": [(0, i) for i in range(n)],
+        "strided": [(0, i * 4096) for i in range(n)],
+        "high bits": [(0, i << 40) for i in range(n)],
+        "random ints": [(0, rng.getrandbits(64)) for _ in range(n)],
+        "sha256 digests": [(0, rng.randbytes(32)) for _ in range(n)],
+        "second group": [(1, i) for i in range(n)],
+    }[kind]
+    hashes = [spatial_hash(k) for k in keys]
+    for rate in (0.01, 0.1, 0.5):
+        share = sum(h < rate * MODULUS for h in hashes) / n
+        assert share == pytest.approx(rate, rel=0.15), (rate, share)  # 0.01: ±5 sd
+
+
+def test_the_spatial_hash_is_the_same_in_every_process() -> None:
+    """A bytes hash is salted per process; the sample must not be (a recording drawn again
+    gives the same curve)."""
+    keys = [(0, b"\x07" * 32), (2, b"\x01\x02" * 16), (0, 12345), (1, 2**63 + 5)]
+    code = (
+        "from kvwatch.sidecar.judge.reuse_curve import spatial_hash; "
+        f"print([spatial_hash(k) for k in {keys!r}])"
+    )
+    for seed in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env={**os.environ, "PYTHONHASHSEED": seed}, check=True)  # fmt: skip
+        assert out.stdout.strip() == str([spatial_hash(k) for k in keys])
