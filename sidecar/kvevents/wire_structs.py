@@ -10,7 +10,7 @@ from msgspec import ValidationError
 
 from kvwatch.sidecar.kvevents.bounds import MAX_EVENTS, MAX_HASH_BYTES, MAX_HASHES
 
-__all__ = ["BATCH", "FStored", "FRemoved", "FCleared", "ValidationError"]
+__all__ = ["BATCH", "FBatch", "FStored", "FRemoved", "FCleared", "ValidationError"]
 
 Hash = int | Annotated[bytes, msgspec.Meta(max_length=MAX_HASH_BYTES)]
 Hashes = Annotated[list[Hash], msgspec.Meta(max_length=MAX_HASHES)]
