@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from kvwatch.sidecar.judge.prefix_curve import PrefixCurve
-from kvwatch.sidecar.kvevents.recording import read_frames, write_frame
+from kvwatch.sidecar.kvevents.recording import Frames, write_frame
 from kvwatch.sidecar.kvevents.sequence import BatchSequence
 from kvwatch.sidecar.kvevents.subscriber import KvEventFeed
 from kvwatch.sizing.advice import PrefixCurveSeen
@@ -62,11 +62,12 @@ def curve_from_recording(
 ) -> tuple[PrefixCurveSeen | None, list[str]]:
     """The curve a run's recorded KV events draw, through the checks the sidecar applies on
     the wire, and what was left out of it (RecordingError: not a recording)."""
-    frames, cut = read_frames(path)
+    frames = Frames(path)
     curve = PrefixCurve()
     seq = BatchSequence(curve.feed, curve.restart)
     for n, payload in frames:
         seq.take(n.to_bytes(8, "big"), payload)
+    cut = frames.cut
     st = seq.stats
     notes = [f"{path.name}: {what}" for what, bad in (
         (f"{st.missed} batches lost during the run", st.missed),

@@ -12,12 +12,13 @@ magic is refused in one line.
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["MAGIC", "RecordingError", "write_frame", "read_frames"]
+__all__ = ["MAGIC", "RecordingError", "Frames", "write_frame", "read_frames"]
 
 MAGIC = b"KVWEV1\n\0"
 _HEAD = struct.Struct(">QI")
@@ -35,25 +36,50 @@ def write_frame(f: BinaryIO, seq: int, payload: bytes) -> None:
     f.write(payload)
 
 
+class Frames:
+    """A recording's (sequence, payload) pairs, read one at a time as they are iterated (a
+    10-minute run at 256 requests records about 60 MB); `cut` counts the bytes after the last
+    whole batch once they were. The magic is checked on opening (RecordingError)."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            with path.open("rb") as f:
+                head = f.read(len(MAGIC))
+                self.size = os.fstat(f.fileno()).st_size
+        except OSError as e:
+            raise RecordingError(f"cannot read {path}: {e.strerror or e}") from None
+        if head != MAGIC:
+            raise RecordingError(f"{path} is not a kvwatch KV event recording")
+        self.path = path
+        self.cut = 0
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(len(MAGIC))
+                yield from self._frames(f)
+        except OSError as e:
+            raise RecordingError(f"cannot read {self.path}: {e.strerror or e}") from None
+
+    def _frames(self, f: BinaryIO) -> Iterator[tuple[int, bytes]]:
+        self.cut = 0
+        while True:
+            at = f.tell()
+            head = f.read(_HEAD.size)
+            if len(head) < _HEAD.size:
+                self.cut = len(head)
+                return
+            seq, n = _HEAD.unpack(head)
+            payload = f.read(n) if n <= MAX_PAYLOAD else b""
+            if n > MAX_PAYLOAD or len(payload) < n:
+                self.cut = max(0, self.size - at)
+                return
+            yield seq, payload
+
+
 def read_frames(path: Path) -> tuple[list[tuple[int, bytes]], int]:
-    """The (sequence, payload) pairs in order, and how many bytes at the end were cut off."""
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise RecordingError(f"cannot read {path}: {e.strerror or e}") from None
-    if not data.startswith(MAGIC):
-        raise RecordingError(f"{path} is not a kvwatch KV event recording")
-    frames = list(_frames(data))
-    used = len(MAGIC) + sum(_HEAD.size + len(p) for _, p in frames)
-    return frames, len(data) - used
-
-
-def _frames(data: bytes) -> Iterator[tuple[int, bytes]]:
-    at = len(MAGIC)
-    while at + _HEAD.size <= len(data):
-        seq, n = _HEAD.unpack_from(data, at)
-        if n > MAX_PAYLOAD or at + _HEAD.size + n > len(data):
-            return
-        at += _HEAD.size
-        yield seq, data[at : at + n]
-        at += n
+    """All the (sequence, payload) pairs in order, and how many bytes at the end were cut off
+    (for a recording small enough to hold; `Frames` streams one)."""
+    frames = Frames(path)
+    got = list(frames)
+    return got, frames.cut

@@ -10,7 +10,13 @@ import msgspec
 import pytest
 
 from kvwatch.loadgen.results.kv_events import curve_from_recording
-from kvwatch.sidecar.kvevents.recording import MAGIC, RecordingError, read_frames, write_frame
+from kvwatch.sidecar.kvevents.recording import (
+    MAGIC,
+    Frames,
+    RecordingError,
+    read_frames,
+    write_frame,
+)
 
 
 def _stored(*hashes: int, parent: int | None = None, ts: float = 1.7e9) -> bytes:
@@ -32,7 +38,19 @@ def test_frames_back_in_order_and_a_cut_end_counted(tmp_path: Path) -> None:
     assert read_frames(path) == (frames, 0)
     path.write_bytes(path.read_bytes()[:-5])  # a run killed mid-write
     got, cut = read_frames(path)
-    assert got == frames[:2] and cut > 0
+    assert got == frames[:2] and cut == 8 + 4 + len(frames[2][1]) - 5
+
+
+def test_a_recording_streams_and_a_length_past_the_bound_ends_it(tmp_path: Path) -> None:
+    path = tmp_path / "kv_events.bin"
+    _write(path, [(0, _stored(1)), (1, _stored(2))])
+    whole = path.read_bytes()
+    # a header that claims more than any batch may carry (a flipped byte): the rest is cut
+    path.write_bytes(whole + (2).to_bytes(8, "big") + (1 << 30).to_bytes(4, "big") + b"x" * 9)
+    frames = Frames(path)
+    it = iter(frames)
+    assert next(it)[0] == 0  # one batch in hand, the rest of the file not read
+    assert [seq for seq, _ in it] == [1] and frames.cut == 8 + 4 + 9
 
 
 def test_the_curve_from_a_recording_says_what_it_left_out(tmp_path: Path) -> None:
