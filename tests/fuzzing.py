@@ -718,16 +718,17 @@ def _kv_batch_doc(rng: random.Random) -> Any:
     events: list[Any] = []
     for _ in range(rng.randint(0, 6)):
         kind = rng.choice(["BlockStored"] * 4 + ["BlockRemoved", "AllBlocksCleared"])
+        medium = rng.choice(["GPU", "GPU", "GPU", "CPU", None])  # CPU: a KV offloading tier
         hashes = [
             rng.choice([rng.randrange(64), rng.randbytes(8)]) for _ in range(rng.randint(1, 4))
         ]
         if kind == "BlockStored":
             events.append({"type": kind, "block_hashes": hashes, "token_ids": [1] * 16,
                            "parent_block_hash": rng.choice([None, rng.randrange(64)]),
-                           "block_size": 16, "lora_id": None, "medium": "GPU", "lora_name": None,
+                           "block_size": 16, "lora_id": None, "medium": medium, "lora_name": None,
                            "group_idx": rng.choice([None, 0, 1])})  # fmt: skip
         elif kind == "BlockRemoved":
-            events.append({"type": kind, "block_hashes": hashes, "medium": "GPU"})
+            events.append({"type": kind, "block_hashes": hashes, "medium": medium})
         else:
             events.append({"type": kind})
     return [1.7e9 + rng.random(), events, None]

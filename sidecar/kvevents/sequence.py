@@ -21,6 +21,7 @@ class FeedStats:
     missed: int = 0  # batches lost for good (no replay endpoint, or past its buffer)
     refused: int = 0  # messages that were not KV event batches
     unknown_events: int = 0  # events of a type this reader does not know
+    other_tier_events: int = 0  # events of a KV offloading tier (CPU, storage), left out
     restarts: int = 0  # the publisher's sequence went back
     last_batch_unix: float | None = None  # our clock when the last batch came
 
@@ -73,6 +74,7 @@ class BatchSequence:
         self.stats.batches += 1
         self.stats.replayed += replayed
         self.stats.unknown_events += batch.unknown
+        self.stats.other_tier_events += batch.other_tier
         self.stats.last_batch_unix = time.time()
         self.on_batch(batch)
         self.next = seq + 1

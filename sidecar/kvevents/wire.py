@@ -12,7 +12,8 @@ an 8-byte big-endian sequence number, and a msgpack `KVEventBatch`: an array
 - `AllBlocksCleared`: the cache was reset (a restart or `/reset_prefix_cache`).
 
 Anything else in a message is another publisher's business or a broken one: an unknown event
-type is counted and skipped, a batch that is not that shape is refused in one line. Pure: the
+type is counted and skipped, and so is an event of a KV offloading tier (`medium` other than
+"GPU"); a batch that is not that shape is refused in one line. Pure: the
 subscriber (`subscriber.py`) owns the socket.
 
 Two readers agree on every message: msgspec checks a batch of the three known types against
@@ -48,6 +49,7 @@ class WireError(ValueError):
 
 # (KV cache group, block hash): a hash is only unique inside its group
 BlockKey = tuple[int, int | bytes]
+GPU = "GPU"  # the device pool's medium (vllm/distributed/kv_events.py, MEDIUM_GPU)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +76,7 @@ class Batch:
     ts: float  # the publisher's wall clock (time.time() on the server)
     events: tuple[Event, ...]
     unknown: int  # events of a type this reader does not know, skipped
+    other_tier: int = 0  # events of a KV offloading tier (CPU, storage), skipped
 
 
 def decode_seq(frame: bytes) -> int:
@@ -109,6 +112,18 @@ def _keys(event: dict[object, object], group: int) -> tuple[BlockKey, ...]:
     return tuple((group, _hash(h)) for h in hashes)
 
 
+def _other_tier(raw: object) -> bool:
+    """An event about a block in a KV offloading tier (`--kv-offloading-size`: vLLM publishes
+    its CPU and storage tiers' stores and removals on the same stream, `medium` "CPU" or
+    "STORAGE"), not in the GPU prefix cache the curve is about."""
+    if not isinstance(raw, dict) or raw.get("type") not in ("BlockStored", "BlockRemoved"):
+        return False
+    medium = raw.get("medium")
+    if medium is not None and not isinstance(medium, str):
+        raise WireError(f"a medium that is a {type(medium).__name__}, not a name")
+    return medium is not None and medium.upper() != GPU
+
+
 def _event(raw: object) -> Event | None:
     if not isinstance(raw, dict):
         raise WireError(f"an event that is a {type(raw).__name__}, not a map")
@@ -137,15 +152,24 @@ def _keyed(group: int, hashes: list[int | bytes]) -> tuple[BlockKey, ...]:
 
 def _decode_typed(payload: bytes) -> Batch | None:
     """The batch if msgspec's typed structs take it; None: read it field by field."""
-    from kvwatch.sidecar.kvevents.wire_structs import BATCH, FRemoved, FStored, ValidationError
+    from kvwatch.sidecar.kvevents.wire_structs import (
+        BATCH,
+        FCleared,
+        FRemoved,
+        FStored,
+        ValidationError,
+    )
 
     try:
         doc = BATCH.decode(payload)
     except ValidationError:
         return None
     events: list[Event] = []
+    other = 0
     for e in doc.events:
-        if isinstance(e, FStored):
+        if not isinstance(e, FCleared) and e.medium is not None and e.medium.upper() != GPU:
+            other += 1
+        elif isinstance(e, FStored):
             tokens = memoryview(e.token_ids)  # msgpack: its first byte says an array
             if not tokens or tokens[0] not in _ARRAY_HEADS:
                 return None
@@ -156,7 +180,7 @@ def _decode_typed(payload: bytes) -> Batch | None:
             events.append(Removed(_keyed(e.group_idx or 0, e.block_hashes)))
         else:
             events.append(Cleared())
-    return Batch(float(doc.ts), tuple(events), 0)
+    return Batch(float(doc.ts), tuple(events), 0, other)
 
 
 def decode_batch(payload: bytes) -> Batch:
@@ -187,11 +211,14 @@ def decode_fields(payload: bytes) -> Batch:
     if not isinstance(raw_events, list) or len(raw_events) > MAX_EVENTS:
         raise WireError("a batch whose events are not a list of at most 100,000")
     events: list[Event] = []
-    unknown = 0
+    unknown = other = 0
     for raw in raw_events:
+        if _other_tier(raw):
+            other += 1
+            continue
         event = _event(raw)
         if event is None:
             unknown += 1
         else:
             events.append(event)
-    return Batch(float(ts), tuple(events), unknown)
+    return Batch(float(ts), tuple(events), unknown, other)

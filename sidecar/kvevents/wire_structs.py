@@ -22,11 +22,13 @@ class FStored(msgspec.Struct, tag="BlockStored", tag_field="type"):
     token_ids: msgspec.Raw  # required and a list (wire.py checks its first byte), not decoded
     parent_block_hash: Hash | None = None
     group_idx: Group = None
+    medium: str | None = None  # "GPU", or a KV offloading tier's ("CPU", "STORAGE")
 
 
 class FRemoved(msgspec.Struct, tag="BlockRemoved", tag_field="type"):
     block_hashes: Hashes
     group_idx: Group = None
+    medium: str | None = None
 
 
 class FCleared(msgspec.Struct, tag="AllBlocksCleared", tag_field="type"):

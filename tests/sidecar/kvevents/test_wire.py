@@ -12,6 +12,7 @@ from kvwatch.sidecar.kvevents.wire import (
     Stored,
     WireError,
     decode_batch,
+    decode_fields,
     decode_seq,
 )
 
@@ -65,6 +66,24 @@ def test_what_vllm_never_sends_is_refused_in_one_line(payload: bytes) -> None:
     with pytest.raises(WireError) as e:
         decode_batch(payload)
     assert "\n" not in str(e.value)
+
+
+def test_a_kv_offloading_tiers_events_are_counted_and_left_out() -> None:
+    """With --kv-offloading-size vLLM publishes its CPU (and storage) tier's stores and
+    removals on the same stream: they are not the GPU prefix cache the curve draws."""
+    payload = _pack([1.7e9, [
+        {"type": "BlockStored", "block_hashes": [11], "parent_block_hash": None,
+         "token_ids": [1] * 16, "block_size": 16, "lora_id": None, "medium": "CPU"},
+        {"type": "BlockRemoved", "block_hashes": [11], "medium": "STORAGE"},
+        {"type": "BlockStored", "block_hashes": [12], "parent_block_hash": None,
+         "token_ids": [1] * 16, "block_size": 16, "lora_id": None, "medium": "GPU"},
+        {"type": "BlockRemoved", "block_hashes": [12], "medium": None},
+    ], None])  # fmt: skip
+    b = decode_batch(payload)
+    assert b.events == (Stored(((0, 12),), None), Removed(((0, 12),))) and b.other_tier == 2
+    assert decode_fields(payload) == b  # the typed reader and the field reader agree
+    with pytest.raises(WireError, match="medium"):
+        decode_batch(_pack([1.0, [{"type": "BlockRemoved", "block_hashes": [1], "medium": 5}]]))
 
 
 def test_a_sequence_frame_is_eight_bytes() -> None:
