@@ -19,7 +19,9 @@ subscriber (`subscriber.py`) owns the socket.
 Two readers agree on every message: msgspec checks a batch of the three known types against
 typed structs in C (the cost the sidecar pays per block: issue #45's CPU target), and a batch
 it does not take (an unknown event type, a wrong field) is read again field by field, which
-counts unknown types and says what is wrong.
+counts unknown types and says what is wrong. (One leniency: the typed reader skips the fields
+it does not read without checking their text, so a batch whose unread strings are not UTF-8 is
+taken by it and would be refused field by field.)
 """
 
 from __future__ import annotations
