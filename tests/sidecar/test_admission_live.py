@@ -61,7 +61,9 @@ def test_refusals_at_the_queue_limit(tiny_model: Path, tmp_path: Path) -> None:
             text = httpx.get(side + "/metrics", timeout=5).text
             assert "kvwatch_admission_rejections{" in text
             # 0.32 says where prompt KV came from (prompt_tokens_by_source): the share is read
-            share = seen["prompt_cache_hit_share"]
+            # (over the long window: on a slow machine the refusals are counted after the short
+            # window has left the load behind, and the short share is rightly None then)
+            share = seen["prompt_cache_hit_share_long"]
             assert share is not None and 0 <= share <= 1, seen
             # 8 admitted requests of 11 blocks each outgrow 39 usable blocks: the cache ran out
             assert states & {"saturated", "thrashing"}, states
