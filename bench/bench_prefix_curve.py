@@ -178,16 +178,13 @@ def sampling_sweep(path: Path, kv_blocks: int, rows: list[dict[str, Any]]) -> li
     hit rates at 0.5x, 1x and 2x. The sidecar's default is MAX_KEYS."""
     from kvwatch.sidecar.judge.prefix_curve import PrefixCurve
     from kvwatch.sidecar.kvevents.recording import read_frames
-    from kvwatch.sidecar.kvevents.sequence import BatchSequence
 
     frames, _ = read_frames(path)
     measured = {r["factor"]: r["measured"] for r in rows}
     out = []
     for keys in SWEEP_KEYS:
         curve = PrefixCurve(max_keys=keys)
-        seq = BatchSequence(curve.feed, curve.restart)
-        for n, payload in frames:
-            seq.take(n.to_bytes(8, "big"), payload)
+        curve.replay(frames)
         view = curve.view(kv_blocks)
         row: dict[str, Any] = {"max_keys": keys, "sample_rate": round(view.sample_rate, 4)}
         for p in view.points:
@@ -203,16 +200,13 @@ def replay_cost(path: Path) -> dict[str, Any]:
     the per-read cost of following the events, apart from the sidecar's other work."""
     from kvwatch.sidecar.judge.prefix_curve import PrefixCurve
     from kvwatch.sidecar.kvevents.recording import read_frames
-    from kvwatch.sidecar.kvevents.sequence import BatchSequence
 
     frames, _ = read_frames(path)
     best: dict[str, Any] = {}
     for _ in range(3):  # the best of three: the machine's other work is not the curve's
         curve = PrefixCurve()
-        seq = BatchSequence(curve.feed, curve.restart)
         t0 = time.process_time()
-        for n, payload in frames:
-            seq.take(n.to_bytes(8, "big"), payload)
+        curve.replay(frames)
         took = time.process_time() - t0
         if not best or took < best["cpu_s"]:
             c = curve.table.counts

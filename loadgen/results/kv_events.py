@@ -12,7 +12,6 @@ from typing import Any, BinaryIO
 
 from kvwatch.sidecar.judge.prefix_curve import PrefixCurve
 from kvwatch.sidecar.kvevents.recording import Frames, write_frame
-from kvwatch.sidecar.kvevents.sequence import BatchSequence
 from kvwatch.sidecar.kvevents.subscriber import KvEventFeed
 from kvwatch.sizing.advice import PrefixCurveSeen
 
@@ -64,11 +63,8 @@ def curve_from_recording(
     the wire, and what was left out of it (RecordingError: not a recording)."""
     frames = Frames(path)
     curve = PrefixCurve()
-    seq = BatchSequence(curve.feed, curve.restart)
-    for n, payload in frames:
-        seq.take(n.to_bytes(8, "big"), payload)
+    st = curve.replay(frames)
     cut = frames.cut
-    st = seq.stats
     notes = [f"{path.name}: {what}" for what, bad in (
         (f"{st.missed} batches lost during the run", st.missed),
         (f"{st.refused} batches that are not KV events left out", st.refused),

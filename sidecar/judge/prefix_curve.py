@@ -7,10 +7,12 @@ the blocks the server has. Pure: the subscriber's thread feeds it under the stat
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kvwatch.sidecar.judge.block_access import BlockTable, TableCounts
 from kvwatch.sidecar.judge.reuse_curve import MAX_KEYS, CurvePoint, ReuseCurve
+from kvwatch.sidecar.kvevents.sequence import BatchSequence, FeedStats
 from kvwatch.sidecar.kvevents.wire import Batch, Cleared
 from kvwatch.sizing.advice import PrefixCurveSeen
 
@@ -51,6 +53,14 @@ class PrefixCurve:
                 if c is not None:
                     c.read_many(hits, True)
                     c.read_many(own, counted)
+
+    def replay(self, frames: Iterable[tuple[int, bytes]]) -> FeedStats:
+        """A recording's (sequence, payload) frames put in order and fed, as the live feed
+        would have: what was lost, refused or restarted is counted in what it returns."""
+        seq = BatchSequence(self.feed, self.restart)
+        for n, payload in frames:
+            seq.take(n.to_bytes(8, "big"), payload)
+        return seq.stats
 
     def restart(self) -> None:
         """The publisher started again (its sequence went back): its cache is a new one."""

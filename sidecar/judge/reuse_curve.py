@@ -189,12 +189,6 @@ class ReuseCurve:
         if counted:
             self._advance(len(keys))
         samples = self._samples
-        if len(samples) == 1:
-            one = samples[0]
-            for key in keys:
-                if spatial_hash(key) < one.threshold:
-                    one.follow(key, counted)
-            return
         for key in keys:
             h = spatial_hash(key)
             for sample in samples:

@@ -111,7 +111,7 @@ def _keys(event: dict[object, object], group: int) -> tuple[BlockKey, ...]:
         raise WireError("an event without a list of block_hashes")
     if len(hashes) > MAX_HASHES:
         raise WireError(f"an event of {len(hashes)} blocks")
-    return tuple((group, _hash(h)) for h in hashes)
+    return _keyed(group, [_hash(h) for h in hashes])
 
 
 def _other_tier(raw: object) -> bool:
@@ -123,6 +123,11 @@ def _other_tier(raw: object) -> bool:
     medium = raw.get("medium")
     if medium is not None and not isinstance(medium, str):
         raise WireError(f"a medium that is a {type(medium).__name__}, not a name")
+    return _elsewhere(medium)
+
+
+def _elsewhere(medium: str | None) -> bool:
+    """A medium other than the GPU's (None: a vLLM from before media, all GPU)."""
     return medium is not None and medium.upper() != GPU
 
 
@@ -169,7 +174,7 @@ def _decode_typed(payload: bytes) -> Batch | None:
     events: list[Event] = []
     other = 0
     for e in doc.events:
-        if not isinstance(e, FCleared) and e.medium is not None and e.medium.upper() != GPU:
+        if not isinstance(e, FCleared) and _elsewhere(e.medium):
             other += 1
         elif isinstance(e, FStored):
             tokens = memoryview(e.token_ids)  # msgpack: its first byte says an array
