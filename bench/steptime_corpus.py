@@ -55,6 +55,12 @@ _MODELS = (
 )
 # bytes per parameter as the checkpoint stores them (archconfig's _QUANT_BYTES)
 _WEIGHT_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "mxfp4": 0.53, "awq": 0.53, "int4": 0.53}
+# checkpoints that quantize less than every linear layer: Meta's own FP8 Llamas (fbgemm_fp8)
+# quantize only the MLPs, and not those of the first and last layers; attention, embeddings and
+# the LM head stay bf16. vLLM loaded meta-llama/Llama-3.1-405B-FP8 in 56.77 GiB per card at TP 8
+# (dstackai/benchmarks comparison/h100sxm5_vs_mi300x/raw_data/gpu-usage.md, commit 85a2fe1)
+# against 56.7 GiB by this rule and 47.2 GiB at one byte a parameter
+_MLP_ONLY_FP8 = re.compile(r"^meta-llama/.*-fp8$")
 # the corpus's metric names -> (measured.py's metric, factor to seconds or tokens/s)
 _METRICS = {
     "tpot_ms_median": ("tpot_s", 1e-3),
@@ -95,7 +101,11 @@ class Point:
     def model(self, constants: StepConstants) -> StepModel:
         kv = "fp8" if str(self.row.get("kv_dtype") or "").startswith("fp8") else "auto"
         return StepModel(
-            self.arch, lookup_gpu(self.gpu), tp=self.tp, kv_dtype=kv, constants=constants
+            self.arch,
+            lookup_gpu(self.gpu),
+            tp=self.tp,
+            kv_dtype=kv,
+            constants=constants,
         )
 
     def predict(self, constants: StepConstants) -> float:
@@ -110,17 +120,36 @@ def preset_for(model: str) -> str | None:
     return None
 
 
-def kv_fit(arch: Architecture, gpu: str, tp: int, kv: str, p: int, o: int, batched: int) -> int:
+def mlp_only_fp8_bytes(arch: Architecture) -> float:
+    """Bytes per parameter of a dense checkpoint whose MLPs alone are fp8, but for the first
+    and last layers' (Meta's FP8 Llamas); everything else at the model's dtype."""
+    fp8 = 3 * arch.hidden_size * arch.mlp_width * max(0, len(arch.layers) - 2)
+    return (arch.params_total * arch.dtype_bytes - fp8 * (arch.dtype_bytes - 1)) / arch.params_total
+
+
+def kv_fit(
+    arch: Architecture,
+    gpu: str,
+    tp: int,
+    kv: str,
+    p: int,
+    o: int,
+    batched: int,
+    capacity_tokens: int | None = None,
+) -> int:
     """How many requests of P + O tokens the KV cache holds at once on this deployment
-    (vLLM's default 0.9 of the card, as the releases in the corpus had): past it, a closed
-    batch runs in waves, as vLLM admits only what fits."""
+    (vLLM's default 0.9 of the card, as the releases in the corpus had, or the capacity the
+    source states): past it, a closed batch runs in waves, as vLLM admits only what fits."""
     spec = lookup_gpu(gpu)
-    try:
-        budget = utilization_budget(arch, spec, 0.9, tp, 1, batched, 256)
-    except SizingError:
-        return 1
     layout = layout_for(arch, Serving(p + o, kv_dtype=kv, tp=tp), PLATFORMS[spec.platform])
-    blocks = budget.kv_bytes // layout.bytes_per_block
+    if capacity_tokens:
+        blocks = capacity_tokens // layout.block_size
+    else:
+        try:
+            budget = utilization_budget(arch, spec, 0.9, tp, 1, batched, 256)
+        except SizingError:
+            return 1
+        blocks = budget.kv_bytes // layout.bytes_per_block
     fit = predict_closed_loop(ClosedLoop(1, p, o), layout, blocks, batched, 10**6, None)
     return max(1, fit.fits_concurrency)
 
@@ -141,7 +170,8 @@ def _load(row: dict[str, Any], gpu: str, arch: Architecture) -> tuple[Load, str,
     if _v0(row):  # no chunked prefill: whole prompts up to max_model_len in one step
         batched = max(batched, 32768, p + o)
     kv = "fp8" if str(row.get("kv_dtype") or "").startswith("fp8") else "auto"
-    fits = kv_fit(arch, gpu, int(row["tp"]), kv, p, o, batched)
+    capacity = row.get("kv_capacity_tokens")
+    fits = kv_fit(arch, gpu, int(row["tp"]), kv, p, o, batched, int(capacity) if capacity else None)
     load = Load(
         kinds[kind],  # type: ignore[arg-type]
         c,
@@ -174,7 +204,9 @@ def to_point(row: dict[str, Any]) -> Point:
         raise ValueError(f"{row['id']}: no preset of {row['model']!r}'s shape")
     arch = lookup_model(preset)
     wdtype = str(row.get("weights_dtype") or "bf16").lower()
-    if wdtype in _WEIGHT_BYTES:
+    if _MLP_ONLY_FP8.match(str(row["model"]).lower()):
+        arch = replace(arch, weight_bytes_per_param=mlp_only_fp8_bytes(arch))
+    elif wdtype in _WEIGHT_BYTES:
         arch = replace(arch, weight_bytes_per_param=_WEIGHT_BYTES[wdtype])
     gpu = str(row["gpu"]).lower()
     load, metric, value = _load(row, gpu, arch)

@@ -6,7 +6,9 @@ model (`steptime.py`) the way vLLM schedules that load:
 - **closed batch** (`vllm bench latency`: B prompts of P tokens at once, O tokens each; the time
   from the first prompt to the last token): the prompts' prefill in steps of at most
   `max_num_batched_tokens`, then O - 1 decode steps of B requests, read at contexts from P to
-  P + O;
+  P + O; a batch larger than what runs at once (`max_num_seqs`, or what the KV cache holds)
+  runs at that many for B / that many of a batch's time, as vLLM starts a waiting prompt each
+  time one finishes;
 - **fixed concurrency** (`vllm bench serve --max-concurrency C`, a closed loop): the steady
   state of C streams (`loadmodel.py`); TPOT is a stream's cycle less its own time to first token
   over O - 1 gaps (the others' prefills land inside its decode and count), output tokens/s is
@@ -65,7 +67,7 @@ def predict(steps: StepModel, load: Load, metric: str) -> float:
         prefill = _closed_prefill_s(steps, running, p, load.batched_tokens)
         decode = decode_step_s(steps, running, p, o)
         e2e = prefill + (o - 1) * decode
-        waves = math.ceil(c / running)
+        waves = c / running
         values = {
             "e2e_s": e2e * waves,
             "ttft_s": prefill,

@@ -61,7 +61,7 @@ class StepError(ValueError):
 
 
 # Per-card constants where one number does not hold across cards, fitted to the corpus's fit
-# part (bench/bench_steptime_corpus.py fit, 2026-12-05; docs/twin.md): HBM efficiency, the
+# part (bench/bench_steptime_corpus.py fit, 2026-12-06; docs/twin.md): HBM efficiency, the
 # all-reduce at TP 2, and the fixed cost of a MoE layer, which is the card's MoE kernels *and*
 # the release measured on it (H200's and MI300X's figures are DeepSeek-R1 on 0.7.x nightlies,
 # H100's and A100's mostly newer and Mixtral). H200's HBM efficiency is H100's x 0.83 (the
@@ -69,19 +69,19 @@ class StepError(ValueError):
 # model at TP 8, which cannot pin it apart from the MoE cost. `mfu` is the earlier fit to
 # Lambda's prefills. B200 and the cards without a row: assumptions (H100's), until measured.
 CARD_CONSTANTS: dict[str, dict[str, float]] = {
-    "h100": {"hbm_efficiency": 0.77, "mfu": 0.36, "allreduce_latency_s": 17.6e-6,
-             "moe_layer_s": 57e-6},
-    "h200": {"hbm_efficiency": 0.64, "mfu": 0.36, "allreduce_latency_s": 2.0e-6,
-             "moe_layer_s": 590e-6},
-    "a100": {"hbm_efficiency": 0.72, "mfu": 0.55, "allreduce_latency_s": 18.4e-6,
-             "moe_layer_s": 192e-6},
-    "a100-40gb": {"hbm_efficiency": 0.72, "mfu": 0.55, "allreduce_latency_s": 18.4e-6,
-                  "moe_layer_s": 192e-6},
-    "mi300x": {"hbm_efficiency": 0.39, "mfu": 0.30, "allreduce_latency_s": 6.3e-6,
-               "moe_layer_s": 504e-6},
+    "h100": {"hbm_efficiency": 0.81, "mfu": 0.36, "allreduce_latency_s": 10.3e-6,
+             "moe_layer_s": 26e-6},
+    "h200": {"hbm_efficiency": 0.67, "mfu": 0.36, "allreduce_latency_s": 2.8e-6,
+             "moe_layer_s": 533e-6},
+    "a100": {"hbm_efficiency": 0.69, "mfu": 0.55, "allreduce_latency_s": 13.9e-6,
+             "moe_layer_s": 48e-6},
+    "a100-40gb": {"hbm_efficiency": 0.69, "mfu": 0.55, "allreduce_latency_s": 13.9e-6,
+                  "moe_layer_s": 48e-6},
+    "mi300x": {"hbm_efficiency": 0.39, "mfu": 0.30, "allreduce_latency_s": 5.5e-6,
+               "moe_layer_s": 424e-6},
 }  # fmt: skip
-_CARD_OTHER = {"hbm_efficiency": 0.77, "mfu": 0.45, "allreduce_latency_s": 17.6e-6,
-               "moe_layer_s": 57e-6}  # fmt: skip
+_CARD_OTHER = {"hbm_efficiency": 0.81, "mfu": 0.45, "allreduce_latency_s": 10.3e-6,
+               "moe_layer_s": 26e-6}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -93,29 +93,29 @@ class StepConstants:
     # share of the HBM bandwidth the weights' reads reach; None: the card's
     hbm_efficiency: float | None = None
     # share of that a decode's KV reads reach (paged attention over the context)
-    kv_efficiency: float = 0.51
+    kv_efficiency: float = 0.60
     # share of the dense peak a prefill reaches; None: the card's
     mfu: float | None = None
     # the routed experts' bandwidth and FLOP/s against the dense part's: above 1 for the
     # bandwidth, as a step touches fewer experts than uniform routing would (routing is
     # skewed); far below 1 for FLOP/s, as grouped GEMMs at a few hundred tokens per expert run
     # below the dense GEMMs' share of the peak
-    moe_hbm_factor: float = 1.5
-    moe_mfu_factor: float = 0.29
+    moe_hbm_factor: float = 1.14
+    moe_mfu_factor: float = 0.23
     # fixed cost of one MoE layer in a step, seconds; None: the card's
     moe_layer_s: float | None = None
     # what every step costs beside the roofline: sampling, launch gaps, the step's host work
     # that CUDA graphs do not hide, seconds
     step_overhead_s: float = 0.0002
     # host work per scheduled request in a step (input preparation, sampling), seconds
-    request_overhead_s: float = 0.15e-6
+    request_overhead_s: float = 2.8e-6
     # share of the shorter of a part's memory and compute time hidden under the longer: 1 on
     # a GPU (the roofline's max); a CPU server overlaps less (a calibration fits it)
     overlap: float = 1.0
     # one all-reduce's fixed cost inside a TP group of 2, seconds; None: the card's
     allreduce_latency_s: float | None = None
     # its growth per rank beyond 2 (the 2(TP-1) steps of a ring, partly overlapped)
-    allreduce_growth: float = 0.50
+    allreduce_growth: float = 0.64
     # the device's bandwidth and FLOP/s where no data sheet stands (a CPU server's, from a
     # measured figure), bytes/s and FLOP/s
     hbm_bytes_per_s: float | None = None
