@@ -18,11 +18,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kvwatch.sizing.archconfig import Architecture
+from kvwatch.sizing.archconfig import Architecture, architecture_from_config
 from kvwatch.sizing.budget import utilization_budget
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvmath import lookup_gpu, lookup_model
 from kvwatch.sizing.kvplan import PLATFORMS, Serving, layout_for
+from kvwatch.sizing.presets import MODEL_PRESETS
 from kvwatch.timing.loadmodel import ClosedLoop, predict_closed_loop
 from kvwatch.timing.measured import Load, predict
 from kvwatch.timing.steptime import StepConstants, StepModel
@@ -53,13 +54,17 @@ _MODELS = (
     (r"llama-4-scout", "llama-4-scout"),
     (r"llama-4-maverick", "llama-4-maverick"),
 )
-# bytes per parameter as the checkpoint stores them (archconfig's _QUANT_BYTES)
-_WEIGHT_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "mxfp4": 0.53, "awq": 0.53, "int4": 0.53}
+# the corpus's weight dtypes -> the quantization_config such a checkpoint ships, read as vLLM
+# loads it (kvwatch/sizing/quantized.py); bf16 and fp16: none
+_QUANT = {
+    "fp8": {"quant_method": "fp8"},
+    "mxfp4": {"quant_method": "mxfp4"},
+    "awq": {"quant_method": "awq", "bits": 4, "group_size": 128},
+    "int4": {"quant_method": "gptq", "bits": 4, "group_size": 128},
+}
 # checkpoints that quantize less than every linear layer: Meta's own FP8 Llamas (fbgemm_fp8)
 # quantize only the MLPs, and not those of the first and last layers; attention, embeddings and
-# the LM head stay bf16. vLLM loaded meta-llama/Llama-3.1-405B-FP8 in 56.77 GiB per card at TP 8
-# (dstackai/benchmarks comparison/h100sxm5_vs_mi300x/raw_data/gpu-usage.md, commit 85a2fe1)
-# against 56.7 GiB by this rule and 47.2 GiB at one byte a parameter
+# the LM head stay bf16 (read by kvwatch/sizing/quantized.py, which says what vLLM loaded)
 _MLP_ONLY_FP8 = re.compile(r"^meta-llama/.*-fp8$")
 # the corpus's metric names -> (measured.py's metric, factor to seconds or tokens/s)
 _METRICS = {
@@ -120,11 +125,32 @@ def preset_for(model: str) -> str | None:
     return None
 
 
-def mlp_only_fp8_bytes(arch: Architecture) -> float:
-    """Bytes per parameter of a dense checkpoint whose MLPs alone are fp8, but for the first
-    and last layers' (Meta's FP8 Llamas); everything else at the model's dtype."""
-    fp8 = 3 * arch.hidden_size * arch.mlp_width * max(0, len(arch.layers) - 2)
-    return (arch.params_total * arch.dtype_bytes - fp8 * (arch.dtype_bytes - 1)) / arch.params_total
+def checkpoint_bytes(preset: str, model: str, wdtype: str) -> float | None:
+    """Bytes per parameter of the row's checkpoint of a preset, read through the
+    quantization_config it ships (Meta's FP8 Llamas: attention and the first and last MLPs
+    unconverted); None: the preset's own."""
+    cfg = MODEL_PRESETS[preset].config
+    if _MLP_ONLY_FP8.match(model.lower()):
+        last = int(cfg["num_hidden_layers"]) - 1
+        quant: dict[str, Any] | None = {
+            "quant_method": "fbgemm_fp8",
+            "modules_to_not_convert": [
+                "self_attn", "model.layers.0.mlp", f"model.layers.{last}.mlp"
+            ],
+        }  # fmt: skip
+    elif wdtype in ("bf16", "fp16"):
+        quant = None
+    elif wdtype in _QUANT:
+        shipped = cfg.get("quantization_config") or {}
+        # the preset's own list of unconverted modules, where it ships one of this method
+        same = shipped.get("quant_method") == _QUANT[wdtype]["quant_method"]
+        quant = {**_QUANT[wdtype], **(shipped if same else {})}
+    else:
+        return None
+    cfg = {k: v for k, v in cfg.items() if k != "quantization_config"}
+    if quant:
+        cfg["quantization_config"] = quant
+    return architecture_from_config(cfg, preset).weight_bytes_per_param
 
 
 def kv_fit(
@@ -203,11 +229,9 @@ def to_point(row: dict[str, Any]) -> Point:
     if preset is None:
         raise ValueError(f"{row['id']}: no preset of {row['model']!r}'s shape")
     arch = lookup_model(preset)
-    wdtype = str(row.get("weights_dtype") or "bf16").lower()
-    if _MLP_ONLY_FP8.match(str(row["model"]).lower()):
-        arch = replace(arch, weight_bytes_per_param=mlp_only_fp8_bytes(arch))
-    elif wdtype in _WEIGHT_BYTES:
-        arch = replace(arch, weight_bytes_per_param=_WEIGHT_BYTES[wdtype])
+    wbytes = checkpoint_bytes(preset, str(row["model"]), str(row.get("weights_dtype") or "bf16"))
+    if wbytes is not None:
+        arch = replace(arch, weight_bytes_per_param=wbytes)
     gpu = str(row["gpu"]).lower()
     load, metric, value = _load(row, gpu, arch)
     return Point(

@@ -409,3 +409,38 @@ def test_a_kv_event_recording_draws_a_curve_or_says_why_in_one_line(
     from tests.fuzzing import check_kv_recording
 
     check_kv_recording(rng, tmp_path_factory.mktemp("kv"))
+
+
+_QUANT_KEYS = ("quant_method", "bits", "w_bit", "group_size", "q_group_size", "config_groups",
+               "quant_algo", "quantization", "load_in_8bit", "global_quant_config",
+               "modules_to_not_convert", "ignore", "ignored_layers", "exclude")  # fmt: skip
+_METHODS = ("fp8", "fbgemm_fp8", "mxfp4", "modelopt", "gptq", "awq", "bitsandbytes",
+            "compressed-tensors", "quark", "something-new")  # fmt: skip
+
+
+@st.composite
+def _quant_doc(draw: st.DrawFn) -> Any:
+    """A quantization_config of a known method with fields of any type and shape."""
+    doc: dict[str, Any] = {"quant_method": draw(st.sampled_from(_METHODS) | _ANY)}
+    for key in draw(st.lists(st.sampled_from(_QUANT_KEYS), max_size=4)):
+        doc[key] = draw(_ANY | st.lists(st.text(max_size=40), max_size=4))
+    if draw(st.booleans()):
+        weights = {"num_bits": draw(_ANY), "group_size": draw(_ANY)}
+        doc["config_groups"] = {"g": {"weights": weights}}
+    return doc
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(_quant_doc())
+def test_quantization_configs_give_a_weight_size_or_a_note(doc: Any) -> None:
+    """Any quantization_config gives a finite, positive size a parameter (at most 32 bits a
+    weight and its scales), or the dtype's with a one-line note; never an exception
+    (kvwatch/sizing/quantized.py)."""
+    from kvwatch.sizing.archconfig import architecture_from_config
+    from kvwatch.sizing.presets import MODEL_PRESETS
+
+    cfg = dict(MODEL_PRESETS["llama-3.1-8b"].config, quantization_config=doc)
+    arch = architecture_from_config(cfg, "fuzz")
+    b = arch.weight_bytes_per_param
+    assert 0 < b <= 4.5 and b == b, b
+    assert all(isinstance(n, str) and "\n" not in n for n in arch.notes)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kvwatch.sizing.errors import SizingError
+from kvwatch.sizing.quantized import ParamCounts, weight_bytes_per_param
 
 __all__ = [
     "AttentionLayer",
@@ -332,8 +333,10 @@ def architecture_from_config(
     else:
         layers, hidden, heads = built.layers, built.hidden_size, built.attention_heads
     refuse_attention_free(layers, label)
+    counts: ParamCounts | None = None
     try:
-        total, active = _params(text, layers, label)
+        counts, active = _params(text, layers, label)
+        total = counts.total
     except (KeyError, TypeError, ValueError, ZeroDivisionError, SizingError):
         if built is None:
             raise
@@ -345,8 +348,10 @@ def architecture_from_config(
     dtype = str(text.get("torch_dtype") or text.get("dtype") or "bfloat16")
     dbytes = {"float32": 4, "float16": 2, "bfloat16": 2}.get(dtype, 2)
     quant = cfg.get("quantization_config")
-    method = quant.get("quant_method") if isinstance(quant, dict) else None
-    wbytes = _QUANT_BYTES.get(str(method), float(dbytes)) if method else float(dbytes)
+    wbytes, quant_notes = weight_bytes_per_param(
+        quant if isinstance(quant, dict) else None, dbytes, counts
+    )
+    notes += quant_notes
     return Architecture(
         name=name,
         architecture=label,
@@ -405,10 +410,6 @@ def known_arithmetic(arch: str, model_type: str, label: str) -> None:
         f"{label}: not an architecture kvwatch's arithmetic knows; install vLLM "
         "(kvwatch[gpu]) to size it from vLLM's model classes, or use a known --model preset"
     )
-
-
-# bytes per parameter of a quantized checkpoint (block scales included, roughly)
-_QUANT_BYTES = {"fp8": 1.0, "mxfp4": 0.53, "nvfp4": 0.56, "awq": 0.53, "gptq": 0.53}
 
 
 def _sliding_window(text: Mapping[str, Any], model_type: str, label: str) -> int | None:
@@ -772,8 +773,11 @@ def _routed_share(text: Mapping[str, Any]) -> float:
     return min(1.0, per_tok / experts) if experts and per_tok else 0.0
 
 
-def _params(text: Mapping[str, Any], layers: tuple[Layer, ...], label: str) -> tuple[float, float]:
-    """Total and active parameters, from the shapes (SwiGLU MLPs, untied unless said)."""
+def _params(
+    text: Mapping[str, Any], layers: tuple[Layer, ...], label: str
+) -> tuple[ParamCounts, float]:
+    """All parameters by where they sit, and the active ones, from the shapes (SwiGLU MLPs,
+    untied unless said)."""
     hidden = _size(text.get("hidden_size"))
     heads = _size(text.get("num_attention_heads"), 1)
     vocab = _size(text.get("vocab_size") or 32000)
@@ -784,6 +788,8 @@ def _params(text: Mapping[str, Any], layers: tuple[Layer, ...], label: str) -> t
         text.get("shared_expert_intermediate_size")
     )
     total = active = 0.0
+    attns: list[float] = []
+    mlps: list[float] = []
     for layer, moe in zip(layers, _moe_layer_flags(text, len(layers)), strict=True):
         attn = _attention_params(layer, text, hidden, heads)
         if moe:
@@ -794,8 +800,19 @@ def _params(text: Mapping[str, Any], layers: tuple[Layer, ...], label: str) -> t
             mlp_total = mlp_active = 3 * hidden * dense_inter
         total += attn + mlp_total
         active += attn + mlp_active
-    emb = vocab * hidden * (1 if text.get("tie_word_embeddings") else 2)
-    return total + emb, active + emb
+        attns.append(attn)
+        mlps.append(mlp_total)
+    head = 0 if text.get("tie_word_embeddings") else vocab * hidden
+    counts = ParamCounts(
+        total=total + vocab * hidden + head,
+        embeddings=vocab * hidden,
+        lm_head=head,
+        attention=attns,
+        mlp=mlps,
+        heads=heads,
+        kv_heads=[x.kv_heads if isinstance(x, AttentionLayer) else 0 for x in layers],
+    )
+    return counts, active + vocab * hidden + head
 
 
 def _moe_layer_flags(text: Mapping[str, Any], n_layers: int) -> list[bool]:

@@ -101,7 +101,16 @@ def _gpt_oss(layers: int, experts: int, params: float, active: float) -> ModelPr
             "vocab_size": 201088,
             "max_position_embeddings": 131072,
             "torch_dtype": "bfloat16",
-            "quantization_config": {"quant_method": "mxfp4"},
+            # as the checkpoints ship it: attention, router, embeddings and LM head in bf16
+            "quantization_config": {
+                "quant_method": "mxfp4",
+                "modules_to_not_convert": [
+                    "model.layers.*.self_attn",
+                    "model.layers.*.mlp.router",
+                    "model.embed_tokens",
+                    "lm_head",
+                ],
+            },  # fmt: skip
         },
         params,
         active,
