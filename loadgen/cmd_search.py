@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from kvwatch.common.cli_kit import EXIT_FOUND, EXIT_UNREACHABLE, CliError
+from kvwatch.common.cli_kit import EXIT_FOUND, EXIT_UNREACHABLE, CliError, one_line
 from kvwatch.loadgen.cmd_run import (
     announce_time_scale,
     in_wall_time,
@@ -25,17 +25,21 @@ from kvwatch.loadgen.cmd_run import (
     send_stages,
     server_metrics_url,
 )
+from kvwatch.loadgen.forecast import forecast_doc, forecast_line, mean_lengths, render_forecast
 from kvwatch.loadgen.measure import Measured, measure, run_spec
 from kvwatch.loadgen.results.records import StallRule
 from kvwatch.loadgen.results.rundir import discard_if_empty, prepare_run_dir, write_run
 from kvwatch.loadgen.results.search_file import SEARCH_FILE, render_search, search_from_doc
-from kvwatch.loadgen.results.server_metrics import sidecar_preemptions
+from kvwatch.loadgen.results.server_metrics import server_snapshot, sidecar_preemptions
 from kvwatch.loadgen.results.summary import SloError, parse_slo, summarize_records
 from kvwatch.loadgen.search import CapacitySearch, LoadVerdict, ProbeResult, SearchPlan
 from kvwatch.loadgen.send.runner import Progress, RunOptions, run_loop
 from kvwatch.loadgen.workload.arrivals import Concurrency, Poisson
 from kvwatch.loadgen.workload.schedule import Stage
 from kvwatch.loadgen.workload.spec import WorkloadSpec
+from kvwatch.sizing.errors import SizingError
+from kvwatch.timing.calibration import Calibration, read_calibration
+from kvwatch.timing.steptime import StepError
 
 __all__ = ["run_search", "probe_stage", "search_doc", "kv_ran_out"]
 
@@ -57,11 +61,12 @@ def probe_stage(
     return Stage(name, Poisson(load), duration_s, requests)
 
 
-def _plan(ns: argparse.Namespace) -> SearchPlan:
+def _plan(ns: argparse.Namespace, start: float | None = None) -> SearchPlan:
     try:
         return SearchPlan(
-            ns.by, ns.attainment, ns.start, ns.max_load, precision=ns.precision,
-            repeats=ns.repeats, max_repeats=max(ns.repeats, ns.max_repeats),
+            ns.by, ns.attainment, start or ns.start or 1.0, ns.max_load,
+            precision=ns.precision, repeats=ns.repeats,
+            max_repeats=max(ns.repeats, ns.max_repeats),
         )  # fmt: skip
     except ValueError as e:
         raise CliError(str(e)) from None
@@ -100,6 +105,7 @@ def kv_ran_out(m: Measured) -> bool | None:
 
 def run_search(ns: argparse.Namespace) -> int:
     plan = _plan(ns)
+    cal = _calibration(ns)  # a broken file is refused before the server is asked anything
     try:
         slo = parse_slo(ns.slo)
     except SloError as e:
@@ -117,7 +123,7 @@ def run_search(ns: argparse.Namespace) -> int:
     except ValueError as e:
         raise CliError(str(e)) from None
     try:
-        return _search_into(ns, run_dir, plan, slo, api_key)
+        return _search_into(ns, run_dir, plan, slo, api_key, cal)
     except BaseException:
         if created:
             discard_if_empty(run_dir)
@@ -130,12 +136,18 @@ def _search_into(
     plan: SearchPlan,
     slo: dict[str, float],
     api_key: str | None,
+    cal: Calibration | None = None,
 ) -> int:
     """The search's probes, each written under `run_dir` (made and probed already)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     model, workload, time_scale = run_loop(prepare_run(ns, headers))
     announce_time_scale(time_scale)
     stall, slo = in_wall_time(_STALL, slo, time_scale)
+    forecast = None
+    if cal is not None:
+        forecast = _forecast(ns, cal, headers, workload, slo, time_scale)
+        if ns.start is None and forecast.get("slo_limit"):
+            plan = _plan(ns, max(1.0, float(forecast["slo_limit"] // 2)))
 
     async def sidecar_count() -> float | None:
         if not ns.sidecar:
@@ -188,7 +200,7 @@ def _search_into(
         meta.append({**asdict(probe), "repeat": repeat, "failed": int(o.get("failed") or 0)})
         print(f"  {_probe_line(probe)}", file=sys.stderr)
         # after every probe: an interrupted search keeps what it measured
-        doc = search_doc(search, slo, ns.url, model, workload, meta, started)
+        doc = search_doc(search, slo, ns.url, model, workload, meta, started, forecast)
         (run_dir / SEARCH_FILE).write_text(json.dumps(doc, indent=1))
         if (why := _unanswered(m.records)) is not None:
             raise CliError(
@@ -198,7 +210,7 @@ def _search_into(
             )
         time.sleep(_SETTLE_S)
     result = search.result()
-    doc = search_doc(search, slo, ns.url, model, workload, meta, started)
+    doc = search_doc(search, slo, ns.url, model, workload, meta, started, forecast)
     advice = _advice(run_dir, doc)
     if advice is not None:
         doc["advice"] = advice
@@ -207,6 +219,8 @@ def _search_into(
         print(json.dumps(doc, indent=2))
     else:
         print(render_search(search_from_doc(doc)))
+        if forecast is not None:
+            print(forecast_line(forecast, doc["result"]))
         print(f"run directory: {run_dir}  (kvwatch report {run_dir} draws the capacity page)")
     return 0 if result.max_ok is not None else EXIT_FOUND
 
@@ -257,11 +271,14 @@ def search_doc(
     workload: WorkloadSpec,
     probes: list[dict[str, Any]],
     started_unix: float,
+    forecast: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """search.json: the plan, every probe, every load pooled, and the result."""
+    """search.json: the plan, every probe, every load pooled, the result, and the calibrated
+    forecast where one was asked for."""
     r = search.result()
     t = r.target
     return {
+        **({"forecast": forecast} if forecast is not None else {}),
         "kind": "capacity_search",
         "target": target_url,
         "model": model,
@@ -284,12 +301,58 @@ def search_doc(
     }
 
 
+def _calibration(ns: argparse.Namespace) -> Calibration | None:
+    """`--calibration FILE`, read and checked where it enters."""
+    path = getattr(ns, "calibration", None)
+    if path is None:
+        return None
+    if ns.by != "concurrency":
+        raise CliError("--calibration forecasts closed loops: use it with --by concurrency")
+    try:
+        return read_calibration(path)
+    except (OSError, SizingError) as e:
+        raise CliError(one_line(f"--calibration {path}: {e}")) from None
+
+
+def _forecast(
+    ns: argparse.Namespace,
+    cal: Calibration,
+    headers: dict[str, str],
+    workload: WorkloadSpec,
+    slo: dict[str, float],
+    time_scale: float | None,
+) -> dict[str, Any]:
+    """The search's forecast from the server's own cache and the calibrated step model,
+    printed before the first probe (search.json's `forecast`)."""
+    url = server_metrics_url(ns)
+    snap = None
+    if url is not None:
+
+        async def snapshot() -> dict[str, Any] | None:
+            async with httpx.AsyncClient(timeout=10, headers=headers) as client:
+                return await server_snapshot(client, url)
+
+        snap = run_loop(snapshot())
+    cache = (snap or {}).get("cache") or {}
+    if not (cache.get("num_blocks") and cache.get("block_size")):
+        raise CliError(
+            "--calibration needs the server's cache size: its /metrics gave no "
+            "cache_config_info (num_gpu_blocks, block_size)"
+        )
+    lengths = mean_lengths(workload)
+    try:
+        doc = forecast_doc(cal, ns.calibration, cache, lengths, slo, int(ns.max_load), time_scale)
+    except (SizingError, StepError) as e:
+        raise CliError(one_line(f"--calibration: {e}")) from None
+    print(render_forecast(doc), file=sys.stderr)
+    return doc
+
+
 def _advice(run_dir: Path, doc: dict[str, Any]) -> dict[str, Any] | None:
     """The sizing advice where the binding limit is met: the KV onset's first probe (the
     cache ran out there), else the lowest failing load's."""
     from kvwatch.loadgen.results.run_observed import observed_from_dir
     from kvwatch.sizing.advice import advise
-    from kvwatch.sizing.errors import SizingError
 
     res = doc["result"]
     at = res["kv_onset"] or res["min_fail"]

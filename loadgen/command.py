@@ -333,6 +333,7 @@ exit status: 0 a maximum was found, 1 no load probed met the SLOs, 2 usage, 3 un
 examples:
   kvwatch loadgen search --url http://127.0.0.1:8000 --slo ttft=500ms,tpot=50ms
   kvwatch loadgen search --url URL --slo e2e=20s --by rate --start 0.5 --probe-duration 60
+  kvwatch loadgen search --url URL --slo tpot=50ms --calibration cal.json  (forecast first)
   kvwatch report runs/search-20261201-120000      (the capacity page)"""
 
 
@@ -367,7 +368,19 @@ def _register_search(lsub: Any) -> None:
         default=0.95,
         help="the share of requests that must meet the SLOs (0.95)",
     )
-    add("--start", type=positive_finite, default=1.0, help="the first load (1)")
+    add(
+        "--start",
+        type=positive_finite,
+        help="the first load (1; with --calibration, half the forecast limit)",
+    )
+    add(
+        "--calibration",
+        type=Path,
+        metavar="FILE",
+        help="step-time constants fitted to this server (`kvwatch calibrate`): forecast the "
+        "SLO limit and the KV onset from the server's own cache before probing, start below "
+        "the forecast, and print it beside what the probes find (--by concurrency)",
+    )
     add(
         "--max",
         type=positive_finite,
