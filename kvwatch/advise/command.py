@@ -172,7 +172,8 @@ def _register_advise(sub: Any) -> None:
         type=Path,
         metavar="FILE",
         help="step-time constants fitted to your own server (`kvwatch calibrate --out FILE`); "
-        "loads outside the range it saw are named",
+        "loads outside the range it saw are named. With --prometheus, each fleet's advice also "
+        "says what a decode step takes at the advised engines' share of the peak",
     )
     a.add_argument("--json", action="store_true", help="print JSON")
     a.set_defaults(func=handler("kvwatch.advise.run:run_advise"))

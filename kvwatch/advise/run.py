@@ -7,14 +7,17 @@ import argparse
 import json
 from typing import Any
 
+from kvwatch.advise.fleet_latency import fleet_step_lines
 from kvwatch.advise.prometheus import prometheus_as_cli
 from kvwatch.advise.sources import observed_from_source
-from kvwatch.common.cli_kit import EXIT_FOUND, CliError
+from kvwatch.common.cli_kit import EXIT_FOUND, CliError, one_line
 from kvwatch.sizing.advice import Advice, Observed, advise
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.fleet import FleetAdvice, advise_fleet
 from kvwatch.sizing.kvmath import lookup_gpu
 from kvwatch.sizing.levers import ServerInfo
+from kvwatch.timing.calibration import Calibration, read_calibration
+from kvwatch.timing.steptime import StepError
 
 __all__ = ["run_advise"]
 
@@ -92,8 +95,29 @@ def _fleets(ns: argparse.Namespace) -> list[FleetAdvice]:
     from kvwatch.sidecar.contract.thresholds import DEFAULT_THRESHOLDS
 
     pressure = DEFAULT_THRESHOLDS.pressure_kv
+    cal = _calibration(ns)
     fleets = fleets_from_prometheus(ns.prometheus, ns.window, ns.step)
-    return [advise_fleet(f, pressure) for f in fleets]
+    out = []
+    for f in fleets:
+        advice = advise_fleet(f, pressure)
+        if cal is not None:
+            try:
+                advice.arithmetic += fleet_step_lines(cal, ns.calibration, f, advice)
+            except (SizingError, StepError) as e:
+                advice.arithmetic.append(f"no step time from the calibration: {one_line(str(e))}")
+        out.append(advice)
+    return out
+
+
+def _calibration(ns: argparse.Namespace) -> Calibration | None:
+    """`--calibration FILE` for the fleet's advice, checked where it enters."""
+    path = getattr(ns, "calibration", None)
+    if path is None:
+        return None
+    try:
+        return read_calibration(path)
+    except SizingError as e:
+        raise CliError(one_line(str(e))) from None
 
 
 def _render_fleets(fleets: list[FleetAdvice]) -> list[str]:
