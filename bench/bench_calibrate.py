@@ -3,6 +3,7 @@
     PYTHONPATH=. .venv/bin/python bench/bench_calibrate.py cpu          # the real vLLM (CPU), 3 min
     PYTHONPATH=. .venv/bin/python bench/bench_calibrate.py cpu-metrics  # from the server, 4 min
     PYTHONPATH=. .venv/bin/python bench/bench_calibrate.py twin         # hidden constants, 4 min
+    PYTHONPATH=. .venv/bin/python bench/bench_calibrate.py search       # search's forecast, 5 min
 
 cpu: a real vLLM on this machine's CPU (the tiny model, 64 MiB of KV) serves the calibration
 loads (`loadgen run --sweep concurrency=1,4,16`, 128 + 64 tokens, and 4 streams of 768-token
@@ -53,7 +54,7 @@ from kvwatch.local.server import (
 from kvwatch.local.tiny_model import build_tiny_model
 from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
 from kvwatch.timing.calibration import Figure, read_calibration
-from kvwatch.timing.measured import predict
+from kvwatch.timing.measured import Load, predict
 from kvwatch.timing.server_slices import figures_from_slices
 from kvwatch.timing.steptime import StepModel
 
@@ -272,6 +273,60 @@ def cpu(source: str = "run") -> None:
     (RESULTS / name).write_text(json.dumps(out, indent=1) + "\n")
 
 
+def search() -> None:
+    """`loadgen search --calibration`: calibrated as `cpu` is, the search's forecast of the SLO
+    limit and the KV onset against what its probes find on the same server. The TPOT limit is
+    the calibration's own prediction at 10 streams, so the forecast sits inside the search's
+    range; what is judged is whether the probes find it there."""
+    model = build_tiny_model()
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        LocalVLLM(
+            ServerConfig(model=model, kv_cache_memory_bytes=64 * 2**20, nice=10),
+            log_path=Path(tmp) / "vllm.log",
+        ) as server,
+    ):
+        work, url = Path(tmp), server.base_url
+        lengths = ("--input-len", str(PROMPT), "--output-len", str(OUTPUT))
+        _load(url, work / "calibration-0", "--sweep", "concurrency=1,4,16", "--requests", "48",
+              *lengths)  # fmt: skip
+        _load(url, work / "calibration-1", "--concurrency", "4", "--requests", "24",
+              "--input-len", "768", "--output-len", str(OUTPUT))  # fmt: skip
+        cal_file = work / "calibration.json"
+        p = _kvwatch("calibrate", "--run", str(work / "calibration-0"), "--run",
+                     str(work / "calibration-1"), "--model", str(model), "--gpu", "cpu",
+                     "--out", str(cal_file))  # fmt: skip
+        if p.returncode != 0:
+            raise SystemExit(f"calibrate failed: {p.stderr.strip()}")
+        cal = read_calibration(cal_file)
+        steps = StepModel(resolve_model(str(model)), lookup_gpu("cpu"),
+                          constants=cal.step_constants())  # fmt: skip
+        spec = lookup_gpu("cpu")
+        tpot = predict(steps, Load("fixed_concurrency", 10, PROMPT, OUTPUT, spec.batched_tokens,
+                                   256), "tpot_s")  # fmt: skip
+        slo = f"tpot={tpot * 1e3:.1f}ms"
+        t = time.monotonic()
+        p = _kvwatch("loadgen", "search", "--url", url, "--slo", slo, "--calibration",
+                     str(cal_file), "--max", "64", "--run-dir", str(work / "search"), *lengths,
+                     "--json", "--no-progress")  # fmt: skip
+        if p.returncode not in (0, 1):
+            raise SystemExit(f"search failed: {p.stderr.strip()[-400:]}")
+        doc = json.loads(p.stdout)
+        print(p.stderr.strip()[-1500:])
+    r = doc["result"]
+    out = {
+        "date": time.strftime("%Y-%m-%d"),
+        "slo": slo,
+        "search_s": round(time.monotonic() - t),
+        "probes": len(doc["probes"]),
+        "forecast": doc["forecast"],
+        "found": {k: (r[k] or {}).get("load") for k in ("max_ok", "min_fail", "kv_onset")},
+        "binding": r["binding"],
+    }
+    print(json.dumps(out, indent=1))
+    (RESULTS / "calibrate-search.json").write_text(json.dumps(out, indent=1) + "\n")
+
+
 def twin(scale: float) -> None:
     from kvwatch.twin.serve import start_twin
 
@@ -333,12 +388,14 @@ def twin(scale: float) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("cpu", "cpu-metrics", "twin"))
+    ap.add_argument("what", choices=("cpu", "cpu-metrics", "twin", "search"))
     ap.add_argument("--time-scale", type=float, default=2.0, help="the twin's (default 2)")
     ns = ap.parse_args()
     what = ns.what
     if what == "twin":
         twin(ns.time_scale)
+    elif what == "search":
+        search()
     else:
         cpu("metrics" if what == "cpu-metrics" else "run")
 

@@ -145,7 +145,7 @@ def _search_into(
     stall, slo = in_wall_time(_STALL, slo, time_scale)
     forecast = None
     if cal is not None:
-        forecast = _forecast(ns, cal, headers, workload, slo, time_scale)
+        forecast = _forecast(ns, cal, headers, model, workload, slo, time_scale)
         if ns.start is None and forecast.get("slo_limit"):
             plan = _plan(ns, max(1.0, float(forecast["slo_limit"] // 2)))
 
@@ -318,6 +318,7 @@ def _forecast(
     ns: argparse.Namespace,
     cal: Calibration,
     headers: dict[str, str],
+    served: str,
     workload: WorkloadSpec,
     slo: dict[str, float],
     time_scale: float | None,
@@ -341,7 +342,9 @@ def _forecast(
         )
     lengths = mean_lengths(workload)
     try:
-        doc = forecast_doc(cal, ns.calibration, cache, lengths, slo, int(ns.max_load), time_scale)
+        doc = forecast_doc(
+            cal, ns.calibration, cache, lengths, slo, int(ns.max_load), time_scale, served
+        )
     except (SizingError, StepError) as e:
         raise CliError(one_line(f"--calibration: {e}")) from None
     print(render_forecast(doc), file=sys.stderr)

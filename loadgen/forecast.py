@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kvwatch.loadgen.workload.spec import WorkloadSpec
+from kvwatch.sizing.archconfig import Architecture
 from kvwatch.sizing.budget import default_max_num_seqs
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
@@ -42,10 +43,13 @@ def forecast_doc(
     slo: dict[str, float],
     max_load: int,
     time_scale: float | None,
+    served: str = "",
 ) -> dict[str, Any]:
     """The forecast as search.json's `forecast`: its figures in wall time, with what it stands
-    on (calibration, cache, lengths) and what it extrapolates."""
-    arch = resolve_model(cal.model)
+    on (calibration, cache, lengths) and what it extrapolates. The model's layers are the
+    served model's where its name resolves (a preset or a local checkpoint), else the
+    calibration's."""
+    arch = _model(cal, served)
     gpu = lookup_gpu(cal.gpu)
     steps = StepModel(arch, gpu, tp=cal.tp, constants=cal.step_constants())
     p, o = lengths
@@ -79,6 +83,20 @@ def forecast_doc(
         "output_len": o,
         "outside_calibration": cal.outside(limit, p, o),
     }
+
+
+def _model(cal: Calibration, served: str) -> Architecture:
+    for name in (served, cal.model):
+        if not name:
+            continue
+        try:
+            return resolve_model(name)
+        except SizingError:
+            continue
+    raise SizingError(
+        f"neither the served model {served!r} nor the calibration's {cal.model!r} is a preset "
+        "or a local checkpoint kvwatch can read"
+    )
 
 
 def render_forecast(doc: dict[str, Any]) -> str:

@@ -92,3 +92,16 @@ def test_the_doc_puts_a_twins_seconds_in_wall_time() -> None:
 
 def test_mean_lengths_of_a_workload() -> None:
     assert mean_lengths(WorkloadSpec("128", "32")) == (128, 32)
+
+
+def test_the_served_model_wins_and_neither_is_refused_in_one_line() -> None:
+    cache = {"num_blocks": 40 * 40 + 1, "block_size": 16}
+    lengths = (PROMPT, OUTPUT)
+    other = Calibration(
+        "tiny-llama-30m-v1", "h100", 1, {}, {}, "t", "wall", {}, [], {}
+    )  # the name a calibration keeps of a local checkpoint: not a preset
+    doc = forecast_doc(other, Path("c"), cache, lengths, {"tpot": 10.0}, 64, None, "llama-3.1-8b")
+    assert doc["kv_onset"] == 41
+    with pytest.raises(SizingError, match="neither the served model 'x'") as e:
+        forecast_doc(other, Path("c"), cache, lengths, {}, 8, None, "x")
+    assert "\n" not in str(e.value)
