@@ -38,7 +38,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -238,7 +239,16 @@ def _ended(watcher: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.CompletedProcess(watcher.args, watcher.returncode, stdout, stderr)
 
 
-def cpu(source: str = "run") -> None:
+LENGTHS = ("--input-len", str(PROMPT), "--output-len", str(OUTPUT))
+CPU_CALIB = (  # the cpu case's calibration loads: a sweep, and longer prompts
+    ("--sweep", "concurrency=1,4,16", "--requests", "48", *LENGTHS),
+    ("--concurrency", "4", "--requests", "24", "--input-len", "768", "--output-len", str(OUTPUT)),
+)
+
+
+@contextmanager
+def _cpu_server() -> Iterator[tuple[Path, str]]:
+    """The real vLLM (CPU) serving the tiny model with 64 MiB of KV: a work folder and its URL."""
     model = build_tiny_model()
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -247,15 +257,16 @@ def cpu(source: str = "run") -> None:
             log_path=Path(tmp) / "vllm.log",
         ) as server,
     ):
-        lengths = ("--input-len", str(PROMPT), "--output-len", str(OUTPUT))
-        calib = (
-            ("--sweep", "concurrency=1,4,16", "--requests", "48", *lengths),
-            ("--concurrency", "4", "--requests", "24", "--input-len", "768",
-             "--output-len", str(OUTPUT)),
-        )  # fmt: skip
+        yield Path(tmp), server.base_url
+
+
+def cpu(source: str = "run") -> None:
+    model = build_tiny_model()
+    with _cpu_server() as (work, url):
+        calib = CPU_CALIB
         if source == "metrics":  # a slice is steady state only inside a long enough stage
             calib = (
-                *[("--concurrency", str(c), "--requests", str(n), *lengths)
+                *[("--concurrency", str(c), "--requests", str(n), *LENGTHS)
                   for c, n in ((1, 24), (4, 64), (16, 192))],
                 calib[1],
             )  # fmt: skip
@@ -267,7 +278,7 @@ def cpu(source: str = "run") -> None:
                 k: (c, p, 2 * n) for k, (c, p, n) in RERUNS.items()
             }
         )
-        out = prove(server.base_url, Path(tmp), str(model), "cpu", calib, reruns, OUTPUT, sources)
+        out = prove(url, work, str(model), "cpu", calib, reruns, OUTPUT, sources)
     out["date"] = time.strftime("%Y-%m-%d")
     name = "calibrate-cpu.json" if source == "run" else "calibrate-cpu-metrics.json"
     (RESULTS / name).write_text(json.dumps(out, indent=1) + "\n")
@@ -279,23 +290,14 @@ def search() -> None:
     the calibration's own prediction at 10 streams, so the forecast sits inside the search's
     range; what is judged is whether the probes find it there."""
     model = build_tiny_model()
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        LocalVLLM(
-            ServerConfig(model=model, kv_cache_memory_bytes=64 * 2**20, nice=10),
-            log_path=Path(tmp) / "vllm.log",
-        ) as server,
-    ):
-        work, url = Path(tmp), server.base_url
-        lengths = ("--input-len", str(PROMPT), "--output-len", str(OUTPUT))
-        _load(url, work / "calibration-0", "--sweep", "concurrency=1,4,16", "--requests", "48",
-              *lengths)  # fmt: skip
-        _load(url, work / "calibration-1", "--concurrency", "4", "--requests", "24",
-              "--input-len", "768", "--output-len", str(OUTPUT))  # fmt: skip
+    with _cpu_server() as (work, url):
+        runs: list[str] = []
+        for i, args in enumerate(CPU_CALIB):
+            _load(url, work / f"calibration-{i}", *args)
+            runs += ["--run", str(work / f"calibration-{i}")]
         cal_file = work / "calibration.json"
-        p = _kvwatch("calibrate", "--run", str(work / "calibration-0"), "--run",
-                     str(work / "calibration-1"), "--model", str(model), "--gpu", "cpu",
-                     "--out", str(cal_file))  # fmt: skip
+        p = _kvwatch("calibrate", *runs, "--model", str(model), "--gpu", "cpu", "--out",
+                     str(cal_file))  # fmt: skip
         if p.returncode != 0:
             raise SystemExit(f"calibrate failed: {p.stderr.strip()}")
         cal = read_calibration(cal_file)
@@ -307,7 +309,7 @@ def search() -> None:
         slo = f"tpot={tpot * 1e3:.1f}ms"
         t = time.monotonic()
         p = _kvwatch("loadgen", "search", "--url", url, "--slo", slo, "--calibration",
-                     str(cal_file), "--max", "64", "--run-dir", str(work / "search"), *lengths,
+                     str(cal_file), "--max", "64", "--run-dir", str(work / "search"), *LENGTHS,
                      "--json", "--no-progress")  # fmt: skip
         if p.returncode not in (0, 1):
             raise SystemExit(f"search failed: {p.stderr.strip()[-400:]}")
