@@ -39,7 +39,6 @@ from kvwatch.loadgen.workload.schedule import Stage
 from kvwatch.loadgen.workload.spec import WorkloadSpec
 from kvwatch.sizing.errors import SizingError
 from kvwatch.timing.calibration import Calibration, read_calibration
-from kvwatch.timing.steptime import StepError
 
 __all__ = ["run_search", "probe_stage", "search_doc", "kv_ran_out"]
 
@@ -310,8 +309,8 @@ def _calibration(ns: argparse.Namespace) -> Calibration | None:
         raise CliError("--calibration forecasts closed loops: use it with --by concurrency")
     try:
         return read_calibration(path)
-    except (OSError, SizingError) as e:
-        raise CliError(one_line(f"--calibration {path}: {e}")) from None
+    except SizingError as e:  # its message names the file
+        raise CliError(one_line(f"--calibration: {e}")) from None
 
 
 def _forecast(
@@ -340,12 +339,12 @@ def _forecast(
             "--calibration needs the server's cache size: its /metrics gave no "
             "cache_config_info (num_gpu_blocks, block_size)"
         )
-    lengths = mean_lengths(workload)
     try:
+        lengths = mean_lengths(workload)
         doc = forecast_doc(
             cal, ns.calibration, cache, lengths, slo, int(ns.max_load), time_scale, served
         )
-    except (SizingError, StepError) as e:
+    except ValueError as e:  # the sizing's, the step model's, the workload's refusals
         raise CliError(one_line(f"--calibration: {e}")) from None
     print(render_forecast(doc), file=sys.stderr)
     return doc

@@ -53,7 +53,10 @@ def forecast_doc(
     gpu = lookup_gpu(cal.gpu)
     steps = StepModel(arch, gpu, tp=cal.tp, constants=cal.step_constants())
     p, o = lengths
-    blocks, block_size = int(cache["num_blocks"]), int(cache["block_size"])
+    raw_blocks, raw_size = cache.get("num_blocks"), cache.get("block_size")
+    if not (_count(raw_blocks) and _count(raw_size)):
+        raise SizingError(f"the server's cache is no cache: {raw_blocks!r} blocks of {raw_size!r}")
+    blocks, block_size = int(raw_blocks), int(raw_size)  # type: ignore[arg-type]
     layout = layout_for(
         arch, Serving(p + o, block_size=block_size, tp=cal.tp), PLATFORMS[gpu.platform]
     )
@@ -83,6 +86,11 @@ def forecast_doc(
         "output_len": o,
         "outside_calibration": cal.outside(limit, p, o),
     }
+
+
+def _count(v: Any) -> bool:
+    """A count the server could have: a number from 2 to 10^12."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and 2 <= v <= 1e12
 
 
 def _model(cal: Calibration, served: str) -> Architecture:

@@ -105,3 +105,11 @@ def test_the_served_model_wins_and_neither_is_refused_in_one_line() -> None:
     with pytest.raises(SizingError, match="neither the served model 'x'") as e:
         forecast_doc(other, Path("c"), cache, lengths, {}, 8, None, "x")
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("cache", [{"num_blocks": -3, "block_size": 16},
+                                   {"num_blocks": "many", "block_size": 16},
+                                   {"num_blocks": 100, "block_size": True}, {}])  # fmt: skip
+def test_a_cache_no_server_has_is_refused_in_one_line(cache: dict[str, object]) -> None:
+    with pytest.raises(SizingError, match="no cache"):
+        forecast_doc(_cal(), Path("c"), cache, (PROMPT, OUTPUT), {}, 8, None)
