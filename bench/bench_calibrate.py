@@ -300,12 +300,9 @@ def search() -> None:
                      str(cal_file))  # fmt: skip
         if p.returncode != 0:
             raise SystemExit(f"calibrate failed: {p.stderr.strip()}")
-        cal = read_calibration(cal_file)
-        steps = StepModel(resolve_model(str(model)), lookup_gpu("cpu"),
-                          constants=cal.step_constants())  # fmt: skip
-        spec = lookup_gpu("cpu")
-        tpot = predict(steps, Load("fixed_concurrency", 10, PROMPT, OUTPUT, spec.batched_tokens,
-                                   256), "tpot_s")  # fmt: skip
+        steps = read_calibration(cal_file).step_model(str(model))
+        tpot = predict(steps, Load("fixed_concurrency", 10, PROMPT, OUTPUT,
+                                   steps.gpu.batched_tokens, 256), "tpot_s")  # fmt: skip
         slo = f"tpot={tpot * 1e3:.1f}ms"
         t = time.monotonic()
         p = _kvwatch("loadgen", "search", "--url", url, "--slo", slo, "--calibration",

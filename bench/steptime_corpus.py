@@ -106,11 +106,7 @@ class Point:
     def model(self, constants: StepConstants) -> StepModel:
         kv = "fp8" if str(self.row.get("kv_dtype") or "").startswith("fp8") else "auto"
         return StepModel(
-            self.arch,
-            lookup_gpu(self.gpu),
-            tp=self.tp,
-            kv_dtype=kv,
-            constants=constants,
+            self.arch, lookup_gpu(self.gpu), tp=self.tp, kv_dtype=kv, constants=constants
         )
 
     def predict(self, constants: StepConstants) -> float:
@@ -165,7 +161,8 @@ def kv_fit(
 ) -> int:
     """How many requests of P + O tokens the KV cache holds at once on this deployment
     (vLLM's default 0.9 of the card, as the releases in the corpus had, or the capacity the
-    source states): past it, a closed batch runs in waves, as vLLM admits only what fits."""
+    source states): past it, a closed batch runs that many at a time, as vLLM admits only what
+    fits (kvwatch/timing/measured.py)."""
     spec = lookup_gpu(gpu)
     layout = layout_for(arch, Serving(p + o, kv_dtype=kv, tp=tp), PLATFORMS[spec.platform])
     if capacity_tokens:

@@ -26,11 +26,11 @@ from kvwatch.loadgen.cmd_run import (
     server_metrics_url,
 )
 from kvwatch.loadgen.forecast import forecast_doc, forecast_line, mean_lengths, render_forecast
-from kvwatch.loadgen.measure import Measured, measure, run_spec
+from kvwatch.loadgen.measure import Measured, measure, run_spec, snapshot_once
 from kvwatch.loadgen.results.records import StallRule
 from kvwatch.loadgen.results.rundir import discard_if_empty, prepare_run_dir, write_run
 from kvwatch.loadgen.results.search_file import SEARCH_FILE, render_search, search_from_doc
-from kvwatch.loadgen.results.server_metrics import server_snapshot, sidecar_preemptions
+from kvwatch.loadgen.results.server_metrics import sidecar_preemptions
 from kvwatch.loadgen.results.summary import SloError, parse_slo, summarize_records
 from kvwatch.loadgen.search import CapacitySearch, LoadVerdict, ProbeResult, SearchPlan
 from kvwatch.loadgen.send.runner import Progress, RunOptions, run_loop
@@ -324,16 +324,7 @@ def _forecast(
 ) -> dict[str, Any]:
     """The search's forecast from the server's own cache and the calibrated step model,
     printed before the first probe (search.json's `forecast`)."""
-    url = server_metrics_url(ns)
-    snap = None
-    if url is not None:
-
-        async def snapshot() -> dict[str, Any] | None:
-            async with httpx.AsyncClient(timeout=10, headers=headers) as client:
-                return await server_snapshot(client, url)
-
-        snap = run_loop(snapshot())
-    cache = (snap or {}).get("cache") or {}
+    cache = (snapshot_once(server_metrics_url(ns), headers) or {}).get("cache") or {}
     if not (cache.get("num_blocks") and cache.get("block_size")):
         raise CliError(
             "--calibration needs the server's cache size: its /metrics gave no "

@@ -10,14 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from kvwatch.loadgen.workload.spec import WorkloadSpec
-from kvwatch.sizing.archconfig import Architecture
 from kvwatch.sizing.budget import default_max_num_seqs
 from kvwatch.sizing.errors import SizingError
-from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
 from kvwatch.sizing.kvplan import PLATFORMS, Serving, layout_for
 from kvwatch.timing.calibration import Calibration
 from kvwatch.timing.search_forecast import forecast_search
-from kvwatch.timing.steptime import StepModel
 
 __all__ = ["mean_lengths", "forecast_doc", "render_forecast", "forecast_line"]
 
@@ -49,9 +46,8 @@ def forecast_doc(
     on (calibration, cache, lengths) and what it extrapolates. The model's layers are the
     served model's where its name resolves (a preset or a local checkpoint), else the
     calibration's."""
-    arch = _model(cal, served)
-    gpu = lookup_gpu(cal.gpu)
-    steps = StepModel(arch, gpu, tp=cal.tp, constants=cal.step_constants())
+    steps = cal.step_model(served)
+    arch, gpu = steps.arch, steps.gpu
     p, o = lengths
     raw_blocks, raw_size = cache.get("num_blocks"), cache.get("block_size")
     if not (_count(raw_blocks) and _count(raw_size)):
@@ -93,29 +89,14 @@ def _count(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and 2 <= v <= 1e12
 
 
-def _model(cal: Calibration, served: str) -> Architecture:
-    for name in (served, cal.model):
-        if not name:
-            continue
-        try:
-            return resolve_model(name)
-        except SizingError:
-            continue
-    raise SizingError(
-        f"neither the served model {served!r} nor the calibration's {cal.model!r} is a preset "
-        "or a local checkpoint kvwatch can read"
-    )
-
-
 def render_forecast(doc: dict[str, Any]) -> str:
     """The forecast in a few lines, before the first probe."""
     onset = doc["kv_onset"]
-    limit = doc["slo_limit"]
     lines = [
         f"forecast from {doc['calibration']} ({doc['num_gpu_blocks']:,} blocks of "
         f"{doc['block_size']}, {doc['prompt_len']:,} + {doc['output_len']:,} tokens):",
         "  KV onset: " + (f"{onset} streams" if onset else "none up to the search's maximum"),
-        "  SLO limit: " + (f"{limit} streams (binding: {doc['binding']})" if limit else "none"),
+        "  SLO limit: " + _limit(doc),
     ]
     at = doc["at_limit"]
     if at:
@@ -127,6 +108,15 @@ def render_forecast(doc: dict[str, Any]) -> str:
         lines.append(f"  not forecast (the server's own): {', '.join(doc['unforecast'])}")
     lines += [f"  extrapolated: {x}" for x in doc["outside_calibration"]]
     return "\n".join(lines)
+
+
+def _limit(doc: dict[str, Any]) -> str:
+    limit = doc["slo_limit"]
+    if not limit:
+        return "none (one stream misses it)"
+    if doc["binding"] == "kv":  # preemption's cost is not forecast: met up to here, at least
+        return f"at least {limit} streams (binding: kv; past the onset it is not forecast)"
+    return f"{limit} streams (binding: {doc['binding']})"
 
 
 def forecast_line(forecast: dict[str, Any], found: dict[str, Any]) -> str:

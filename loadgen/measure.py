@@ -22,7 +22,7 @@ from kvwatch.loadgen.workload.schedule import Stage
 from kvwatch.loadgen.workload.spec import WorkloadSpec
 from kvwatch.sidecar.judge.timeline import COUNTERS, counter_increase
 
-__all__ = ["Measured", "measure", "print_progress", "server_delta", "run_spec"]
+__all__ = ["Measured", "measure", "print_progress", "server_delta", "run_spec", "snapshot_once"]
 
 # (start unix time, request records, stage events): what sending a load gives back
 Sent = tuple[float, list[dict[str, Any]], list[dict[str, Any]]]
@@ -43,6 +43,19 @@ class Measured:
         return server_delta(self.server_before, self.server_after)
 
 
+def snapshot_once(url: str | None, headers: dict[str, str]) -> dict[str, Any] | None:
+    """One reading of the server's /metrics (None: no URL, or no vLLM metrics there)."""
+    if url is None:
+        return None
+
+    async def snapshot() -> dict[str, Any] | None:
+        async with httpx.AsyncClient(timeout=10, headers=headers) as client:
+            return await server_snapshot(client, url)
+
+    got: dict[str, Any] | None = run_loop(snapshot())
+    return got
+
+
 def measure(
     url: str | None, headers: dict[str, str], sidecar: str | None, send: Callable[[], Sent]
 ) -> Measured:
@@ -50,13 +63,7 @@ def measure(
     `url` None: the server's /metrics is not read (a router in front, whose /metrics would
     be one replica's and whose policy would count each sample as a request)."""
 
-    async def snapshot() -> dict[str, Any] | None:
-        if url is None:
-            return None
-        async with httpx.AsyncClient(timeout=10, headers=headers) as client:
-            return await server_snapshot(client, url)
-
-    before = run_loop(snapshot())
+    before = snapshot_once(url, headers)
     before_t = time.time()
     if url is None:
         start_unix, records, events = send()
@@ -66,7 +73,7 @@ def measure(
             start_unix, records, events = send()
         rows = recorder.rows
     after_t = time.time()
-    after = run_loop(snapshot())
+    after = snapshot_once(url, headers)
     # the snapshots close the timeline at both ends, so stalls at the edges can be judged too
     samples = [
         *([{"t": before_t, **before}] if before else []),

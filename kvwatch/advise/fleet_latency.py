@@ -10,9 +10,8 @@ import math
 from pathlib import Path
 
 from kvwatch.sizing.fleet import FleetAdvice, FleetObserved
-from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
 from kvwatch.timing.calibration import Calibration
-from kvwatch.timing.steptime import ScheduledRequest, StepModel
+from kvwatch.timing.steptime import ScheduledRequest
 
 __all__ = ["fleet_step_lines"]
 
@@ -24,17 +23,18 @@ def fleet_step_lines(
     engines = max(1, advice.replicas_needed)
     streams = max(1, math.ceil(obs.peak_requests / engines))
     size = max(1, round(obs.request_tokens))
-    steps = StepModel(
-        resolve_model(cal.model), lookup_gpu(cal.gpu), tp=cal.tp, constants=cal.step_constants()
-    )
+    steps = cal.step_model(obs.model)
     step_s = steps.seconds([ScheduledRequest(1, size)] * streams)
-    unit = "ms" if cal.time_base == "wall" else f"ms of {cal.time_base}"
+    unit = "ms" if cal.time_base == "wall" else f"ms ({cal.time_base})"
     lines = [
         f"at {engines} engines, {streams:,} requests each at the peak: a decode step of them at "
         f"{size:,} tokens takes {step_s * 1e3:,.1f} {unit} (calibration {path}, {cal.source}), "
         f"at most {streams / step_s:,.0f} output tokens/s an engine"
     ]
     if cal.model != obs.model:
-        lines.append(f"  calibrated on {cal.model}; the fleet serves {obs.model}")
+        lines.append(
+            f"  calibrated on {cal.model}; the fleet serves {obs.model} (its layers where kvwatch "
+            "can read them)"
+        )
     lines += [f"  extrapolated: {x}" for x in cal.outside(streams, size, 1)[:2]]
     return lines

@@ -22,6 +22,7 @@ from typing import Any
 
 from kvwatch.sizing.archconfig import Architecture
 from kvwatch.sizing.errors import SizingError
+from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
 from kvwatch.sizing.presets import GpuSpec
 from kvwatch.timing.fit import Bound, errors, fit, summary
 from kvwatch.timing.measured import Load, predict
@@ -76,6 +77,24 @@ class Calibration:
 
     def step_constants(self) -> StepConstants:
         return StepConstants.with_overrides(self.constants)
+
+    def step_model(self, served: str = "") -> StepModel:
+        """The calibrated step model of the deployment it measured. Its layers are the served
+        model's where that name resolves (a preset or a local checkpoint), else the
+        calibration's own model (a checkpoint's name is kept, not its path)."""
+        arch = None
+        for name in dict.fromkeys(x for x in (served, self.model) if x):
+            try:
+                arch = resolve_model(name)
+                break
+            except SizingError:
+                continue
+        if arch is None:
+            raise SizingError(
+                f"neither the served model {served!r} nor the calibration's {self.model!r} is "
+                "a preset or a local checkpoint kvwatch can read"
+            )
+        return StepModel(arch, lookup_gpu(self.gpu), tp=self.tp, constants=self.step_constants())
 
     def outside(self, concurrency: int, input_len: int, output_len: int) -> list[str]:
         """What a prediction for this load extrapolates beyond the loads calibrated on."""

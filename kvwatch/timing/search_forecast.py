@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvwatch.sizing.kvplan import KvLayout
-from kvwatch.timing.loadmodel import ClosedLoop, predict_closed_loop
+from kvwatch.timing.loadmodel import ClosedLoop, predict_closed_loop, steady_loop
 from kvwatch.timing.steptime import StepModel
 
 __all__ = ["SearchForecast", "forecast_search", "FORECAST_METRICS"]
@@ -26,7 +26,8 @@ FORECAST_METRICS = ("ttft", "tpot", "e2e")
 @dataclass(frozen=True)
 class SearchForecast:
     kv_onset: int | None  # the lowest concurrency that preempts; None: not up to max_load
-    slo_limit: int | None  # the highest concurrency meeting every forecastable limit
+    # the highest concurrency meeting every forecastable limit, below the onset
+    slo_limit: int | None
     binding: str  # "kv", "compute" or "none" (neither up to max_load)
     at_limit: dict[str, float]  # the figures at slo_limit (seconds; output tokens/s)
     unforecast: list[str] = field(default_factory=list)  # SLO metrics it cannot predict
@@ -52,24 +53,21 @@ def forecast_search(
     slo: dict[str, float],
     max_load: int,
 ) -> SearchForecast:
-    """The onset and the SLO limit of closed loops of 1 to `max_load` streams. A load past the
-    onset preempts, and the search counts a preempting load as failing where the cache binds,
-    so the limit is at most the last clean load when the SLOs still hold there."""
-    onset = None
+    """The onset and the SLO limit of closed loops of 1 to `max_load` streams. Past the onset
+    the loop model gives what the load would get with room, not the cost of its preemptions,
+    so the forecast stops there: with binding "kv" the limit is the last clean load, and the
+    search may find SLOs still met past it (it reports the onset and the limit apart)."""
+    onset = predict_closed_loop(
+        ClosedLoop(1, prompt_len, output_len), layout, num_gpu_blocks, batched_tokens,
+        max_num_seqs, None,
+    ).kv_onset_concurrency  # fmt: skip
     limit = None
     at_limit: dict[str, float] = {}
-    for c in range(1, max(1, max_load) + 1):
-        p = predict_closed_loop(
-            ClosedLoop(c, prompt_len, output_len), layout, num_gpu_blocks, batched_tokens,
-            max_num_seqs, steps,
-        )  # fmt: skip
-        onset = p.kv_onset_concurrency
-        x = p.at_concurrency
-        assert x is not None  # a step model was given
+    last = max(1, max_load) if onset is None else min(max(1, max_load), onset - 1)
+    for c in range(1, last + 1):
+        x = steady_loop(steps, c, prompt_len, output_len, batched_tokens, max_num_seqs, onset)
         figures = {"ttft": x.ttft_s, "tpot": x.tpot_s, "e2e": x.cycle_s}
         if any(figures[k] > v for k, v in slo.items() if k in figures):
-            break
-        if onset is not None and c >= onset:
             break
         limit = c
         at_limit = {**figures, "output_tok_s": x.output_tokens_per_s}

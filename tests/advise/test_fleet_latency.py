@@ -36,5 +36,5 @@ def test_another_model_is_named() -> None:
     obs = FleetObserved("served-name", 1, 90_000.0, 10.0, 1_000.0, 0.0, 0.0, "1h")
     lines = fleet_step_lines(_cal(), Path("c"), obs, advise_fleet(obs, 0.9))
     assert any("calibrated on llama-3.1-8b; the fleet serves served-name" in x for x in lines)
-    with pytest.raises(SizingError, match="unknown model"):
+    with pytest.raises(SizingError, match="neither the served model"):
         fleet_step_lines(_cal("no-such-model"), Path("c"), obs, advise_fleet(obs, 0.9))

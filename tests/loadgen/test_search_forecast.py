@@ -4,6 +4,8 @@ onset, the SLO limit and what binds out, each held to the closed loop's own arit
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,7 +85,7 @@ def test_the_doc_puts_a_twins_seconds_in_wall_time() -> None:
     with pytest.raises(SizingError, match="no time scale"):
         forecast_doc(sim, Path("c.json"), cache, lengths, {}, 8, None)
     text = render_forecast(wall)
-    assert "KV onset: 41 streams" in text and "SLO limit: 40 streams (binding: kv)" in text
+    assert "KV onset: 41 streams" in text and "SLO limit: at least 40 streams (binding: kv" in text
     found = {"max_ok": {"load": 32.0}, "kv_onset": None}
     assert forecast_line(wall, found) == (
         "forecast vs found: SLO limit 40 vs 32 streams; KV onset 41 vs none"
@@ -113,3 +115,21 @@ def test_the_served_model_wins_and_neither_is_refused_in_one_line() -> None:
 def test_a_cache_no_server_has_is_refused_in_one_line(cache: dict[str, object]) -> None:
     with pytest.raises(SizingError, match="no cache"):
         forecast_doc(_cal(), Path("c"), cache, (PROMPT, OUTPUT), {}, 8, None)
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--calibration", "/nonexistent/cal.json"], "--calibration: cannot read"),
+        (["--calibration", "cal.json", "--by", "rate"], "forecasts closed loops"),
+    ],
+)
+def test_a_calibration_is_refused_before_the_server_is_asked(
+    extra: list[str], says: str, tmp_path: Path
+) -> None:
+    # the URL answers nothing: were the server asked first, the exit would be 3 (unreachable)
+    argv = [sys.executable, "-m", "kvwatch", "loadgen", "search", "--url", "http://127.0.0.1:9",
+            "--slo", "tpot=1s", "--run-dir", str(tmp_path / "s"), *extra]  # fmt: skip
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 2, p.stderr
+    assert says in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
