@@ -144,3 +144,18 @@ def test_the_advice_names_its_price() -> None:
     assert p.returncode == 1, p.stderr
     assert "GiB more per GPU than the 15.62 GiB it has)" in p.stdout
     assert "--tensor-parallel-size 2 (the price: twice the GPUs;" in p.stdout
+
+
+def test_a_closed_batch_past_what_runs_at_once_runs_that_many_for_its_share_of_the_time() -> None:
+    """vLLM starts a waiting prompt each time one finishes: a batch of B where F run at once
+    takes B / F of a batch of F's time, not whole waves (dstack's 405B runs past their cache
+    read 17-76% slow as waves; docs/twin.md)."""
+    from kvwatch.timing.measured import Load, predict
+
+    steps = StepModel(resolve_model("llama-3.1-8b"), lookup_gpu("h100"))
+
+    def e2e(batch: int) -> float:
+        return predict(steps, Load("closed_batch", batch, 512, 128, 8192, 20), "e2e_s")
+
+    assert e2e(30) == pytest.approx(1.5 * e2e(20))
+    assert e2e(40) == pytest.approx(2 * e2e(20))
