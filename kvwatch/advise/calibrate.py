@@ -13,6 +13,7 @@ run's time scale), and the file says so. From the server itself (`--metrics`, `-
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 import statistics
@@ -117,14 +118,35 @@ def _stage_figures(
     conc = streams or max(1, round(sum(d - s for s, d in zip(sent, done, strict=True)) / span))
     p = max(1, round(statistics.fmean(prompt)))
     o = max(2, round(statistics.fmean(out)))
-    load = Load("fixed_concurrency", conc, p, o, batched_tokens=batched, max_num_seqs=max_seqs)
+    wave = _wave(sent, statistics.median(ttfts), streams) if streams else 0
+    load = Load("fixed_concurrency", conc, p, o, batched, max_seqs, wave)
     tpot = statistics.median(tpots) / scale  # a stall or two must not move a stage
     ttft = statistics.median(ttfts) / scale
     label = f"{stage}: {conc} stream{'s' if conc > 1 else ''} of {p:,} + {o:,} tokens"
+    label += f" in waves of {wave}" if wave else ""
     figures = [Figure(label, load, "tpot_s", tpot), Figure(label, load, "ttft_s", ttft)]
     if streams is not None and cycle > 0:  # a closed loop's steady tokens/s: N x O per cycle
         figures.append(Figure(label, load, "output_tok_s", conc * o / cycle))
     return figures, None
+
+
+def _wave(sent: list[float], ttft: float, streams: int) -> int:
+    """How many of a closed loop's streams send together (0: all of them). Streams started
+    together stay in step unless something spreads them (async scheduling on the twin,
+    stalls): a wave's prompts are prefilled over about its TTFT, so sends less than the
+    median TTFT apart are one wave, and the wave a request was in is weighed by its
+    requests (eleven streams in step and one apart are a wave of about ten, not six)."""
+    if streams <= 1 or len(sent) < 2:
+        return 0
+    times = sorted(sent)
+    sizes = [1]
+    for a, b in itertools.pairwise(times):
+        if b - a > ttft:
+            sizes.append(1)
+        else:
+            sizes[-1] += 1
+    wave = round(sum(n * n for n in sizes) / len(times))
+    return 0 if wave >= streams else max(1, wave)
 
 
 def run_calibrate(ns: argparse.Namespace) -> int:

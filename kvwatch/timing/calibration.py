@@ -175,7 +175,7 @@ def calibrate(
     rows = [
         {"label": f.label, "metric": f.metric, "concurrency": f.load.concurrency,
          "input_len": f.load.input_len, "output_len": f.load.output_len,
-         "measured": f.value, "predicted": p, "error": e}
+         "wave": f.load.wave, "measured": f.value, "predicted": p, "error": e}
         for f, p, e in zip(figures, pred, errs, strict=True)
     ]  # fmt: skip
     s = summary(errs)

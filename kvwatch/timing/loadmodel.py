@@ -18,7 +18,9 @@ wave's prompts are prefilled in the first steps and all of them decode side by s
   C))` (the decodes share the budget), each with the other streams decoding in it; the rest
   are decode steps of C requests, read at contexts from P to P + O. Step times are the twin's
   step model (`timing/steptime.py`), so on the twin the figure tests the scheduling arithmetic;
-  on a card it is as good as the step model's calibration (docs/twin.md).
+  on a card it is as good as the step model's calibration (docs/twin.md). Streams that drifted
+  apart (a measured run says so, `advise/calibrate.py`) send in waves of w: C / w waves a
+  cycle, each prefilled beside the other streams' decodes.
 
 Pure arithmetic; preemption's own cost (recompute) is outside it: past the onset the figure is
 what the load would get with room, and the text says so.
@@ -109,14 +111,23 @@ def steady_loop(
     batched_tokens: int,
     max_num_seqs: int,
     onset: int | None = None,
+    wave: int = 0,
 ) -> Throughput:
     """The steady state of C streams; `onset`: the KV onset, past which the figure is what
-    the load would get with room."""
+    the load would get with room. `wave`: how many streams send together (0: all of them,
+    as streams started together stay); streams that drifted apart send in waves of a few,
+    each prefilled beside the others' decodes, and a cycle holds C / wave such waves."""
     running = min(c, max_num_seqs)
+    w = running if wave <= 0 else min(running, wave)
+    waves = math.ceil(running / w)
     # decodes share the token budget with the prompts
-    prefill_steps = max(1, math.ceil(running * p / max(1, batched_tokens - running)))
-    cycle_steps = max(o + 1, prefill_steps)
-    per_step = math.ceil(running / prefill_steps)  # prompts begun in one prefill step
+    prefill_steps = max(1, math.ceil(w * p / max(1, batched_tokens - running)))
+    if waves * prefill_steps > o + 1:  # more waves than a cycle has steps: they merge
+        w = min(running, max(w, math.ceil(running / max(1, (o + 1) // prefill_steps))))
+        waves = math.ceil(running / w)
+        prefill_steps = max(1, math.ceil(w * p / max(1, batched_tokens - running)))
+    cycle_steps = max(o + 1, waves * prefill_steps)
+    per_step = math.ceil(w / prefill_steps)  # prompts begun in one prefill step
     chunk = min(p, max(1, batched_tokens // per_step))
     mid = p + o // 2
     prefill_batch = [ScheduledRequest(chunk, chunk)] * per_step + [ScheduledRequest(1, mid)] * (
@@ -124,7 +135,7 @@ def steady_loop(
     )
     prefill_s = steps.seconds(prefill_batch)
     decode_s = decode_step_s(steps, running, p, o)
-    cycle_s = prefill_steps * prefill_s + (cycle_steps - prefill_steps) * decode_s
+    cycle_s = waves * prefill_steps * prefill_s + (cycle_steps - waves * prefill_steps) * decode_s
     # in step, the prompts begun in the wave's i-th prefill step see their first token when it
     # ends: the mean over the wave is (n + 1) / 2 of its n prefill steps
     ttft = prefill_s * (prefill_steps + 1) / 2

@@ -12,7 +12,8 @@ model (`steptime.py`) the way vLLM schedules that load:
 - **fixed concurrency** (`vllm bench serve --max-concurrency C`, a closed loop): the steady
   state of C streams (`loadmodel.py`); TPOT is a stream's cycle less its own time to first token
   over O - 1 gaps (the others' prefills land inside its decode and count), output tokens/s is
-  C x O over the cycle;
+  C x O over the cycle; streams that drifted apart (a measured run says so) send in smaller
+  waves, each prefilled beside the others' decodes;
 - **step** (a simulator's or paper's per-step time): one step of B requests at context L.
 
 Pure arithmetic; the corpus bench and `kvwatch calibrate` both predict through here.
@@ -45,12 +46,17 @@ class Load:
     output_len: int  # a step's new tokens per request for kind "step"
     batched_tokens: int  # vLLM's max_num_batched_tokens
     max_num_seqs: int
+    # a fixed concurrency's streams that send together (0: all, as streams started together
+    # stay in step); a measured run says where its streams drifted apart
+    wave: int = 0
 
     def __post_init__(self) -> None:
         if min(self.concurrency, self.input_len, self.output_len) < 1:
             raise SizingError("a measured load needs concurrency and lengths of at least 1")
         if self.batched_tokens < 1 or self.max_num_seqs < 1:
             raise SizingError("max_num_batched_tokens and max_num_seqs must be at least 1")
+        if self.wave < 0:
+            raise SizingError("a wave of streams cannot be negative")
 
 
 def predict(steps: StepModel, load: Load, metric: str) -> float:
@@ -77,7 +83,7 @@ def predict(steps: StepModel, load: Load, metric: str) -> float:
         if metric == "step_s":
             raise SizingError("a closed batch is measured as e2e_s, ttft_s, tpot_s or tokens/s")
         return values[metric]
-    loop = steady_loop(steps, c, p, o, load.batched_tokens, load.max_num_seqs)
+    loop = steady_loop(steps, c, p, o, load.batched_tokens, load.max_num_seqs, wave=load.wave)
     values = {
         "e2e_s": loop.cycle_s,
         "ttft_s": loop.ttft_s,

@@ -192,3 +192,42 @@ def test_hostile_run_files_give_one_line_not_a_traceback(tmp_path: Path) -> None
     p = _kvwatch("calibrate", "--run", str(run), "--model", "llama-3.1-8b", "--gpu", "h100")
     assert p.returncode == 2, p.stdout
     assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
+
+
+def _closed_loop_run(run: Path, streams: int, offsets: list[float]) -> Path:
+    """A run of one closed-loop stage: stream i sends at each whole second plus offsets[i]
+    and is answered 0.9 s later (TTFT 50 ms)."""
+    run.mkdir()
+    stage = {"name": "main", "pattern": f"Concurrency(n={streams})"}
+    (run / "spec.json").write_text(json.dumps({"stages": [stage]}))
+    (run / "summary.json").write_text(json.dumps({"overall": {}, "time_scale": 1.0}))
+    rows = [
+        {"stage": "main", "ok": True, "sent_at": k + offsets[i], "finished_at": k + offsets[i]
+         + 0.9, "prompt_tokens": 512, "output_tokens": 128, "tpot": 0.0067, "ttft": 0.05}
+        for k in range(12) for i in range(streams)
+    ]  # fmt: skip
+    (run / "requests.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return run
+
+
+def test_a_runs_streams_in_step_or_apart_are_read_as_such(tmp_path: Path) -> None:
+    """Streams started together stay in step unless something spreads them (the twin's async
+    scheduling spread 64 streams: TTFT 0.33 s where one wave's prefill takes 1.08 s); the run
+    says which from when its requests were sent, and the figure is predicted so."""
+    from kvwatch.advise.calibrate import figures_from_run
+
+    together, _, _ = figures_from_run(_closed_loop_run(tmp_path / "a", 8, [0.0] * 8), 8192, 1024)
+    assert {f.load.wave for f in together} == {0} and "waves" not in together[0].label
+    apart, _, _ = figures_from_run(
+        _closed_loop_run(tmp_path / "b", 8, [i / 8 for i in range(8)]), 8192, 1024
+    )  # fmt: skip
+    assert {f.load.wave for f in apart} == {1}
+    assert apart[0].label == "main: 8 streams of 512 + 128 tokens in waves of 1"
+    # eleven in step and one apart: a wave of about ten, as a request sees it
+    mixed, _, _ = figures_from_run(
+        _closed_loop_run(tmp_path / "c", 12, [0.0] * 11 + [0.5]), 8192, 1024
+    )  # fmt: skip
+    assert {f.load.wave for f in mixed} == {10}
+    m = StepModel(LLAMA, H100)
+    ttft = {f.load.wave: predict(m, f.load, "ttft_s") for f in together + apart}
+    assert ttft[1] < ttft[0]

@@ -159,3 +159,26 @@ def test_a_closed_batch_past_what_runs_at_once_runs_that_many_for_its_share_of_t
 
     assert e2e(30) == pytest.approx(1.5 * e2e(20))
     assert e2e(40) == pytest.approx(2 * e2e(20))
+
+
+def test_streams_that_drifted_apart_prefill_one_wave_beside_the_others_decodes() -> None:
+    """Streams started together stay in step (one wave of all, prefilled together); streams
+    that drifted apart send a few at a time, each wave prefilled beside the others' decodes:
+    a far shorter TTFT, and the same cycle's work in other steps (docs/twin.md)."""
+    from kvwatch.timing.loadmodel import steady_loop
+    from kvwatch.timing.steptime import ScheduledRequest
+
+    steps = StepModel(resolve_model("llama-3.1-8b"), lookup_gpu("h100"))
+    together = steady_loop(steps, 64, 512, 128, 8192, 1024)
+    assert steady_loop(steps, 64, 512, 128, 8192, 1024, wave=64) == together
+    assert together.prefill_steps == 5  # 64 x 512 over 8,192 less the 64 decodes
+    apart = steady_loop(steps, 64, 512, 128, 8192, 1024, wave=1)
+    alone = steps.seconds([ScheduledRequest(512, 512)] + [ScheduledRequest(1, 576)] * 63)
+    assert apart.prefill_steps == 1 and apart.prefill_step_s == pytest.approx(alone)
+    assert apart.ttft_s == pytest.approx(alone) and apart.ttft_s < together.ttft_s / 2
+    assert apart.cycle_steps == 129  # 64 one-prompt waves fit in a cycle of 129 steps
+    assert apart.cycle_s == pytest.approx(64 * alone + 65 * apart.decode_step_s)
+    # more waves than a cycle has steps merge: 64 streams of 16 tokens, waves of 1 -> of 4
+    short = steady_loop(steps, 64, 512, 16, 8192, 1024, wave=1)
+    assert short.cycle_steps == 17 and short.prefill_steps == 1
+    assert short.cycle_s == pytest.approx(16 * short.prefill_step_s + short.decode_step_s)
