@@ -106,7 +106,12 @@ class Point:
     def model(self, constants: StepConstants) -> StepModel:
         kv = "fp8" if str(self.row.get("kv_dtype") or "").startswith("fp8") else "auto"
         return StepModel(
-            self.arch, lookup_gpu(self.gpu), tp=self.tp, kv_dtype=kv, constants=constants
+            self.arch,
+            lookup_gpu(self.gpu),
+            tp=self.tp,
+            kv_dtype=kv,
+            constants=constants,
+            before_v1=before_v1(self.row),
         )
 
     def predict(self, constants: StepConstants) -> float:
@@ -190,7 +195,7 @@ def _load(row: dict[str, Any], gpu: str, arch: Architecture) -> tuple[Load, str,
     kinds["single_step"] = "step"
     spec = lookup_gpu(gpu)
     batched = int(row.get("max_num_batched_tokens") or spec.batched_tokens)
-    if _v0(row):  # no chunked prefill: whole prompts up to max_model_len in one step
+    if before_v1(row):  # no chunked prefill: whole prompts up to max_model_len in one step
         batched = max(batched, 32768, p + o)
     kv = "fp8" if str(row.get("kv_dtype") or "").startswith("fp8") else "auto"
     capacity = row.get("kv_capacity_tokens")
@@ -206,7 +211,7 @@ def _load(row: dict[str, Any], gpu: str, arch: Architecture) -> tuple[Load, str,
     return load, name, value * factor
 
 
-def _v0(row: dict[str, Any]) -> bool:
+def before_v1(row: dict[str, Any]) -> bool:
     """A release before V1 became the default (0.8), or an unnamed one from before 2025."""
     v = str(row.get("vllm_version") or "")
     m = re.match(r"0\.(\d+)", v)

@@ -22,6 +22,7 @@ from kvwatch.sizing.budget import default_max_num_seqs, given_kv_bytes, utilizat
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvmath import Gpu, VictimCosts, lookup_gpu, resolve_model, victim_costs
 from kvwatch.sizing.kvplan import PLATFORMS, KvPlan, Serving, capacity_line, plan
+from kvwatch.sizing.levers import parse_version
 from kvwatch.timing.calibration import Calibration, read_calibration
 from kvwatch.timing.loadmodel import ClosedLoop, LoadPrediction, predict_closed_loop
 from kvwatch.timing.steptime import STANDS_FOR, StepConstants, StepError, StepModel
@@ -154,15 +155,22 @@ def what_if(ns: argparse.Namespace) -> WhatIfAnswer:
         )
         if cal is not None:
             step_notes += cal.outside(closed.concurrency, closed.prompt_len, closed.output_len)
+        steps = _step_model(
+            model, gpu, ns.tp, ns.pp, ns.kv_dtype,
+            None if cal is None else cal.step_constants(), _before_v1(ns),
+        )  # fmt: skip
+        if steps is not None and steps.before_v1 and model.moe_layers:
+            step_notes.append(
+                f"vLLM {ns.vllm_version} runs the V0 engine: a MoE layer's fixed cost is "
+                f"{steps.moe_layer_s * 1e6:.0f} us, V0's where the corpus measured it apart"
+            )
         load_prediction = predict_closed_loop(
             closed,
             p.layout,
             p.num_gpu_blocks,
             serving.max_num_batched_tokens or gpu.batched_tokens,
             ns.max_num_seqs or default_max_num_seqs(gpu),
-            _step_model(
-                model, gpu, ns.tp, ns.pp, ns.kv_dtype, None if cal is None else cal.step_constants()
-            ),
+            steps,
         )
         costs = victim_costs(
             model,
@@ -208,16 +216,24 @@ def _step_model(
     pp: int,
     kv_dtype: str,
     constants: StepConstants | None = None,
+    before_v1: bool = False,
 ) -> StepModel | None:
     """The step model for this card; None where the card has no bandwidth or FLOP/s figure
     and no calibration gives them (the CPU presets): the load's onset is still given, its
     tokens/s not."""
     try:
         return StepModel(
-            model, gpu, tp=tp, pp=pp, kv_dtype=kv_dtype, constants=constants or StepConstants()
-        )
+            model, gpu, tp=tp, pp=pp, kv_dtype=kv_dtype, constants=constants or StepConstants(),
+            before_v1=before_v1,
+        )  # fmt: skip
     except StepError:
         return None
+
+
+def _before_v1(ns: argparse.Namespace) -> bool:
+    """`--vllm-version` below 0.8, V1's first default release: the V0 engine's MoE kernels."""
+    v = parse_version(getattr(ns, "vllm_version", None))
+    return v is not None and v < (0, 8, 0)
 
 
 def _decode_lines(p: KvPlan) -> list[str]:

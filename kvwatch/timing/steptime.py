@@ -72,7 +72,7 @@ CARD_CONSTANTS: dict[str, dict[str, float]] = {
     "h100": {"hbm_efficiency": 0.81, "mfu": 0.36, "allreduce_latency_s": 10.3e-6,
              "moe_layer_s": 26e-6},
     "h200": {"hbm_efficiency": 0.67, "mfu": 0.36, "allreduce_latency_s": 2.8e-6,
-             "moe_layer_s": 533e-6},
+             "moe_layer_s": 26e-6, "moe_layer_v0_s": 533e-6},
     "a100": {"hbm_efficiency": 0.69, "mfu": 0.55, "allreduce_latency_s": 13.9e-6,
              "moe_layer_s": 48e-6},
     "a100-40gb": {"hbm_efficiency": 0.69, "mfu": 0.55, "allreduce_latency_s": 13.9e-6,
@@ -104,6 +104,9 @@ class StepConstants:
     moe_mfu_factor: float = 0.23
     # fixed cost of one MoE layer in a step, seconds; None: the card's
     moe_layer_s: float | None = None
+    # the same on a release before V1 (0.8), whose MoE kernels were slower where measured
+    # apart; None: the card's V0 figure, else moe_layer_s
+    moe_layer_v0_s: float | None = None
     # what every step costs beside the roofline: sampling, launch gaps, the step's host work
     # that CUDA graphs do not hide, seconds
     step_overhead_s: float = 0.0002
@@ -185,6 +188,9 @@ class StepModel:
     pp: int = 1
     kv_dtype: str = "auto"
     constants: StepConstants = StepConstants()
+    # the model stands for V1 (0.8 and later); the corpus's older figures, or `advise
+    # --what-if --vllm-version` below 0.8, ask for a V0 release's MoE layer cost
+    before_v1: bool = False
 
     def __post_init__(self) -> None:
         c = self.constants
@@ -207,6 +213,17 @@ class StepModel:
     @property
     def mfu(self) -> float:
         return self._card("mfu")
+
+    @property
+    def moe_layer_s(self) -> float:
+        """A MoE layer's fixed cost in a step, for the release the model stands for."""
+        if self.before_v1:
+            if self.constants.moe_layer_v0_s is not None:
+                return self.constants.moe_layer_v0_s
+            v0 = CARD_CONSTANTS.get(self.gpu.name, _CARD_OTHER).get("moe_layer_v0_s")
+            if v0 is not None:
+                return v0
+        return self._card("moe_layer_s")
 
     @property
     def hbm_efficiency(self) -> float:
@@ -333,7 +350,7 @@ class StepModel:
             step += self._roof(
                 expert_mem / (bw * c.moe_hbm_factor), expert_flops / (peak * c.moe_mfu_factor)
             )
-            step += self._card("moe_layer_s") * a.moe_layers / self.pp
+            step += self.moe_layer_s * a.moe_layers / self.pp
         if self.tp > 1:
             link = PEER_LINK_BYTES_PER_S.get(self.gpu.name, LINK_BYTES_PER_S["pcie4"])
             n_layers = max(1, len(a.layers) // self.pp)
@@ -361,7 +378,8 @@ class StepModel:
             "hbm_efficiency": self.hbm_efficiency,
             "mfu": self.mfu,
             "allreduce_latency_s": self._card("allreduce_latency_s"),
-            "moe_layer_s": self._card("moe_layer_s"),
+            "moe_layer_s": self.moe_layer_s,
+            "before_v1": self.before_v1,
         }
 
 
