@@ -169,9 +169,14 @@ def constants_for(point: Point, values: dict[str, float]) -> StepConstants:
     return StepConstants.with_overrides(mine)
 
 
-def do_fit(points: list[Point]) -> dict[str, float]:
+def do_fit(points: list[Point], only: tuple[str, ...] = ()) -> dict[str, float]:
+    """Fit the constants (those whose names start with one of `only`, the rest as shipped)."""
     train = [p for p in points if p.split == "fit"]
     bounds = list(_GENERIC) + _card_bounds(train)
+    if only:
+        bounds = [b for b in bounds if b.name.startswith(only)]
+        if not bounds:
+            raise SystemExit(f"no constant to fit starts with {', '.join(only)}")
 
     def predict(values: dict[str, float]) -> list[float]:
         return [p.predict(constants_for(p, values)) for p in train]
@@ -249,6 +254,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("step", choices=("curate", "fit", "report"))
     ap.add_argument("--fitted", action="store_true", help="report the last fit, not the shipped")
+    ap.add_argument("--only", action="append", default=[], metavar="PREFIX",
+                    help="fit only the constants whose names start so (repeatable; the rest "
+                    "as shipped), e.g. --only moe_layer")  # fmt: skip
     args = ap.parse_args()
     step = args.step
     if step == "curate":
@@ -256,7 +264,7 @@ def main() -> None:
         return
     points = read()
     if step == "fit":
-        do_fit(points)
+        do_fit(points, tuple(args.only))
         return
     report(points, json.loads(FITTED.read_text()) if args.fitted else None)
 

@@ -63,25 +63,28 @@ class StepError(ValueError):
 # Per-card constants where one number does not hold across cards, fitted to the corpus's fit
 # part (bench/bench_steptime_corpus.py fit, 2026-12-06; docs/twin.md): HBM efficiency, the
 # all-reduce at TP 2, and the fixed cost of a MoE layer, which is the card's MoE kernels *and*
-# the release measured on it (H200's and MI300X's figures are DeepSeek-R1 on 0.7.x nightlies,
-# H100's and A100's mostly newer and Mixtral). H200's HBM efficiency is H100's x 0.83 (the
-# measured H200/H100 speedup, 1.19x, over the bandwidth ratio, 1.43x): every H200 figure is one
-# model at TP 8, which cannot pin it apart from the MoE cost. `mfu` is the earlier fit to
-# Lambda's prefills. B200 and the cards without a row: assumptions (H100's), until measured.
+# the release's: `moe_layer_s` is V1's (0.8 and later), `moe_layer_v0_s` a V0 release's where
+# the corpus measured one apart (`fit --only moe_layer`, the other constants as shipped).
+# H200's figures are all DeepSeek-R1 on 0.7.x nightlies: its V1 cost is H100's (the same
+# Hopper kernels); A100's are all V0 (Mixtral, 2024), which stand for V1 until measured.
+# H200's HBM efficiency is H100's x 0.83 (the measured H200/H100 speedup, 1.19x, over the
+# bandwidth ratio, 1.43x): every H200 figure is one model at TP 8, which cannot pin it apart
+# from the MoE cost. `mfu` is the earlier fit to Lambda's prefills. B200 and the cards without
+# a row: assumptions (H100's), until measured.
 CARD_CONSTANTS: dict[str, dict[str, float]] = {
     "h100": {"hbm_efficiency": 0.81, "mfu": 0.36, "allreduce_latency_s": 10.3e-6,
-             "moe_layer_s": 26e-6},
+             "moe_layer_s": 13e-6, "moe_layer_v0_s": 116e-6},
     "h200": {"hbm_efficiency": 0.67, "mfu": 0.36, "allreduce_latency_s": 2.8e-6,
-             "moe_layer_s": 26e-6, "moe_layer_v0_s": 533e-6},
+             "moe_layer_s": 13e-6, "moe_layer_v0_s": 447e-6},
     "a100": {"hbm_efficiency": 0.69, "mfu": 0.55, "allreduce_latency_s": 13.9e-6,
-             "moe_layer_s": 48e-6},
+             "moe_layer_s": 68e-6},
     "a100-40gb": {"hbm_efficiency": 0.69, "mfu": 0.55, "allreduce_latency_s": 13.9e-6,
-                  "moe_layer_s": 48e-6},
+                  "moe_layer_s": 68e-6},
     "mi300x": {"hbm_efficiency": 0.39, "mfu": 0.30, "allreduce_latency_s": 5.5e-6,
-               "moe_layer_s": 424e-6},
+               "moe_layer_s": 121e-6, "moe_layer_v0_s": 471e-6},
 }  # fmt: skip
 _CARD_OTHER = {"hbm_efficiency": 0.81, "mfu": 0.45, "allreduce_latency_s": 10.3e-6,
-               "moe_layer_s": 26e-6}  # fmt: skip
+               "moe_layer_s": 13e-6}  # fmt: skip
 
 
 @dataclass(frozen=True)

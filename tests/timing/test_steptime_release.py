@@ -25,7 +25,8 @@ def test_a_v0_releases_moe_cost_does_not_reach_v1() -> None:
     batch = [ScheduledRequest(1, 2048)] * 4
     assert v0.seconds(batch) > v1.seconds(batch)
     # a card with no V0 figure of its own: V0 is its V1 figure; an override wins in either
-    assert StepModel(GPT_OSS, lookup_gpu("h100"), before_v1=True).moe_layer_s == h100.moe_layer_s
+    a100 = StepModel(GPT_OSS, lookup_gpu("a100"))
+    assert StepModel(GPT_OSS, lookup_gpu("a100"), before_v1=True).moe_layer_s == a100.moe_layer_s
     given = StepConstants.with_overrides({"moe_layer_v0_s": 1e-4})
     assert StepModel(GPT_OSS, lookup_gpu("h200"), constants=given, before_v1=True).moe_layer_s \
         == pytest.approx(1e-4)  # fmt: skip
