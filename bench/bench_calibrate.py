@@ -354,7 +354,7 @@ def twin(scale: float) -> None:
             runs = []
             loads = [(f"c{c}", ("--concurrency", str(c), "--requests", str(n),
                                 "--input-len", "512", "--output-len", "128"))
-                     for c, n in ((1, 12), (8, 40), (32, 100), (64, 160))]  # fmt: skip
+                     for c, n in ((1, 12), (8, 40), (32, 160), (64, 320))]  # fmt: skip
             loads.append(("long", ("--concurrency", "8", "--requests", "40",
                                    "--input-len", "3072", "--output-len", "128")))  # fmt: skip
             for name, args in loads:

@@ -135,7 +135,10 @@ def _wave(sent: list[float], ttft: float, streams: int) -> int:
     together stay in step unless something spreads them (async scheduling on the twin,
     stalls): a wave's prompts are prefilled over about its TTFT, so sends less than the
     median TTFT apart are one wave, and the wave a request was in is weighed by its
-    requests (eleven streams in step and one apart are a wave of about ten, not six)."""
+    requests (eleven streams in step and one apart are a wave of about ten, not six). The
+    steady state's first and last waves are cut by its edges, so only the waves between them
+    count; a steady state that holds fewer than two whole says nothing against the start's one
+    wave (a stage of 2.5 x its streams' requests held one)."""
     if streams <= 1 or len(sent) < 2:
         return 0
     times = sorted(sent)
@@ -145,7 +148,10 @@ def _wave(sent: list[float], ttft: float, streams: int) -> int:
             sizes.append(1)
         else:
             sizes[-1] += 1
-    wave = round(sum(n * n for n in sizes) / len(times))
+    inner = sizes[1:-1]
+    if len(inner) < 2:
+        return 0
+    wave = round(sum(n * n for n in inner) / sum(inner))
     return 0 if wave >= streams else max(1, wave)
 
 

@@ -118,13 +118,13 @@ def steady_loop(
     as streams started together stay); streams that drifted apart send in waves of a few,
     each prefilled beside the others' decodes, and a cycle holds C / wave such waves."""
     running = min(c, max_num_seqs)
-    w = running if wave <= 0 else min(running, wave)
-    waves = math.ceil(running / w)
+    waves = math.ceil(running / min(running, wave)) if wave > 0 else 1
+    w = math.ceil(running / waves)  # the cycle's prompts shared evenly: 32 in waves of 28 -> 16
     # decodes share the token budget with the prompts
     prefill_steps = max(1, math.ceil(w * p / max(1, batched_tokens - running)))
     if waves * prefill_steps > o + 1:  # more waves than a cycle has steps: they merge
-        w = min(running, max(w, math.ceil(running / max(1, (o + 1) // prefill_steps))))
-        waves = math.ceil(running / w)
+        waves = max(1, (o + 1) // prefill_steps)
+        w = math.ceil(running / waves)
         prefill_steps = max(1, math.ceil(w * p / max(1, batched_tokens - running)))
     cycle_steps = max(o + 1, waves * prefill_steps)
     per_step = math.ceil(w / prefill_steps)  # prompts begun in one prefill step

@@ -194,7 +194,7 @@ def test_hostile_run_files_give_one_line_not_a_traceback(tmp_path: Path) -> None
     assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
 
 
-def _closed_loop_run(run: Path, streams: int, offsets: list[float]) -> Path:
+def _closed_loop_run(run: Path, streams: int, offsets: list[float], cycles: int = 12) -> Path:
     """A run of one closed-loop stage: stream i sends at each whole second plus offsets[i]
     and is answered 0.9 s later (TTFT 50 ms)."""
     run.mkdir()
@@ -204,7 +204,7 @@ def _closed_loop_run(run: Path, streams: int, offsets: list[float]) -> Path:
     rows = [
         {"stage": "main", "ok": True, "sent_at": k + offsets[i], "finished_at": k + offsets[i]
          + 0.9, "prompt_tokens": 512, "output_tokens": 128, "tpot": 0.0067, "ttft": 0.05}
-        for k in range(12) for i in range(streams)
+        for k in range(cycles) for i in range(streams)
     ]  # fmt: skip
     (run / "requests.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return run
@@ -228,6 +228,12 @@ def test_a_runs_streams_in_step_or_apart_are_read_as_such(tmp_path: Path) -> Non
         _closed_loop_run(tmp_path / "c", 12, [0.0] * 11 + [0.5]), 8192, 1024
     )  # fmt: skip
     assert {f.load.wave for f in mixed} == {10}
+    # a stage too short to hold two whole waves past its start (the twin's 64 streams with 160
+    # requests held one) is read as it started, in step
+    short, _, _ = figures_from_run(
+        _closed_loop_run(tmp_path / "d", 8, [0.0] * 7 + [0.5], cycles=3), 8192, 1024
+    )  # fmt: skip
+    assert {f.load.wave for f in short} == {0}
     m = StepModel(LLAMA, H100)
     ttft = {f.load.wave: predict(m, f.load, "ttft_s") for f in together + apart}
     assert ttft[1] < ttft[0]

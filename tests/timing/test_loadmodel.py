@@ -178,7 +178,15 @@ def test_streams_that_drifted_apart_prefill_one_wave_beside_the_others_decodes()
     assert apart.ttft_s == pytest.approx(alone) and apart.ttft_s < together.ttft_s / 2
     assert apart.cycle_steps == 129  # 64 one-prompt waves fit in a cycle of 129 steps
     assert apart.cycle_s == pytest.approx(64 * alone + 65 * apart.decode_step_s)
-    # more waves than a cycle has steps merge: 64 streams of 16 tokens, waves of 1 -> of 4
+    # more waves than a cycle has steps merge: 64 streams of 16 tokens in waves of 1 are 17
+    # waves of 4, a prompt in every step of the cycle
     short = steady_loop(steps, 64, 512, 16, 8192, 1024, wave=1)
     assert short.cycle_steps == 17 and short.prefill_steps == 1
-    assert short.cycle_s == pytest.approx(16 * short.prefill_step_s + short.decode_step_s)
+    assert short.cycle_s == pytest.approx(17 * short.prefill_step_s)
+    # a cycle's prompts are its streams': 32 streams in waves of 28 are two waves of 16
+    two = steady_loop(steps, 32, 512, 128, 8192, 1024, wave=28)
+    assert two == steady_loop(steps, 32, 512, 128, 8192, 1024, wave=16)
+    assert two.cycle_s == pytest.approx(
+        2 * two.prefill_steps * two.prefill_step_s
+        + (129 - 2 * two.prefill_steps) * two.decode_step_s
+    )
