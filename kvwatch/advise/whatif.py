@@ -162,8 +162,10 @@ def what_if(ns: argparse.Namespace) -> WhatIfAnswer:
         if steps is not None and steps.before_v1 and model.moe_layers:
             step_notes.append(
                 f"vLLM {ns.vllm_version} runs the V0 engine: a MoE layer's fixed cost is "
-                f"{steps.moe_layer_s * 1e6:.0f} us, V0's where the corpus measured it apart"
-            )
+                + (f"{steps.moe_layer_s * 1e6:.0f} us, V0's on {gpu.name}"
+                   if steps.measured_v0_moe
+                   else f"V1's ({steps.moe_layer_s * 1e6:.0f} us): no V0 figure on {gpu.name}")
+            )  # fmt: skip
         load_prediction = predict_closed_loop(
             closed,
             p.layout,

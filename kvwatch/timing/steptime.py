@@ -220,13 +220,15 @@ class StepModel:
     @property
     def moe_layer_s(self) -> float:
         """A MoE layer's fixed cost in a step, for the release the model stands for."""
-        if self.before_v1:
-            if self.constants.moe_layer_v0_s is not None:
-                return self.constants.moe_layer_v0_s
-            v0 = CARD_CONSTANTS.get(self.gpu.name, _CARD_OTHER).get("moe_layer_v0_s")
-            if v0 is not None:
-                return v0
+        if self.before_v1 and self.measured_v0_moe:
+            return self._card("moe_layer_v0_s")
         return self._card("moe_layer_s")
+
+    @property
+    def measured_v0_moe(self) -> bool:
+        """Whether a V0 release's MoE layer cost stands apart here (given, or the card's)."""
+        given = self.constants.moe_layer_v0_s is not None
+        return given or "moe_layer_v0_s" in CARD_CONSTANTS.get(self.gpu.name, _CARD_OTHER)
 
     @property
     def hbm_efficiency(self) -> float:

@@ -48,3 +48,15 @@ def test_the_what_if_takes_the_release_it_is_asked_for() -> None:
     assert len(step) == 2 and v0["load"]["at_concurrency"]["decode_step_s"] == max(step)
     assert any("runs the V0 engine" in n for n in v0["step_time_notes"])
     assert not any("V0" in n for n in v1["step_time_notes"])
+
+
+def test_the_what_if_says_when_a_card_has_no_v0_figure() -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "kvwatch", "advise", "--what-if", "--model", "gpt-oss-120b",
+         "--gpu", "a100", "--tp", "2", "--concurrency", "8", "--prompt-len", "1024",
+         "--output-len", "256", "--json", "--vllm-version", "0.6.3"],
+        capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    doc = json.loads(p.stdout)
+    notes = (doc[0] if isinstance(doc, list) else doc)["what_if"]["step_time_notes"]
+    assert any("no V0 figure on a100" in n for n in notes), notes
