@@ -200,8 +200,11 @@ def _reruns(
     of `tries` runs) and, with a sidecar, as the server's counters did."""
     measured: list[tuple[str, Figure]] = []
     began = time.monotonic()
-    for name, (streams, prompt, requests) in reruns.items():
-        for attempt in range(tries):
+    # the tries go round the loads (6, 9, 6, 9, ...), not one load's in a row: a shared
+    # machine's slow spell lasts seconds to minutes, and it read both of 9 streams' tries
+    # back to back at 21.5 ms where the calibration had read 12 streams at 13.9 ms (CI of 8c61a68)
+    for attempt in range(tries):
+        for name, (streams, prompt, requests) in reruns.items():
             d = work / (name.replace(" ", "-").replace(",", "") + f"-{attempt}" * (attempt > 0))
             _load(url, d, "--concurrency", str(streams), "--requests", str(requests),
                   "--input-len", str(prompt), "--output-len", str(output))  # fmt: skip
