@@ -15,7 +15,12 @@ import httpx
 
 from kvwatch.loadgen.results.records import StallRule
 from kvwatch.loadgen.results.server_metrics import TimelineRecorder, server_snapshot
-from kvwatch.loadgen.results.stall_causes import PreemptionCounter, mark_preempting_stalls
+from kvwatch.loadgen.results.stall_causes import (
+    PreemptionCounter,
+    ServerCounters,
+    attribute_stalls,
+    mark_preempting_stalls,
+)
 from kvwatch.loadgen.send.runner import Progress, run_loop
 from kvwatch.loadgen.workload.arrivals import describe
 from kvwatch.loadgen.workload.schedule import Stage
@@ -81,6 +86,7 @@ def measure(
         *([{"t": after_t, **after}] if after else []),
     ]
     mark_preempting_stalls(records, PreemptionCounter.from_rows(samples), start_unix)
+    attribute_stalls(records, ServerCounters(samples), start_unix)
     return Measured(start_unix, records, events, rows, before, after)
 
 

@@ -444,3 +444,39 @@ def test_quantization_configs_give_a_weight_size_or_a_note(doc: Any) -> None:
     b = arch.weight_bytes_per_param
     assert 0 < b <= 4.5 and b == b, b
     assert all(isinstance(n, str) and "\n" not in n for n in arch.notes)
+
+
+_STEP_FIELDS = ("end", "card_s", "requests", "prefill", "recompute", "preempted", "resumed",
+                "skipped")  # fmt: skip
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    st.dictionaries(st.sampled_from(_STEP_FIELDS), _ANY | st.lists(st.text(max_size=12))),
+    st.binary(max_size=40),
+)
+def test_step_trace_lines_are_read_or_counted_and_judge_any_stall(
+    fields: dict[str, Any], junk: bytes
+) -> None:
+    """The twin's step trace (`kvwatch twin --step-trace`) with fields of any type, and bytes
+    of any kind: each line is a step or one counted bad line, and the truth of a stall is
+    read from whatever steps were read (loadgen/results/stall_truth.py)."""
+    import tempfile
+
+    from kvwatch.loadgen.results.stall_truth import truth_causes
+    from kvwatch.loadgen.results.step_trace import StepRecord, read_step_trace
+
+    good = StepRecord(1.5, 0.4, 3, 100, 0, preempted=("cmpl-kvw1-main/0-0-00000000",))
+    base = json.loads(good.to_json())
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "steps.jsonl"
+        edited = json.dumps(base | fields, default=str).encode()
+        path.write_bytes(b"\n".join([good.to_json().encode(), edited, junk]))
+        steps, bad = read_step_trace(path)
+        with path.open(errors="replace") as f:
+            lines = sum(1 for line in f if line.strip())
+    assert good in steps and len(steps) + bad == lines
+    rec = {"server_id": "kvw1-main/0", "stall_spans": [[0.2, 1.9]]}
+    causes = truth_causes([rec], steps, 1.0)["kvw1-main/0"]
+    assert len(causes) == 1 and causes[0] in ("preempted", "queue", "host", "prefill",
+                                               "recompute", "unknown")  # fmt: skip

@@ -468,6 +468,10 @@ def _stalls(o: Figures) -> str:
         text += (
             f"; {_count(o.stalls_preempting)} while the server preempted, {_count(without)} without"
         )
+    causes = [(n, c, sec) for c, n, sec in o.stall_causes if n]
+    if causes and o.stalls:
+        by = ", ".join(f"{c} {_count(n)} ({sec:.1f} s)" for n, c, sec in sorted(causes)[::-1])
+        text += f"; by cause: {by}"
     return text
 
 

@@ -95,6 +95,14 @@ def register(sub: Any) -> None:
         help="step-time constants fitted to a real server of this card (`kvwatch calibrate`); "
         "a --step beside it wins",
     )
+    t.add_argument(
+        "--step-trace",
+        type=Path,
+        metavar="FILE",
+        help="append a JSON line per engine step (when the card finished it, its prompt, "
+        "recompute and preempted requests): the truth `bench/bench_stall_causes.py` holds "
+        "the load generator's stall causes to",
+    )
     t.add_argument("--port", type=port_number, help="port (default: a free one)")
     t.add_argument("--log", type=Path, default=Path("vllm-twin.log"), help="server log file")
     t.add_argument(

@@ -137,6 +137,7 @@ def start_twin(
     start_timeout_s: float = 300.0,
     stats_interval_s: float = 1.0,
     status_interval_s: float = 5.0,
+    step_trace: Path | None = None,
     cancel: threading.Event | None = None,
 ) -> TwinServer:
     """Start vLLM with the twin; raises SizingError/SettingsError/StepError for bad settings and
@@ -178,6 +179,7 @@ def start_twin(
             status_path=str(status),
             status_interval_s=status_interval_s,
             step=dict(step or {}),
+            step_trace_path=None if step_trace is None else str(step_trace.resolve()),
         )
         config = ServerConfig(
             model=served.path,
@@ -214,6 +216,9 @@ def run_twin(ns: argparse.Namespace) -> int:
     scale = ns.time_scale if ns.time_scale is not None else time_scale_for(ns.expect_tokens_per_s)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     log = writable_file(ns.log.resolve(), "the server log")
+    trace = None
+    if getattr(ns, "step_trace", None) is not None:
+        trace = writable_file(ns.step_trace.resolve(), "the step trace")
     step = dict(ns.step)
     step_line = f"step_time=the step model's corpus fit, for {STANDS_FOR} (docs/twin.md)"
     if getattr(ns, "calibration", None) is not None:
@@ -242,6 +247,7 @@ def run_twin(ns: argparse.Namespace) -> int:
             vllm_args=extra,
             port=ns.port,
             start_timeout_s=ns.start_timeout,
+            step_trace=trace,
         )
     except (SizingError, SettingsError, StepError) as e:
         raise CliError(str(e)) from None

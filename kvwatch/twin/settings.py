@@ -36,6 +36,7 @@ class TwinSettings:
     seed: int = 0
     status_path: str | None = None  # where the worker writes its busy share and lag
     status_interval_s: float = 5.0
+    step_trace_path: str | None = None  # where the worker writes each step (`--step-trace`)
     step: dict[str, float] = field(default_factory=dict)  # step-time constants overridden
 
     def __post_init__(self) -> None:

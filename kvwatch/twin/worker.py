@@ -28,6 +28,7 @@ import torch
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
+from kvwatch.loadgen.results.step_trace import StepRecord, StepTraceWriter
 from kvwatch.sizing.budget import default_max_num_seqs, utilization_budget
 from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
 from kvwatch.timing.steptime import ScheduledRequest, StepConstants, StepModel
@@ -71,6 +72,7 @@ class TwinWorker(WorkerBase):
         self._prompt_len: dict[str, int] = {}
         self._admitted: dict[str, int] = {}  # request -> its admission number, for the victims
         self._out: set[str] = set()  # preempted, not resumed yet
+        self._recomputing: set[str] = set()  # resumed, not sampling again yet
         self._admissions = 0
         self._previous: set[str] = set()
         self._pending: tuple[ModelRunnerOutput, float] | None = None
@@ -79,6 +81,8 @@ class TwinWorker(WorkerBase):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._reporter: threading.Thread | None = None
+        path = self.settings.step_trace_path
+        self._trace = StepTraceWriter(Path(path)) if path and self.rank == 0 else None
         arch = resolve_model(self.settings.model)
         self._gpu = lookup_gpu(self.settings.gpu)
         self._arch = arch
@@ -194,6 +198,8 @@ class TwinWorker(WorkerBase):
 
     def shutdown(self) -> None:
         self._stop.set()
+        if self._trace is not None:
+            self._trace.close()
 
     # -- steps ------------------------------------------------------------------------------
 
@@ -203,13 +209,17 @@ class TwinWorker(WorkerBase):
             self._prompt_len.pop(rid, None)
             self._admitted.pop(rid, None)
             self._out.discard(rid)
-        if so.preempted_req_ids:
-            self._log_preemptions(so.preempted_req_ids)
+            self._recomputing.discard(rid)
+        preempted = set(so.preempted_req_ids or ())
+        if preempted:
+            self._log_preemptions(preempted)
+            self._recomputing -= preempted
         if so.total_num_scheduled_tokens == 0:
             return EMPTY_MODEL_RUNNER_OUTPUT
         batch: list[ScheduledRequest] = []
         req_ids: list[str] = []
         sample: list[bool] = []
+        prefill = recompute = 0
         for new in so.scheduled_new_reqs:
             prompt = len(new.prompt_token_ids or ()) or int(new.prompt_embeds.shape[0])
             self._prompt_len[new.req_id] = prompt
@@ -220,11 +230,13 @@ class TwinWorker(WorkerBase):
             req_ids.append(new.req_id)
             batch.append(ScheduledRequest(n, done))
             sample.append(done >= prompt)
+            prefill += n
         cached = so.scheduled_cached_reqs
         for i, rid in enumerate(cached.req_ids):
             n = so.num_scheduled_tokens[rid]
             if rid in cached.resumed_req_ids:
                 self._out.discard(rid)
+                self._recomputing.add(rid)
                 logger.info(
                     "kvwatch twin: resumed %s: %d tokens recomputed in this step, %d found in "
                     "the prefix cache, of its %d",
@@ -236,7 +248,14 @@ class TwinWorker(WorkerBase):
             done = cached.num_computed_tokens[i] + n
             req_ids.append(rid)
             batch.append(ScheduledRequest(n, done))
-            sample.append(done >= self._prompt_len[rid] + cached.num_output_tokens[i])
+            known = self._prompt_len[rid] + cached.num_output_tokens[i]
+            sample.append(done >= known)
+            if rid in self._recomputing:
+                recompute += n
+                if done >= known:
+                    self._recomputing.discard(rid)
+            else:  # a prompt's later chunk; a decode step's one token is not a prompt's
+                prefill += max(0, min(n, self._prompt_len[rid] - (done - n)))
         s = self.settings
         tokens = self._rng.integers(s.first_sample_id, s.sample_vocab, len(req_ids))
         if s.eos_probability > 0:
@@ -249,9 +268,26 @@ class TwinWorker(WorkerBase):
         )
         ids = set(req_ids)
         continuing = not ids.isdisjoint(self._previous)
+        skipped = self._previous - ids - preempted - set(so.finished_req_ids)
         self._previous = ids
+        simulated = self._steps.seconds(batch)
+        now = time.monotonic()
         with self._lock:
-            ready = self._card.submit(self._steps.seconds(batch), time.monotonic(), continuing)
+            ready = self._card.submit(simulated, now, continuing)
+        if self._trace is not None and not self._trace.write(
+            StepRecord(
+                end=time.time() + (ready - now),
+                card_s=simulated * s.time_scale,
+                requests=len(req_ids),
+                prefill=prefill,
+                recompute=recompute,
+                preempted=tuple(sorted(preempted)),
+                resumed=tuple(sorted(cached.resumed_req_ids)),
+                skipped=tuple(sorted(skipped)),
+            )
+        ):
+            logger.warning("kvwatch twin: the step trace stopped: %s", self._trace.error)
+            self._trace = None
         self._pending = (output, ready)
         return None
 

@@ -57,6 +57,7 @@ class RequestRecord:
     server_ttft: float | None = None
     # the answer's token ids, where they are asked for (a session resends them); not written
     output_token_ids: list[int] | None = None
+    server_id: str | None = None  # the X-Request-Id it was sent with: vLLM's id carries it
 
     @property
     def ok(self) -> bool:
@@ -100,6 +101,7 @@ class RequestRecord:
         due = self.scheduled_at
         return {
             "request_id": self.request_id,
+            "server_id": self.server_id,
             "stage": self.stage,
             "session": self.session,
             "turn": self.turn,

@@ -27,6 +27,7 @@ from kvwatch.loadgen.results.run_schema import (
     clean,
 )
 from kvwatch.loadgen.results.rundir import read_jsonl, read_records
+from kvwatch.loadgen.results.stall_causes import CAUSES
 from kvwatch.loadgen.results.working_set import render_working_set
 
 __all__ = [
@@ -91,6 +92,8 @@ class Figures:
     stalls: float | None = None
     requests_with_stalls: float | None = None
     stalls_preempting: float | None = None
+    # cause -> (stalls, seconds), the causes in stall_causes.CAUSES order; empty: not judged
+    stall_causes: tuple[tuple[str, float, float], ...] = ()
     server_timings: ServerTimings | None = None
 
     @classmethod
@@ -118,8 +121,23 @@ class Figures:
             stalls=_num(d, "stalls"),
             requests_with_stalls=_num(d, "requests_with_stalls"),
             stalls_preempting=_num(d, "stalls_preempting"),
+            stall_causes=_causes(d.get("stall_causes")),
             server_timings=timings,
         )
+
+
+def _causes(d: Any) -> tuple[tuple[str, float, float], ...]:
+    """The summary's stalls by cause; causes it does not know, or of the wrong shape, left out."""
+    if not isinstance(d, dict):
+        return ()
+    out = []
+    for cause in CAUSES:
+        v = d.get(cause)
+        if isinstance(v, dict):
+            n, sec = _num(v, "stalls"), _num(v, "seconds")
+            if n is not None and sec is not None:
+                out.append((cause, n, sec))
+    return tuple(out)
 
 
 def _groups(d: Any) -> tuple[tuple[str, Figures], ...]:

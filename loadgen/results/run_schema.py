@@ -44,6 +44,7 @@ _OVERALL = {
     "completed": NUM, "failed": NUM, "duration_s": NUM, "output_token_throughput": NUM,
     "ttft": _PCTS, "itl": _PCTS, "e2e": _PCTS, "tpot": _PCTS, "dispatch_lag": _PCTS,
     "stalls": NUM, "requests_with_stalls": NUM, "stalls_preempting": NUM, "requests": NUM,
+    "stall_causes": {"*": {"stalls": NUM, "seconds": NUM}},
     "server_timings": {k: _PCTS for k in ("queue_time", "ttft_after_queue", "client_overhead")},
 }  # fmt: skip
 _SERVER_DELTA = {

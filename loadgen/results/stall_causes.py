@@ -1,4 +1,5 @@
-"""Which of the client's stalls happened while the server preempted.
+"""Why each of the client's stalls happened: whether the server preempted around it, and one
+cause per stall read from what the server and the other streams did meanwhile.
 
 vLLM never says which request it preempted, and its counter (`vllm:num_preemptions_total`) rises
 when a victim next produces output: when the victim's stall ends. So a stall counts as
@@ -10,6 +11,20 @@ after the run at its ends.
 This is coincidence, not proof: in a stretch where the server preempts, a stall of another
 cause counts too. The useful reading is the other way round: a stall with no preemption around
 it had another cause (a wave of prefills batched beside the stream, a busy host, the network).
+
+`attribute_stalls` names one cause per stall (CAUSES). What tells them apart is whether the
+stream stalled alone: vLLM schedules every running request in every step, so a long step (a
+prefill or a recompute batched in) or a host that stopped reading stalls every stream at once,
+while a request that was preempted, or left out of the steps, stops alone as the others go on.
+- stalled alone, the preemption counter rose around it: `preempted` (the victim);
+- alone, no preemption: `queue` (the server ran the others and not it);
+- with the others, the counter rose: `recompute` (behind a victim's recompute: vLLM counts a
+  preemption when the victim runs again, in the step that recomputes it);
+- with the others, prompt tokens computed meanwhile: `prefill` (prefill interference);
+- with the others, neither: `host` (the server decoded nothing new: the API server or this
+  client was behind);
+- no server samples around it, or no other stream in flight to compare with: `unknown`.
+Held to the twin's step trace, which knows each step's composition: bench/bench_stall_causes.py.
 """
 
 from __future__ import annotations
@@ -20,7 +35,13 @@ from typing import Any
 
 from kvwatch.sidecar.judge.timeline import counter_increase
 
-__all__ = ["PreemptionCounter", "mark_preempting_stalls"]
+__all__ = ["CAUSES", "PreemptionCounter", "ServerCounters", "attribute_stalls",
+           "mark_preempting_stalls", "token_times"]  # fmt: skip
+
+CAUSES = ("preempted", "recompute", "prefill", "queue", "host", "unknown")
+# a stream with a token in the middle 80% of the stall went on while this one stopped
+_EDGE = 0.1
+_ALONE = 0.5  # share of the other streams in flight that went on: the stall was this one's
 
 
 class PreemptionCounter:
@@ -71,3 +92,74 @@ def mark_preempting_stalls(
             for s, e in r.get("stall_spans") or []
         ]
         r["stalls_preempting"] = None if None in judged else sum(1 for j in judged if j)
+
+
+class ServerCounters:
+    """The server's counters a cause is read from, sampled: preemptions and prompt tokens
+    computed (`vllm:prompt_tokens_by_source{source="local_compute"}`, else all prompt tokens)."""
+
+    def __init__(self, rows: Sequence[dict[str, Any]]) -> None:
+        self.preemptions = PreemptionCounter.from_rows(rows)
+        prompt = []
+        for r in rows:
+            v = r.get("prompt_tokens_computed_total")
+            if v is None:
+                v = r.get("prompt_tokens_total")
+            if r.get("t") is not None and v is not None:
+                prompt.append((float(r["t"]), float(v)))
+        self.prompt = PreemptionCounter(prompt)  # the same bracketing, another counter
+
+
+def token_times(record: dict[str, Any]) -> list[float]:
+    """A record's token arrival times (seconds from the run's start), from its first token
+    and its gaps."""
+    t = record.get("first_token_at")
+    if not isinstance(t, int | float):
+        return []
+    out = [float(t)]
+    for g in record.get("gaps") or []:
+        out.append(out[-1] + float(g))
+    return out
+
+
+def attribute_stalls(
+    records: list[dict[str, Any]],
+    counters: ServerCounters,
+    start_unix: float,
+    lag_s: float = 0.2,
+) -> None:
+    """Set each record's `stall_causes`: one of CAUSES per stall of `stall_spans`, in order
+    (the module's docstring says how each is told)."""
+    others = [(r, token_times(r)) for r in records if r.get("first_token_at") is not None]
+    for r in records:
+        spans = r.get("stall_spans") or []
+        r["stall_causes"] = [_cause(r, s, e, others, counters, start_unix, lag_s) for s, e in spans]
+
+
+def _cause(
+    record: dict[str, Any],
+    s: float,
+    e: float,
+    others: list[tuple[dict[str, Any], list[float]]],
+    counters: ServerCounters,
+    start_unix: float,
+    lag_s: float,
+) -> str:
+    edge = _EDGE * (e - s)
+    lo, hi = s + edge, e - edge
+    flowing = in_flight = 0
+    for o, times in others:
+        if o is record or len(times) < 2 or times[0] > lo or times[-1] < hi:
+            continue
+        in_flight += 1
+        i = bisect.bisect_right(times, lo)
+        flowing += i < len(times) and times[i] < hi
+    preempted = counters.preemptions.rose(start_unix + s, start_unix + e, lag_s)
+    if preempted is None or not in_flight:
+        return "unknown"
+    if flowing / in_flight >= _ALONE:
+        return "preempted" if preempted else "queue"
+    if preempted:
+        return "recompute"
+    prefill = counters.prompt.rose(start_unix + s, start_unix + e, lag_s)
+    return "prefill" if prefill else "host"

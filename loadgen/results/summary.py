@@ -12,11 +12,13 @@ from typing import Any
 
 import pandas as pd
 
+from kvwatch.loadgen.results.stall_causes import CAUSES
+
 __all__ = [
     "parse_slo", "summarize_records", "render_table", "render_turns", "render_classes",
     "render_probes", "render_server_timings",
     "SLO_METRICS", "SloError",
-    "timing_caveat",
+    "timing_caveat", "causes_line",
 ]  # fmt: skip
 
 SLO_METRICS = ("ttft", "tpot", "e2e", "ttft_from_scheduled", "e2e_from_scheduled")
@@ -91,6 +93,7 @@ def _one(df: pd.DataFrame, slo: dict[str, float]) -> dict[str, Any]:
         "stalls": int(ok["stalls"].sum()),
         "requests_with_stalls": int((ok["stalls"] > 0).sum()),
         "stalls_preempting": _preempting(ok),
+        **_stall_causes(ok),
         **_server_timings(ok),
     }
 
@@ -114,6 +117,32 @@ def _server_timings(ok: pd.DataFrame) -> dict[str, Any]:
         "client_ttft": _q(both["ttft"]),
         "client_overhead": _q(both["ttft"] - engine),
     }}  # fmt: skip
+
+
+def _stall_causes(ok: pd.DataFrame) -> dict[str, Any]:
+    """Stalls and stall seconds by cause (loadgen/results/stall_causes.py), where they were
+    judged: every cause named, the ones with none at 0."""
+    if "stall_causes" not in ok or "stall_spans" not in ok:
+        return {}
+    out = {c: {"stalls": 0, "seconds": 0.0} for c in CAUSES}
+    judged = False
+    for causes, spans in zip(ok["stall_causes"], ok["stall_spans"], strict=True):
+        if not isinstance(causes, list | tuple) or not isinstance(spans, list | tuple):
+            continue
+        for cause, span in zip(causes, spans, strict=False):
+            if cause in out:
+                judged = True
+                out[cause]["stalls"] += 1
+                out[cause]["seconds"] += float(span[1]) - float(span[0])
+    return {"stall_causes": out} if judged else {}
+
+
+def causes_line(causes: dict[str, Any] | None) -> str:
+    """`preempted 3, recompute 5` (the causes with stalls, most first); "-" when not judged."""
+    if not causes:
+        return "-"
+    got = sorted(((v["stalls"], c) for c, v in causes.items() if v.get("stalls")), reverse=True)
+    return ", ".join(f"{c} {n}" for n, c in got) or "none"
 
 
 def _preempting(ok: pd.DataFrame) -> int | None:
@@ -249,7 +278,8 @@ def _ms(x: float | None) -> str:
 
 def render_table(summary: dict[str, Any]) -> str:
     rows = [("stage", "done/sent", "req/s", "tok/s", "TTFT p50/p99 ms", "TPOT p50 ms",
-             "e2e p99 ms", "lag p99 ms", "stalls", "preempting", "goodput")]  # fmt: skip
+             "e2e p99 ms", "lag p99 ms", "stalls", "causes", "preempting",
+             "goodput")]  # fmt: skip
     items = list(summary["stages"].items()) + [("overall", summary["overall"])]
     for name, s in items:
         if not s.get("requests"):
@@ -264,6 +294,7 @@ def render_table(summary: dict[str, Any]) -> str:
             _ms(s["e2e"]["p99"]),
             _ms(s["dispatch_lag"]["p99"]),
             f"{s['stalls']} in {s['requests_with_stalls']}",
+            causes_line(s.get("stall_causes")) if s["stalls"] else "-",
             "-" if s.get("stalls_preempting") is None else str(s["stalls_preempting"]),
             "-" if s["goodput"] is None else f"{s['goodput']:.2f}/s",
         ))  # fmt: skip

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import time
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import msgspec
@@ -21,6 +23,7 @@ from kvwatch.loadgen.send.http1 import Http1Pool
 
 __all__ = [
     "completion_request", "start_completion", "stream_completion", "served_model", "max_model_len",
+    "server_id_for",
 ]  # fmt: skip
 
 _DATA = b"data:"
@@ -63,10 +66,25 @@ async def max_model_len(client: httpx.AsyncClient, base_url: str, model: str) ->
     return None
 
 
-def completion_request(pool: Http1Pool, body: dict[str, Any], endpoint: str) -> bytes:
-    """The bytes of a streaming request with usage reporting on, built ahead of its due time."""
+def completion_request(
+    pool: Http1Pool, body: dict[str, Any], endpoint: str, server_id: str | None = None
+) -> bytes:
+    """The bytes of a streaming request with usage reporting on, built ahead of its due time.
+    `server_id` (from `server_id_for`) goes as `X-Request-Id`, which vLLM takes into its own
+    id (`cmpl-{id}-...`): its logs and the twin's step trace then name the run's requests."""
     payload = dict(body, stream=True, stream_options={"include_usage": True})
-    return pool.encode_post(endpoint, json.dumps(payload).encode())
+    extra = {"X-Request-Id": server_id} if server_id else None
+    return pool.encode_post(endpoint, json.dumps(payload).encode(), extra)
+
+
+_RUN_TAG = f"kvw{secrets.token_hex(4)}"  # one per process: two runs on one server never clash
+
+
+def server_id_for(request_id: str) -> str:
+    """The id the server is given for a run's request: unique to this process's run (vLLM
+    releases before the random suffix refused a duplicate id in flight), percent-encoded past
+    a safe set (a stage is named by the user: a CR or LF in it would end the header)."""
+    return f"{_RUN_TAG}-{quote(request_id, safe='/:._-')}"
 
 
 def start_completion(

@@ -353,9 +353,9 @@ class Http1Pool:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    def encode_post(self, path: str, body: bytes) -> bytes:
-        """A POST of `body` to `path` under the target, with the pool's headers."""
-        return self.target.post_bytes(path, body, self.headers)
+    def encode_post(self, path: str, body: bytes, extra: dict[str, str] | None = None) -> bytes:
+        """A POST of `body` to `path` under the target, with the pool's headers and `extra`."""
+        return self.target.post_bytes(path, body, {**self.headers, **(extra or {})})
 
     def post(
         self, request: bytes, sink: ResponseSink, on_sent: Callable[[float], None]

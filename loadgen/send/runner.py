@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from kvwatch.loadgen.results.records import RequestRecord
-from kvwatch.loadgen.send.client import completion_request, start_completion
+from kvwatch.loadgen.send.client import completion_request, server_id_for, start_completion
 from kvwatch.loadgen.send.http1 import Http1Pool
 from kvwatch.loadgen.workload.arrivals import Concurrency
 from kvwatch.loadgen.workload.probes import ProbeSpec
@@ -158,7 +158,9 @@ class _Sender:
             **where,
         )
         self.result.records.append(rec)
-        return rec, completion_request(self.pool, request_body(item, self.opts), self.opts.endpoint)
+        rec.server_id = server_id_for(request_id)
+        body = request_body(item, self.opts)
+        return rec, completion_request(self.pool, body, self.opts.endpoint, rec.server_id)
 
     def start(self, rec: RequestRecord, request: bytes) -> asyncio.Future[None]:
         """Send now, unless `--max-inflight` holds it back (then it waits, and the wait shows

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from kvwatch.loadgen.results.stall_causes import PreemptionCounter, mark_preempting_stalls
+from kvwatch.loadgen.results.stall_causes import (
+    PreemptionCounter,
+    ServerCounters,
+    attribute_stalls,
+    mark_preempting_stalls,
+    token_times,
+)
 
 # the counter, sampled once a second from unix time 1000: flat, then it rises at 1003-1004
 COUNTER = PreemptionCounter([(1000.0 + i, v) for i, v in enumerate([5, 5, 5, 5, 7, 7, 7, 7])])
@@ -46,3 +52,67 @@ def test_mark_counts_each_records_preempting_stalls() -> None:
     ]
     mark_preempting_stalls(records, COUNTER, start_unix=1000.0, lag_s=0.2)
     assert [r["stalls_preempting"] for r in records] == [1, 0, None, 0]
+
+
+# -- one cause per stall -------------------------------------------------------------------
+
+
+def _stream(first: float, gaps: list[float], spans: list[list[float]] | None = None) -> dict:
+    return {"first_token_at": first, "gaps": gaps, "stall_spans": spans or []}
+
+
+def _rows(*points: tuple[float, float, float]) -> list[dict]:
+    """Timeline rows (t, preemptions, prompt tokens computed), t from start 1000."""
+    return [{"t": 1000 + t, "preemptions_total": p, "prompt_tokens_computed_total": c}
+            for t, p, c in points]  # fmt: skip
+
+
+STEADY = [0.05] * 80  # a stream with a token every 50 ms over 4 s
+
+
+def test_a_stream_stalled_alone_is_the_victim_or_was_queued() -> None:
+    victim = _stream(0.0, [0.05] * 20 + [1.5] + [0.05] * 20, [[1.0, 2.5]])
+    others = [_stream(0.01 * i, STEADY) for i in range(4)]
+    for rise, cause in ((1, "preempted"), (0, "queue")):
+        recs = [dict(victim), *others]
+        attribute_stalls(recs, ServerCounters(_rows((0, 0, 0), (2, rise, 0), (4, rise, 0))), 1000)
+        assert recs[0]["stall_causes"] == [cause]
+        assert all(r["stall_causes"] == [] for r in recs[1:])
+
+
+def test_streams_stalled_together_name_the_step_that_held_them() -> None:
+    """Everyone stopped for the same 0.8 s: a recompute when the counter rose, a prefill when
+    prompt tokens were computed, else the host."""
+
+    def together() -> list[dict]:
+        return [_stream(0.01 * i, [0.05] * 20 + [0.8] + [0.05] * 20,
+                        [[0.01 * i + 1.0, 0.01 * i + 1.8]]) for i in range(4)]  # fmt: skip
+
+    for rows, cause in (
+        (_rows((0, 5, 100), (3, 6, 100)), "recompute"),
+        (_rows((0, 5, 100), (3, 5, 9000)), "prefill"),
+        (_rows((0, 5, 100), (3, 5, 100)), "host"),
+    ):
+        recs = together()
+        attribute_stalls(recs, ServerCounters(rows), 1000)
+        assert [r["stall_causes"] for r in recs] == [[cause]] * 4
+
+
+def test_no_samples_or_no_one_to_compare_with_is_unknown() -> None:
+    alone = [_stream(0.0, [0.05] * 20 + [1.5] + [0.05] * 20, [[1.0, 2.5]])]
+    attribute_stalls(alone, ServerCounters(_rows((0, 0, 0), (4, 1, 0))), 1000)
+    assert alone[0]["stall_causes"] == ["unknown"]
+    recs = [_stream(0.0, [0.05] * 20 + [1.5] + [0.05] * 20, [[1.0, 2.5]]),
+            _stream(0.0, STEADY)]  # fmt: skip
+    attribute_stalls(recs, ServerCounters([]), 1000)
+    assert recs[0]["stall_causes"] == ["unknown"]
+
+
+def test_prompt_tokens_fall_back_to_all_prompt_tokens() -> None:
+    c = ServerCounters([{"t": 1.0, "prompt_tokens_total": 5}, {"t": 2.0, "prompt_tokens_total": 9}])
+    assert c.prompt.rose(1.2, 1.5) is True
+
+
+def test_token_times_rebuild_from_gaps() -> None:
+    assert token_times({"first_token_at": 1.0, "gaps": [0.5, 0.25]}) == [1.0, 1.5, 1.75]
+    assert token_times({"first_token_at": None, "gaps": [0.5]}) == []

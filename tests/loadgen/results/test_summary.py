@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from kvwatch.loadgen.results.records import RequestRecord, StallRule
+from kvwatch.loadgen.results.stall_causes import CAUSES
 from kvwatch.loadgen.results.summary import (
     SloError,
     parse_slo,
@@ -85,6 +86,22 @@ class TestSummary:
         summary = summarize_records([stalled, calm])
         assert summary["overall"]["stalls_preempting"] is None
         assert render_table(summary).splitlines()[0].split()[-2:] == ["preempting", "goodput"]
+
+    def test_stall_causes_by_count_and_seconds_in_the_summary_and_the_table(self) -> None:
+        stalled = rec(0, 0.0, 0.0, [0.1, 0.2, 0.3, 0.4, 2.0, 2.1, 4.0]).to_dict()
+        calm = rec(1, 0.0, 0.0, [0.1, 0.2, 0.3, 0.4]).to_dict()
+        assert len(stalled["stall_spans"]) == 2
+        summary = summarize_records([stalled, calm])
+        assert "stall_causes" not in summary["overall"]  # not judged: no server timeline
+        stalled["stall_causes"], calm["stall_causes"] = ["preempted", "prefill"], []
+        summary = summarize_records([stalled, calm])
+        causes = summary["overall"]["stall_causes"]
+        assert set(causes) == set(CAUSES)
+        assert causes["preempted"]["stalls"] == 1 and causes["prefill"]["stalls"] == 1
+        assert causes["prefill"]["seconds"] == pytest.approx(1.9)
+        assert causes["host"] == {"stalls": 0, "seconds": 0.0}
+        header, *_, overall = render_table(summary).splitlines()
+        assert "causes" in header.split() and "prefill 1, preempted 1" in overall
 
     def test_timing_caveat_only_when_requests_left_late(self) -> None:
         on_time = summarize_records([rec(0, 0.0, 0.0005, [0.1, 0.2]).to_dict()])
