@@ -12,6 +12,8 @@ where each cause happens and reports how often the two agree, per load and per c
   prefill  the same card with 24 GiB: 32 closed-loop streams of 128 + 1024 tokens, and beside
            them prompts of 12,000 tokens at 1/s (a second load generator): each prefill step
            stalls every stream (`--max-num-batched-tokens 16384`, one chunk a prompt)
+  burst    2 GiB, 48 requests of 256 + 1024 tokens at once and no more: their growth
+           thrashes, and the steps that recompute the victims carry no new prompt
   mixed    2 GiB, Poisson 1024 + 512 tokens at 4/s and 4,000-token prompts at 0.5/s beside
 
 Results: bench/results/stall-causes.json, docs/loadgen.md. Twin figures, wall time (time scale
@@ -32,8 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvwatch.loadgen.results.rundir import read_records
-from kvwatch.loadgen.results.stall_causes import CAUSES
+from kvwatch.loadgen.results.rundir import read_jsonl, read_records
+from kvwatch.loadgen.results.stall_causes import CAUSES, ServerCounters, attribute_stalls
 from kvwatch.loadgen.results.stall_truth import truth_causes
 from kvwatch.loadgen.results.step_trace import read_step_trace
 from kvwatch.twin.serve import start_twin
@@ -42,18 +44,25 @@ HERE = Path(__file__).resolve().parent
 GIB = 2**30
 # name: (KV bytes, the loads run side by side (the first is judged), vLLM arguments)
 LOADS: dict[str, tuple[int, list[list[str]], tuple[str, ...]]] = {
-    "thrash": (2 * GIB, [["--rate", "6", "--input-len", "1024", "--output-len", "512"]], ()),
+    "thrash": (2 * GIB, [["--rate", "6", "--input-len", "1024", "--output-len", "512"]],
+               ("--max-model-len", "4096")),
     "prefill": (
         24 * GIB,
         [["--concurrency", "32", "--input-len", "128", "--output-len", "1024"],
          ["--rate", "1", "--input-len", "12000", "--output-len", "8"]],
-        ("--max-num-batched-tokens", "16384"),
+        ("--max-model-len", "16384", "--max-num-batched-tokens", "16384"),
+    ),
+    "burst": (
+        2 * GIB,
+        [["--concurrency", "48", "--requests", "48", "--input-len", "256",
+          "--output-len", "1024"]],
+        ("--max-model-len", "4096"),
     ),
     "mixed": (
         2 * GIB,
         [["--rate", "4", "--input-len", "1024", "--output-len", "512"],
          ["--rate", "0.5", "--input-len", "4000", "--output-len", "8"]],
-        ("--max-num-batched-tokens", "8192"),
+        ("--max-model-len", "8192", "--max-num-batched-tokens", "8192"),
     ),
 }  # fmt: skip
 
@@ -64,24 +73,35 @@ def _run(name: str, seconds: float, time_scale: float, work: Path) -> dict[str, 
     with start_twin(
         "llama-3.1-8b", "h100", work / f"{name}-vllm.log", time_scale=time_scale,
         status_dir=work, step_trace=trace,
-        vllm_args=("--max-model-len", "16384", "--kv-cache-memory-bytes", str(kv), *vllm_args),
+        vllm_args=("--kv-cache-memory-bytes", str(kv), *vllm_args),
     ) as twin:  # fmt: skip
         procs = []
         for i, load in enumerate(loads):
             run_dir = work / f"{name}-{i}"
             cmd = [sys.executable, "-m", "kvwatch", "loadgen", "run", "--url", twin.base_url,
                    "--run-dir", str(run_dir), "--no-progress", "--seed", str(7 + i),
-                   "--duration", str(seconds), *load]  # fmt: skip
+                   *(() if "--requests" in load else ("--duration", str(seconds))),
+                   *load]  # fmt: skip
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
         for p in procs:
             _, err = p.communicate(timeout=seconds * 10 + 300)
             if p.returncode not in (0, 1):
                 raise SystemExit(f"{name}: loadgen failed ({p.returncode}): {err[-800:]!r}")
         time.sleep(1.5)  # the trace is flushed a second apart
-    steps, bad = read_step_trace(trace)
+    return _judge(name, work, rejudge=False)
+
+
+def _judge(name: str, work: Path, rejudge: bool) -> dict[str, Any]:
+    """The run's stall causes (as the load generator wrote them, or judged again from its
+    records and timeline with today's code: `rejudge`) against the step trace's."""
+    kv, loads, vllm_args = LOADS[name]
+    steps, bad = read_step_trace(work / f"{name}-steps.jsonl")
     run_dir = work / f"{name}-0"
     records = read_records(run_dir)
     start_unix = float(json.loads((run_dir / "spec.json").read_text())["start_unix"])
+    if rejudge:
+        rows = read_jsonl(run_dir / "timeline.jsonl")
+        attribute_stalls(records, ServerCounters(rows), start_unix)
     truth = truth_causes(records, steps, start_unix)
     pairs = []
     for r in records:
@@ -93,6 +113,7 @@ def _run(name: str, seconds: float, time_scale: float, work: Path) -> dict[str, 
         by_truth.setdefault(t, dict.fromkeys(CAUSES, 0))[a] += 1
     return {
         "load": name,
+        "rejudged": rejudge,
         "kv_bytes": kv,
         "loads": loads,
         "vllm_args": list(vllm_args),
@@ -113,11 +134,19 @@ def main() -> None:
     ap.add_argument("--only", choices=sorted(LOADS), action="append")
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--time-scale", type=float, default=2.0)
+    ap.add_argument("--keep", type=Path, metavar="DIR", help="leave the runs and traces here")
+    ap.add_argument("--rejudge", type=Path, metavar="DIR",
+                    help="judge the runs kept in DIR again with today's code; no twin")  # fmt: skip
     ns = ap.parse_args()
     out = []
     with tempfile.TemporaryDirectory(prefix="kvwatch-stalls-") as tmp:
+        work = ns.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         for name in ns.only or list(LOADS):
-            row = _run(name, ns.seconds, ns.time_scale, Path(tmp))
+            if ns.rejudge:
+                row = _judge(name, ns.rejudge, rejudge=True)
+            else:
+                row = _run(name, ns.seconds, ns.time_scale, work)
             out.append(row)
             share = row["agreement"]
             print(f"{name}: {row['stalls']} stalls, {row['agree']} agree "
@@ -125,9 +154,11 @@ def main() -> None:
                   f"attributed {row['attributed']}; {row['preemptions']} preemptions, "
                   f"{row['steps']} steps", flush=True)  # fmt: skip
             for t, got in row["by_truth"].items():
-                print(f"  truly {t}: {({k: v for k, v in got.items() if v})}", flush=True)
+                print(f"  truly {t}: { ({k: v for k, v in got.items() if v}) }", flush=True)
     result = {"time_scale": ns.time_scale, "seconds": ns.seconds,
               "date": time.strftime("%Y-%m-%d"), "runs": out}  # fmt: skip
+    if ns.rejudge:
+        return
     dest = HERE / "results" / "stall-causes.json"
     if ns.only:
         dest = dest.with_name(f"stall-causes-{'-'.join(ns.only)}.json")

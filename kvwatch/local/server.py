@@ -62,9 +62,15 @@ def last_error(tail: str) -> str | None:
     """The last line of a log's tail that names an exception (what vLLM died of), without the
     process and time prefix; None when none does."""
     for line in reversed(tail.splitlines()):
-        # the API server's own last words point back at the engine's
-        if _ERROR_LINE.search(line) and "root cause above" not in line:
-            return _LOG_PREFIX.sub("", line.strip())[:300]
+        said = _LOG_PREFIX.sub("", line.strip())
+        # the API server's own last words point back at the engine's; a traceback's source
+        # line (`raise RuntimeError(`) names the exception but says nothing of why
+        if (
+            _ERROR_LINE.search(said)
+            and "root cause above" not in said
+            and not said.startswith(("raise ", "File "))
+        ):
+            return said[:300]
     return None
 
 

@@ -30,6 +30,7 @@ Held to the twin's step trace, which knows each step's composition: bench/bench_
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,9 +40,12 @@ __all__ = ["CAUSES", "PreemptionCounter", "ServerCounters", "attribute_stalls",
            "mark_preempting_stalls", "token_times"]  # fmt: skip
 
 CAUSES = ("preempted", "recompute", "prefill", "queue", "host", "unknown")
-# a stream with a token in the middle 80% of the stall went on while this one stopped
+# a stream with two tokens in the middle 80% of the stall went on while this one stopped: the
+# engine ran steps without it (one long step gives every stream one token, at its end)
 _EDGE = 0.1
-_ALONE = 0.5  # share of the other streams in flight that went on: the stall was this one's
+# share of the other streams in flight that went on: the stall was this one's (victims are
+# preempted several at once and wait together, so the ones that go on can be a minority)
+_ALONE = 0.1
 
 
 class PreemptionCounter:
@@ -68,6 +72,13 @@ class PreemptionCounter:
         or after `end + lag_s` (or the last sample, if that is after `end`: the snapshot after
         a run sees every update); None when no samples bracket the span. A restart resets the
         counter, so a drop counts as a rise when the new value is above 0."""
+        got = self.increase(start, end, lag_s)
+        return None if got is None else got[0] > 0
+
+    def increase(
+        self, start: float, end: float, lag_s: float = 0.0
+    ) -> tuple[float, float, float] | None:
+        """How much it rose over the samples `rose` reads, and their first and last times."""
         i = bisect.bisect_right(self.times, start) - 1
         j = bisect.bisect_left(self.times, end + lag_s)
         if j == len(self.times) and self.times and self.times[-1] >= end:
@@ -75,7 +86,8 @@ class PreemptionCounter:
         if i < 0 or j >= len(self.times):
             return None
         v = self.values[i : j + 1]
-        return any(counter_increase(a, b) > 0 for a, b in zip(v, v[1:], strict=False))
+        rise = sum(counter_increase(a, b) for a, b in zip(v, v[1:], strict=False))
+        return rise, self.times[i], self.times[j]
 
 
 def mark_preempting_stalls(
@@ -130,36 +142,97 @@ def attribute_stalls(
 ) -> None:
     """Set each record's `stall_causes`: one of CAUSES per stall of `stall_spans`, in order
     (the module's docstring says how each is told)."""
-    others = [(r, token_times(r)) for r in records if r.get("first_token_at") is not None]
+    streams = [(r, token_times(r)) for r in records if r.get("first_token_at") is not None]
+    judged: list[tuple[dict[str, Any], int, float, float, str]] = []
     for r in records:
-        spans = r.get("stall_spans") or []
-        r["stall_causes"] = [_cause(r, s, e, others, counters, start_unix, lag_s) for s, e in spans]
+        r["stall_causes"] = []
+        for k, (s, e) in enumerate(r.get("stall_spans") or []):
+            cause = _alone_or_not(r, s, e, streams, counters, start_unix, lag_s)
+            r["stall_causes"].append(cause)
+            judged.append((r, k, s, e, cause))
+    # a victim is recomputed in the step that ends its stall: its context then, by the time
+    # the client saw it resume; new prompts are computed in the step of their first token
+    recomputed = sorted(
+        (e, _context_at(r, s)) for r, _, s, e, cause in judged if cause == "preempted"
+    )
+    prefilled = sorted(
+        (float(r["first_token_at"]), float(r.get("prompt_tokens") or 0)) for r, _ in streams
+    )
+    for r, k, s, e, cause in judged:
+        if cause != _TOGETHER:
+            continue
+        recompute = _tokens_in(recomputed, s, e + _SAME_STEP_S)
+        prefill = _tokens_in(prefilled, s, e + _SAME_STEP_S)
+        prefill += _others_prompts(counters, prefilled, s, e, start_unix, lag_s)
+        if recompute or prefill:
+            r["stall_causes"][k] = "recompute" if recompute >= prefill else "prefill"
+        elif counters.preemptions.rose(start_unix + s, start_unix + e, lag_s):
+            r["stall_causes"][k] = "recompute"  # another client's request was the victim
+        elif counters.prompt.rose(start_unix + s, start_unix + e, lag_s):
+            r["stall_causes"][k] = "prefill"  # another client's prompts
+        else:
+            r["stall_causes"][k] = "host"
 
 
-def _cause(
+def _others_prompts(
+    counters: ServerCounters,
+    prefilled: list[tuple[float, float]],
+    s: float,
+    e: float,
+    start_unix: float,
+    lag_s: float,
+) -> float:
+    """Prompt tokens the server computed for other clients during the stall: what its counter
+    rose by over the samples around it beyond this run's own prompts, spread evenly over
+    those samples' span (they are a second apart; the stall is a part of it)."""
+    got = counters.prompt.increase(start_unix + s, start_unix + e, lag_s)
+    if got is None:
+        return 0.0
+    rise, t0, t1 = got
+    own = _tokens_in(prefilled, t0 - start_unix, t1 - start_unix)
+    return max(0.0, rise - own) * (e - s) / max(t1 - t0, e - s)
+
+
+_TOGETHER = "together"  # stalled with the others: the step's composition decides
+_SAME_STEP_S = 0.05  # tokens of one step reach the client this far apart at most
+
+
+def _context_at(record: dict[str, Any], s: float) -> float:
+    """The tokens a request held when its stream stopped at `s`: its prompt and what it had
+    generated."""
+    made = sum(1 for t in token_times(record) if t <= s + 1e-9)
+    return float(record.get("prompt_tokens") or 0) + made
+
+
+def _tokens_in(points: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """The tokens of the (time, tokens) points with time in (lo, hi]."""
+    i = bisect.bisect_right(points, (lo, math.inf))
+    j = bisect.bisect_right(points, (hi, math.inf))
+    return sum(n for _, n in points[i:j])
+
+
+def _alone_or_not(
     record: dict[str, Any],
     s: float,
     e: float,
-    others: list[tuple[dict[str, Any], list[float]]],
+    streams: list[tuple[dict[str, Any], list[float]]],
     counters: ServerCounters,
     start_unix: float,
     lag_s: float,
 ) -> str:
+    """`preempted`, `queue` or `unknown`, or `_TOGETHER` for the second pass."""
     edge = _EDGE * (e - s)
     lo, hi = s + edge, e - edge
     flowing = in_flight = 0
-    for o, times in others:
+    for o, times in streams:
         if o is record or len(times) < 2 or times[0] > lo or times[-1] < hi:
             continue
         in_flight += 1
         i = bisect.bisect_right(times, lo)
-        flowing += i < len(times) and times[i] < hi
+        flowing += i + 1 < len(times) and times[i + 1] < hi
     preempted = counters.preemptions.rose(start_unix + s, start_unix + e, lag_s)
     if preempted is None or not in_flight:
         return "unknown"
     if flowing / in_flight >= _ALONE:
         return "preempted" if preempted else "queue"
-    if preempted:
-        return "recompute"
-    prefill = counters.prompt.rose(start_unix + s, start_unix + e, lag_s)
-    return "prefill" if prefill else "host"
+    return _TOGETHER

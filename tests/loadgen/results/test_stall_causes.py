@@ -116,3 +116,24 @@ def test_prompt_tokens_fall_back_to_all_prompt_tokens() -> None:
 def test_token_times_rebuild_from_gaps() -> None:
     assert token_times({"first_token_at": 1.0, "gaps": [0.5, 0.25]}) == [1.0, 1.5, 1.75]
     assert token_times({"first_token_at": None, "gaps": [0.5]}) == []
+
+
+def test_a_shared_stall_goes_to_the_bigger_of_the_recompute_and_the_new_prompts() -> None:
+    """The step that ends a shared stall recomputes the victims that resume with it (their
+    prompt and what they had made) and prefills the prompts whose first token comes with it."""
+
+    def load(victim_prompt: int, new_prompt: int) -> list[dict]:
+        held = [_stream(0.01 * i, [0.05] * 40 + [0.6] + [0.05] * 20,
+                        [[0.01 * i + 2.0, 0.01 * i + 2.6]]) for i in range(4)]  # fmt: skip
+        victim = _stream(0.0, [0.05] * 10 + [2.12] + [0.05] * 20, [[0.5, 2.62]])
+        victim["prompt_tokens"] = victim_prompt
+        newcomer = {"first_token_at": 2.63, "gaps": [0.05] * 5, "prompt_tokens": new_prompt}
+        runner = _stream(0.0, [0.05] * 12)  # flows through the victim's stall, then ends
+        return [victim, *held, newcomer, runner]
+
+    rows = _rows((0, 0, 0), (1, 1, 0), (2, 1, 0), (3, 2, 4000), (4, 2, 4000))
+    for victim_prompt, new_prompt, cause in ((3000, 500, "recompute"), (300, 2000, "prefill")):
+        recs = load(victim_prompt, new_prompt)
+        attribute_stalls(recs, ServerCounters(rows), 1000)
+        assert recs[0]["stall_causes"] == ["preempted"]
+        assert [r["stall_causes"] for r in recs[1:5]] == [[cause]] * 4, cause
