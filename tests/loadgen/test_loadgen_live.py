@@ -106,3 +106,10 @@ def test_thrashing_run_shows_stalls_on_repeat_victims(vllm_server: LocalVLLM, tm
     overall = json.loads((tmp_path / "summary.json").read_text())["overall"]
     assert overall["stalls"] == stalls
     assert overall["stalls_preempting"] >= 0.9 * stalls, (overall, preemptions)
+    # one cause each: in a burst that only grows, the victims and the streams held behind
+    # their recompute (no new prompt comes after the first wave)
+    causes = [c for r in records for c in r["stall_causes"]]
+    assert len(causes) == stalls
+    assert sum(v["stalls"] for v in overall["stall_causes"].values()) == stalls
+    kv = sum(c in ("preempted", "recompute") for c in causes)
+    assert kv >= 0.8 * stalls, overall["stall_causes"]

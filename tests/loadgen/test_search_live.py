@@ -1,4 +1,6 @@
-"""`kvwatch loadgen search` on the real vLLM fixture, its answers checked by rerunning them.
+"""`kvwatch loadgen search` on the real vLLM fixture, its answers checked by rerunning them: the
+KV onset here; the SLO limit, two minutes of load, in bench/bench_search_fixture.py (its
+result in docs/loadgen.md), to hold the suite's budget.
 
 The fixture's cache is 40 blocks of 32 tokens (39 usable), and both searches rest on that block
 arithmetic rather than on the machine's speed:
@@ -79,10 +81,11 @@ def _admission_workload(base: str, run_dir: Path) -> list[str]:
     return [*ADMISSION_SHAPE, "--slo", f"ttft={limit * 1000:.0f}ms"]
 
 
-def test_the_slo_limit_holds_when_rerun(vllm_server: LocalVLLM, tmp_path: Path) -> None:
-    base = vllm_server.base_url
-    workload = _admission_workload(base, tmp_path / "alone")
-    run = tmp_path / "admission"
+def slo_limit_holds_when_rerun(base: str, work: Path) -> dict[str, Any]:
+    """The SLO-limit search and its reruns (bench/bench_search_fixture.py runs it: two minutes
+    of load, out of CI's budget); raises AssertionError where the search or a rerun is off."""
+    workload = _admission_workload(base, work / "alone")
+    run = work / "admission"
     doc = _search(base, run, workload, "--max", "8", "--probe-requests", "12",
                   "--repeats", "1", "--max-repeats", "2")  # fmt: skip
     res = doc["result"]
@@ -91,18 +94,22 @@ def test_the_slo_limit_holds_when_rerun(vllm_server: LocalVLLM, tmp_path: Path) 
     assert (ok["load"], fail["load"]) == (2, 3), doc["loads"]
     assert res["binding"] == "kv cache" and res["kv_ran_out"]["load"] == 3, res
     assert doc["advice"]["probe"] in fail["probes"]
-
-    at_max = _rerun(base, tmp_path / "max", workload, ok["load"])
-    above = _rerun(base, tmp_path / "above", workload, fail["load"])
+    at_max = _rerun(base, work / "max", workload, ok["load"])
+    above = _rerun(base, work / "above", workload, fail["load"])
     assert at_max["slo_attainment"] >= ATTAINMENT, at_max
     assert above["slo_attainment"] < ATTAINMENT, above
+    _capacity_page(run, work, ">SLO limit</text>", "Limit that binds first: <b>kv cache</b>")
+    return {"search": doc, "rerun_at_max": at_max, "rerun_above": above}
 
-    # the capacity page, in a real browser
+
+def _capacity_page(run: Path, work: Path, *says: str) -> None:
+    """`kvwatch report` on a search draws its capacity page saying `says`, checked in a real
+    browser."""
     page = _kvwatch("report", str(run))
     assert page.returncode == 0, page.stderr
     html = (run / "report.html").read_text()
-    assert ">SLO limit</text>" in html and "Limit that binds first: <b>kv cache</b>" in html
-    check = open_page(run / "report.html", tmp_path / "capacity.png")
+    assert all(x in html for x in says), [x for x in says if x not in html]
+    check = open_page(run / "report.html", work / "capacity.png")
     assert not check.console_errors and not check.page_errors
     assert all(r.startswith("file:") for r in check.requests), check.requests
     assert len(check.svg_sizes) == 2 and all(w > 300 and h > 100 for w, h in check.svg_sizes)
@@ -123,3 +130,5 @@ def test_the_kv_onset_is_where_a_rerun_starts_to_preempt(
     at_onset = _rerun(base, tmp_path / "onset", PREEMPTION, res["kv_onset"]["load"], waves=2)
     below = _rerun(base, tmp_path / "clean", PREEMPTION, res["kv_clean"]["load"], waves=2)
     assert at_onset["preemptions"] > 0 and below["preemptions"] == 0, (at_onset, below)
+    _capacity_page(tmp_path / "preemption", tmp_path, ">KV onset</text>",
+                   ">met SLOs up to the maximum</text>")  # fmt: skip
