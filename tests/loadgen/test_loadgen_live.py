@@ -106,6 +106,9 @@ def test_thrashing_run_shows_stalls_on_repeat_victims(vllm_server: LocalVLLM, tm
     overall = json.loads((tmp_path / "summary.json").read_text())["overall"]
     assert overall["stalls"] == stalls
     assert overall["stalls_preempting"] >= 0.9 * stalls, (overall, preemptions)
+    # the cache filled (the run's timeline samples the server once a second)
+    timeline = [json.loads(x) for x in (tmp_path / "timeline.jsonl").read_text().splitlines()]
+    assert max(row["kv_usage"] or 0 for row in timeline) >= 0.9, "the KV cache never filled"
     # one cause each: in a burst that only grows, the victims and the streams held behind
     # their recompute (no new prompt comes after the first wave)
     causes = [c for r in records for c in r["stall_causes"]]

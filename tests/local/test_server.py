@@ -1,13 +1,10 @@
-"""The local vLLM target: it preempts under load, and every failure to start is clean."""
+"""The local vLLM target: every failure to start is clean. (It preempts under load: the same
+32 x 300-token burst as tests/loadgen/test_loadgen_live.py's thrashing run, which checks it.)"""
 
 from __future__ import annotations
 
-import asyncio
-import threading
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from kvwatch.local.server import (
@@ -18,18 +15,8 @@ from kvwatch.local.server import (
     group_alive,
     set_autogroup_nice,
 )
-from kvwatch.sidecar.contract.vocabulary import KV_USAGE, PREEMPTIONS
-from kvwatch.sidecar.metrics.exposition import parse_exposition
-from tests.burst import run_burst
 
 pytestmark = pytest.mark.integration
-
-
-def _read(base_url: str, client: httpx.Client | None = None) -> tuple[float, float]:
-    """(preemptions so far, KV usage now) from the server's real /metrics."""
-    text = (client or httpx).get(base_url + "/metrics", timeout=10).text
-    exp = parse_exposition(text)
-    return exp.family(PREEMPTIONS)[0].value, exp.family(KV_USAGE)[0].value
 
 
 _AUTOGROUPS = Path("/proc/sys/kernel/sched_autogroup_enabled")
@@ -65,31 +52,6 @@ class TestLocalVLLM:
         _skip_without_autogroups()
         group = Path(f"/proc/{vllm_server.pid}/autogroup")
         assert group.read_text().split()[-1] == "10"
-
-    def test_concurrent_streams_preempt(self, vllm_server: LocalVLLM) -> None:
-        before, _ = _read(vllm_server.base_url)
-        peak = 0.0
-        stop = threading.Event()
-
-        def poll() -> None:
-            nonlocal peak
-            with httpx.Client() as client:  # one client: a new one per poll costs CPU
-                while not stop.is_set():
-                    peak = max(peak, _read(vllm_server.base_url, client)[1])
-                    time.sleep(0.1)
-
-        poller = threading.Thread(target=poll, daemon=True)
-        poller.start()
-        try:
-            records = asyncio.run(run_burst(vllm_server.base_url, n=32, max_tokens=300, seed=1))
-        finally:
-            stop.set()
-            poller.join()
-        after, _ = _read(vllm_server.base_url)
-        assert all(r.ok for r in records), [r.error for r in records if not r.ok]
-        assert [r.output_tokens for r in records] == [300] * 32
-        assert after > before, "no preemption under 32 concurrent streams"
-        assert peak >= 0.9, f"KV usage peaked at {peak:.2f}"
 
     def test_bad_model_dir(self, tmp_path: Path) -> None:
         srv = LocalVLLM(ServerConfig(model=tmp_path / "nope"), log_path=tmp_path / "log")
