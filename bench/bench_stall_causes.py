@@ -67,8 +67,13 @@ LOADS: dict[str, tuple[int, list[list[str]], tuple[str, ...]]] = {
 }  # fmt: skip
 
 
-def _run(name: str, seconds: float, time_scale: float, work: Path) -> dict[str, Any]:
+def _run(
+    name: str, seconds: float, time_scale: float, work: Path, budget: int | None = None
+) -> dict[str, Any]:
     kv, loads, vllm_args = LOADS[name]
+    if budget is not None:  # the prompt budget advised, as `advise --run` gave it
+        i = vllm_args.index("--max-num-batched-tokens")
+        vllm_args = (*vllm_args[: i + 1], str(budget), *vllm_args[i + 2 :])
     trace = work / f"{name}-steps.jsonl"
     with start_twin(
         "llama-3.1-8b", "h100", work / f"{name}-vllm.log", time_scale=time_scale,
@@ -88,7 +93,20 @@ def _run(name: str, seconds: float, time_scale: float, work: Path) -> dict[str, 
             if p.returncode not in (0, 1):
                 raise SystemExit(f"{name}: loadgen failed ({p.returncode}): {err[-800:]!r}")
         time.sleep(1.5)  # the trace is flushed a second apart
-    return _judge(name, work, rejudge=False)
+    row = _judge(name, work, rejudge=False)
+    row["vllm_args"] = list(vllm_args)
+    row["clients"] = [_client(work / f"{name}-{i}") for i in range(len(loads))]
+    return row
+
+
+def _client(run_dir: Path) -> dict[str, Any]:
+    """What one load generator saw: its stalls by cause, TTFT and tokens/s."""
+    o = json.loads((run_dir / "summary.json").read_text())["overall"]
+    causes = o.get("stall_causes") or {}
+    return {"stalls": o["stalls"], "stall_s": sum(v["seconds"] for v in causes.values()),
+            "causes": causes, "ttft_p50": o["ttft"]["p50"], "ttft_p99": o["ttft"]["p99"],
+            "itl_p50": o["itl"]["p50"], "output_tok_s": o["output_token_throughput"],
+            "completed": o["completed"]}  # fmt: skip
 
 
 def _judge(name: str, work: Path, rejudge: bool) -> dict[str, Any]:
@@ -134,6 +152,8 @@ def main() -> None:
     ap.add_argument("--only", choices=sorted(LOADS), action="append")
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--time-scale", type=float, default=2.0)
+    ap.add_argument("--budget", type=int, metavar="TOKENS",
+                    help="this --max-num-batched-tokens instead (the advice's rerun)")  # fmt: skip
     ap.add_argument("--keep", type=Path, metavar="DIR", help="leave the runs and traces here")
     ap.add_argument("--rejudge", type=Path, metavar="DIR",
                     help="judge the runs kept in DIR again with today's code; no twin")  # fmt: skip
@@ -146,7 +166,7 @@ def main() -> None:
             if ns.rejudge:
                 row = _judge(name, ns.rejudge, rejudge=True)
             else:
-                row = _run(name, ns.seconds, ns.time_scale, work)
+                row = _run(name, ns.seconds, ns.time_scale, work, ns.budget)
             out.append(row)
             share = row["agreement"]
             print(f"{name}: {row['stalls']} stalls, {row['agree']} agree "
@@ -160,8 +180,9 @@ def main() -> None:
     if ns.rejudge:
         return
     dest = HERE / "results" / "stall-causes.json"
-    if ns.only:
-        dest = dest.with_name(f"stall-causes-{'-'.join(ns.only)}.json")
+    if ns.only or ns.budget:
+        tag = "-".join(ns.only or []) + (f"-budget-{ns.budget}" if ns.budget else "")
+        dest = dest.with_name(f"stall-causes-{tag.strip('-')}.json")
     dest.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {dest}")
 

@@ -12,12 +12,15 @@ from kvwatch.advise.prometheus import prometheus_as_cli
 from kvwatch.advise.sources import observed_from_source
 from kvwatch.common.cli_kit import EXIT_FOUND, CliError, one_line
 from kvwatch.sizing.advice import Advice, Observed, advise
+from kvwatch.sizing.budget import default_max_num_seqs
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.fleet import FleetAdvice, advise_fleet
-from kvwatch.sizing.kvmath import lookup_gpu
+from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
 from kvwatch.sizing.levers import ServerInfo
+from kvwatch.sizing.presets import GpuSpec
 from kvwatch.timing.calibration import Calibration, read_calibration
-from kvwatch.timing.steptime import StepError
+from kvwatch.timing.prefill_levers import PrefillAdvice, prefill_advice, prefill_advice_by_model
+from kvwatch.timing.steptime import StepConstants, StepError, StepModel
 
 __all__ = ["run_advise"]
 
@@ -74,16 +77,60 @@ def run_advise(ns: argparse.Namespace) -> int:
         results = [(name, obs, advise(obs, ns.margin, gpu, server)) for name, obs in items]
     except SizingError as e:
         raise CliError(str(e)) from None
+    prefill = _prefill(ns, gpu) if ns.run else None
     if ns.json:
         out = [
             {"name": n, "observed": _observed_dict(o), "advice": a.to_dict()} for n, o, a in results
         ]
+        if out and prefill is not None:
+            out[0]["prefill"] = prefill.to_dict()
         out += [{"name": f"fleet {f.model}", "fleet": f.to_dict()} for f in fleets]
         print(json.dumps(out, indent=2, default=str))
     else:
-        print("\n\n".join([_render(n, o, a) for n, o, a in results] + _render_fleets(fleets)))
+        blocks = [_render(n, o, a) for n, o, a in results]
+        if blocks and prefill is not None:
+            blocks[0] += "\n" + "\n".join(prefill.lines())
+        print("\n\n".join(blocks + _render_fleets(fleets)))
     found = any(a.options for _, _, a in results) or any(f.options for f in fleets)
     return EXIT_FOUND if found else 0
+
+
+def _prefill(ns: argparse.Namespace, gpu: GpuSpec | None) -> PrefillAdvice | None:
+    """The prompt-budget lever, where the run's stalls were mostly prefill interference
+    (kvwatch/sizing/prefill_levers.py): the server's budget from --max-num-batched-tokens,
+    else vLLM's default for --gpu; none known, no figure."""
+    from kvwatch.loadgen.results.run_files import read_run
+
+    try:
+        run = read_run(ns.run)
+    except (OSError, ValueError):
+        return None  # the KV advice above read it, or said why it could not
+    o = run.summary.overall
+    ok = [r for r in run.records if r.ok and r.prompt_tokens]
+    own = sum(r.prompt_tokens or 0 for r in ok) / len(ok) if ok else None
+    prompt = own
+    srv = run.summary.server
+    if srv.prompt_tokens and srv.finished_requests:  # every client's prompts, as served
+        prompt = max(own or 0.0, srv.prompt_tokens / srv.finished_requests)
+    budget = ns.max_num_batched_tokens or (gpu.batched_tokens if gpu else None)
+    seqs = ns.max_num_seqs or (default_max_num_seqs(gpu) if gpu else None)
+    causes = {c: (n, sec) for c, n, sec in o.stall_causes}
+    busy = [row.running for row in run.timeline if row.running]
+    if ns.model and gpu is not None and budget and prompt and own and busy:
+        cal = _calibration(ns)
+        try:
+            steps = StepModel(
+                resolve_model(ns.model, ns.layers), gpu, ns.tp,
+                constants=cal.step_constants() if cal else StepConstants(),
+            )  # fmt: skip
+        except (SizingError, StepError) as e:
+            raise CliError(one_line(str(e))) from None
+        output = sum(r.output_tokens or 0 for r in ok) / len(ok)
+        return prefill_advice_by_model(
+            causes, steps, round(sum(busy) / len(busy)), round(own + output / 2), budget,
+            prompt, seqs,
+        )  # fmt: skip
+    return prefill_advice(causes, o.itl.p50 if o.itl else None, budget, prompt, seqs)
 
 
 def _fleets(ns: argparse.Namespace) -> list[FleetAdvice]:

@@ -157,6 +157,8 @@ class ServerDelta:
     offload_allocation_failures: float | None = None
     prompt_tokens_cached: float | None = None
     prompt_tokens_computed: float | None = None
+    prompt_tokens: float | None = None  # every client's, not only the run's
+    finished_requests: float | None = None
 
 
 @dataclass(frozen=True)
@@ -491,7 +493,8 @@ def _summary(s: dict[str, Any]) -> RunSummary:
         probe_stages=_groups(probes.get("stages")),
         server=ServerDelta(**{k: _num(_obj(s, "server"), k) for k in (
             "preemptions", "repeat_preempted", "admission_rejections",
-            "offload_allocation_failures", "prompt_tokens_cached", "prompt_tokens_computed")}),
+            "offload_allocation_failures", "prompt_tokens_cached", "prompt_tokens_computed",
+            "prompt_tokens", "finished_requests")}),
         sidecar=_sidecar(s.get("sidecar")),
         sessions=_sessions(s.get("sessions")),
         trace=trace,

@@ -50,7 +50,8 @@ _OVERALL = {
 _SERVER_DELTA = {
     k: NUM
     for k in ("preemptions", "repeat_preempted", "admission_rejections",
-              "offload_allocation_failures", "prompt_tokens_cached", "prompt_tokens_computed")
+              "offload_allocation_failures", "prompt_tokens_cached", "prompt_tokens_computed",
+              "prompt_tokens", "finished_requests")
 }  # fmt: skip
 _INCIDENT = {"what": TEXT, "at": TEXT, "detail": TEXT, "cause": TEXT, "lines": NUM}
 _TURN = {"requests": NUM, "prompt_tokens_mean": NUM, "ttft": _PCTS}
