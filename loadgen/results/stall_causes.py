@@ -143,11 +143,12 @@ def attribute_stalls(
     """Set each record's `stall_causes`: one of CAUSES per stall of `stall_spans`, in order
     (the module's docstring says how each is told)."""
     streams = [(r, token_times(r)) for r in records if r.get("first_token_at") is not None]
+    in_flight = _InFlight([times for _, times in streams])
     judged: list[tuple[dict[str, Any], int, float, float, str]] = []
     for r in records:
         r["stall_causes"] = []
         for k, (s, e) in enumerate(r.get("stall_spans") or []):
-            cause = _alone_or_not(r, s, e, streams, counters, start_unix, lag_s)
+            cause = _alone_or_not(r, s, e, streams, in_flight, counters, start_unix, lag_s)
             r["stall_causes"].append(cause)
             judged.append((r, k, s, e, cause))
     # a victim is recomputed in the step that ends its stall: its context then, by the time
@@ -211,11 +212,29 @@ def _tokens_in(points: list[tuple[float, float]], lo: float, hi: float) -> float
     return sum(n for _, n in points[i:j])
 
 
+class _InFlight:
+    """Which streams were streaming at a moment, by the second: a stall is compared with the
+    streams in flight around it, not with every request of the run (a run at H100 scale has
+    tens of thousands of stalls and of requests)."""
+
+    def __init__(self, streams: list[list[float]]) -> None:
+        self._at: dict[int, list[int]] = {}
+        for i, times in enumerate(streams):
+            if len(times) >= 2:
+                for second in range(math.floor(times[0]), math.floor(times[-1]) + 1):
+                    self._at.setdefault(second, []).append(i)
+
+    def at(self, t: float) -> list[int]:
+        """The streams whose first and last tokens may bracket `t` (a superset)."""
+        return self._at.get(math.floor(t), [])
+
+
 def _alone_or_not(
     record: dict[str, Any],
     s: float,
     e: float,
     streams: list[tuple[dict[str, Any], list[float]]],
+    index: _InFlight,
     counters: ServerCounters,
     start_unix: float,
     lag_s: float,
@@ -224,8 +243,9 @@ def _alone_or_not(
     edge = _EDGE * (e - s)
     lo, hi = s + edge, e - edge
     flowing = in_flight = 0
-    for o, times in streams:
-        if o is record or len(times) < 2 or times[0] > lo or times[-1] < hi:
+    for j in index.at(lo):
+        o, times = streams[j]
+        if o is record or times[0] > lo or times[-1] < hi:
             continue
         in_flight += 1
         i = bisect.bisect_right(times, lo)
