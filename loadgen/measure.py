@@ -16,7 +16,7 @@ import httpx
 from kvwatch.loadgen.results.records import StallRule
 from kvwatch.loadgen.results.server_metrics import TimelineRecorder, server_snapshot
 from kvwatch.loadgen.results.stall_causes import (
-    PreemptionCounter,
+    SampledCounter,
     ServerCounters,
     attribute_stalls,
     mark_preempting_stalls,
@@ -85,7 +85,7 @@ def measure(
         *rows,
         *([{"t": after_t, **after}] if after else []),
     ]
-    mark_preempting_stalls(records, PreemptionCounter.from_rows(samples), start_unix)
+    mark_preempting_stalls(records, SampledCounter.from_rows(samples), start_unix)
     attribute_stalls(records, ServerCounters(samples), start_unix)
     return Measured(start_unix, records, events, rows, before, after)
 

@@ -133,8 +133,7 @@ def prefill_advice(
     worth = _worth_it(causes)
     if worth is None:
         return None
-    n, sec, _ = worth
-    total = sum(s for _, s in causes.values())
+    n, sec, share = worth
     if not decode_step_s or decode_step_s <= 0 or not budget_now or not prompt_tokens:
         return None
     step_now = sec / n
@@ -151,7 +150,7 @@ def prefill_advice(
     return PrefillAdvice(
         stalls=n,
         stall_s=sec,
-        share=sec / total,
+        share=share,
         budget_now=budget_now,
         budget_advised=advised,
         decode_step_s=decode_step_s,

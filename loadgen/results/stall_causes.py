@@ -36,7 +36,7 @@ from typing import Any
 
 from kvwatch.sidecar.judge.timeline import counter_increase
 
-__all__ = ["CAUSES", "PreemptionCounter", "ServerCounters", "attribute_stalls",
+__all__ = ["CAUSES", "SampledCounter", "ServerCounters", "attribute_stalls",
            "mark_preempting_stalls", "token_times"]  # fmt: skip
 
 CAUSES = ("preempted", "recompute", "prefill", "queue", "host", "unknown")
@@ -48,8 +48,9 @@ _EDGE = 0.1
 _ALONE = 0.1
 
 
-class PreemptionCounter:
-    """The server's preemption counter as sampled: (unix time, value) in time order."""
+class SampledCounter:
+    """One of the server's counters as sampled (preemptions; prompt tokens computed): (unix
+    time, value) in time order."""
 
     def __init__(self, samples: Sequence[tuple[float, float]]) -> None:
         pts = sorted(samples)
@@ -57,7 +58,7 @@ class PreemptionCounter:
         self.values = [v for _, v in pts]
 
     @classmethod
-    def from_rows(cls, rows: Sequence[dict[str, Any]]) -> PreemptionCounter:
+    def from_rows(cls, rows: Sequence[dict[str, Any]]) -> SampledCounter:
         """From timeline rows (`t`, `preemptions_total`); rows without the counter are skipped."""
         return cls(
             [
@@ -92,7 +93,7 @@ class PreemptionCounter:
 
 def mark_preempting_stalls(
     records: list[dict[str, Any]],
-    counter: PreemptionCounter,
+    counter: SampledCounter,
     start_unix: float,
     lag_s: float = 0.2,
 ) -> None:
@@ -111,7 +112,7 @@ class ServerCounters:
     computed (`vllm:prompt_tokens_by_source{source="local_compute"}`, else all prompt tokens)."""
 
     def __init__(self, rows: Sequence[dict[str, Any]]) -> None:
-        self.preemptions = PreemptionCounter.from_rows(rows)
+        self.preemptions = SampledCounter.from_rows(rows)
         prompt = []
         for r in rows:
             v = r.get("prompt_tokens_computed_total")
@@ -119,7 +120,7 @@ class ServerCounters:
                 v = r.get("prompt_tokens_total")
             if r.get("t") is not None and v is not None:
                 prompt.append((float(r["t"]), float(v)))
-        self.prompt = PreemptionCounter(prompt)  # the same bracketing, another counter
+        self.prompt = SampledCounter(prompt)
 
 
 def token_times(record: dict[str, Any]) -> list[float]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvwatch.loadgen.results.stall_causes import (
-    PreemptionCounter,
+    SampledCounter,
     ServerCounters,
     attribute_stalls,
     mark_preempting_stalls,
@@ -11,7 +11,7 @@ from kvwatch.loadgen.results.stall_causes import (
 )
 
 # the counter, sampled once a second from unix time 1000: flat, then it rises at 1003-1004
-COUNTER = PreemptionCounter([(1000.0 + i, v) for i, v in enumerate([5, 5, 5, 5, 7, 7, 7, 7])])
+COUNTER = SampledCounter([(1000.0 + i, v) for i, v in enumerate([5, 5, 5, 5, 7, 7, 7, 7])])
 
 
 def test_rose_needs_samples_around_the_span() -> None:
@@ -22,7 +22,7 @@ def test_rose_needs_samples_around_the_span() -> None:
     assert COUNTER.rose(1006.5, 1007.5) is None  # none after it ended
     assert COUNTER.rose(1007.0, 1007.0) is False  # samples at the very edges count
     # the update trails the resumed token: a sample 0.05 s after it may not show it yet
-    trailing = PreemptionCounter([(0.0, 0.0), (1.05, 0.0), (2.0, 1.0)])
+    trailing = SampledCounter([(0.0, 0.0), (1.05, 0.0), (2.0, 1.0)])
     assert trailing.rose(0.5, 1.0) is False and trailing.rose(0.5, 1.0, lag_s=0.2) is True
     # a stall that ended just before the last sample (the snapshot after the run): judged by it
     assert COUNTER.rose(1002.5, 1006.9, lag_s=0.2) is True
@@ -30,15 +30,15 @@ def test_rose_needs_samples_around_the_span() -> None:
 
 
 def test_a_restart_is_a_rise_only_if_it_climbed_again() -> None:
-    restarted = PreemptionCounter([(0.0, 9.0), (1.0, 0.0), (2.0, 0.0), (3.0, 2.0)])
+    restarted = SampledCounter([(0.0, 9.0), (1.0, 0.0), (2.0, 0.0), (3.0, 2.0)])
     assert restarted.rose(0.5, 1.5) is False  # dropped to 0: a restart, no preemption
     assert restarted.rose(0.5, 2.5) is True
-    assert PreemptionCounter([(0.0, 9.0), (1.0, 3.0)]).rose(0.0, 1.0) is True
+    assert SampledCounter([(0.0, 9.0), (1.0, 3.0)]).rose(0.0, 1.0) is True
 
 
 def test_from_rows_skips_rows_without_the_counter() -> None:
     rows = [{"t": 3.0, "preemptions_total": 1}, {"t": 1.0, "preemptions_total": 0}, {"t": 2.0}]
-    c = PreemptionCounter.from_rows(rows)
+    c = SampledCounter.from_rows(rows)
     assert (c.times, c.values) == ([1.0, 3.0], [0.0, 1.0])
 
 
