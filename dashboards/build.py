@@ -378,7 +378,18 @@ def _preemption_row(th: Thresholds) -> list[Any]:
         (q.waiting(), "waiting {{instance}} e{{engine}}"),
         (q.waiting_by_reason(), "waiting ({{reason}}) {{instance}} e{{engine}}"),
     )
-    return [state, preempt, recomputed, per_request, episodes, queue]
+    stalls = _series(
+        "Stall seconds by cause",
+        "Seconds per second that streams spent stalled (gaps over 5x the median gap and 0.25 s "
+        "in vLLM's inter-token latency histogram), by what the server did in each scrape "
+        "window: preemption (victims and the streams behind their recompute), prefill "
+        "(prompts batched beside the decodes: the prompt budget's levers, `kvwatch advise`), "
+        "other (nothing on the server says: the queue, the host, the client). 2 means two "
+        "streams stalled at all times.",
+        "short",
+        (q.stall_seconds_rate(), "{{cause}} {{model_name}} e{{engine}}"),
+    ).axis_label("stalled streams")
+    return [state, preempt, recomputed, per_request, episodes, queue, stalls]
 
 
 def _sources_row() -> list[Any]:

@@ -8,7 +8,7 @@ are filtered by model and engine only. Layout lives in dashboards/build.py.
 
 from __future__ import annotations
 
-from kvwatch.sidecar.contract.catalogue import STATE_LEVEL, Metric
+from kvwatch.sidecar.contract.catalogue import STALL_SECONDS_OBSERVED, STATE_LEVEL, Metric
 from kvwatch.sidecar.contract.vocabulary import (
     ADMISSION_REJECTIONS,
     KV_OFFLOAD_ALLOCATION_FAILURES,
@@ -31,7 +31,7 @@ __all__ = [
     "running", "waiting", "waiting_by_reason", "token_rate", "latency_quantile",
     "preemptions_per_request", "state_level", "label_values", "QUANTILES", "MODEL_FILTER",
     "prompt_tokens_by_source", "admission_rejections", "offload_bytes", "offload_failures",
-    "sidecar_gauge", "sidecar_curve",
+    "sidecar_gauge", "sidecar_curve", "stall_seconds_rate",
 ]  # fmt: skip
 
 VLLM_FILTER = 'model_name=~"$model_name", instance=~"$instance", engine=~"$engine"'
@@ -120,6 +120,12 @@ def offload_bytes(direction: str) -> str:
 def offload_failures() -> str:
     sel = vllm(KV_OFFLOAD_ALLOCATION_FAILURES)
     return f"sum by ({BY}) (increase({sel}[$__rate_interval]))"
+
+
+def stall_seconds_rate(matchers: str = SIDECAR_FILTER) -> str:
+    """Seconds of stall per second, by the cause the sidecar read from the server's side."""
+    sel = sidecar(STALL_SECONDS_OBSERVED, matchers)
+    return f"sum by (model_name, engine, cause) (rate({sel}[$__rate_interval]))"
 
 
 def sidecar_curve(metric: Metric, matchers: str = SIDECAR_FILTER) -> str:

@@ -9,6 +9,7 @@ bench/bench_fuzz.py runs 10^5 with plain random mutations, and
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 from pathlib import Path
@@ -480,3 +481,33 @@ def test_step_trace_lines_are_read_or_counted_and_judge_any_stall(
     causes = truth_causes([rec], steps, 1.0)["kvw1-main/0"]
     assert len(causes) == 1 and causes[0] in ("preempted", "queue", "host", "prefill",
                                                "recompute", "unknown")  # fmt: skip
+
+
+_COUNT = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 10**6).map(float)
+)
+
+
+@_FUZZ
+@given(
+    scrapes=st.lists(
+        st.lists(st.tuples(st.sampled_from((0.01, 0.3, 1.0, 2.5, 80.0, math.inf, math.nan)),
+                           _COUNT), max_size=8),
+        min_size=1, max_size=6,
+    ),
+    preempted=st.floats(allow_nan=False, allow_infinity=False),
+)  # fmt: skip
+def test_any_itl_histogram_gives_finite_stall_seconds_or_none(
+    scrapes: list[list[tuple[float, float]]], preempted: float
+) -> None:
+    """The server's ITL histogram, scrape after scrape, with any bounds and counts (NaN,
+    infinite, negative, falling, unsorted): the tally never raises and holds finite counts
+    from 0; a window it cannot read is counted."""
+    from kvwatch.sidecar.judge.stall_seconds import StallTally
+
+    tally = StallTally()
+    for buckets in scrapes:
+        tally.add(tuple(buckets), {"preemptions_total": preempted, "prompt_tokens_total": 1.0})
+    for c in tally.counts.values():
+        assert math.isfinite(c.stalls) and c.stalls >= 0, c
+        assert math.isfinite(c.seconds) and c.seconds >= 0, c

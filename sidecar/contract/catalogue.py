@@ -34,7 +34,8 @@ __all__ = [
     "metric", "percentages", "human_duration", "duration_seconds", "prometheus_duration",
     "TARGET_UP", "VLLM_METRICS_PRESENT", "ENGINE_ALIVE", "SCRAPES", "SCRAPE_ERRORS",
     "EXPOSITION_PARSE_ERRORS", "REJECTED_SAMPLES",
-    "SCRAPE_DURATION", "PREEMPTIONS_OBSERVED", "COUNTER_RESETS", "LOG_PREEMPTION_WARNINGS",
+    "SCRAPE_DURATION", "PREEMPTIONS_OBSERVED", "STALLS_OBSERVED", "STALL_SECONDS_OBSERVED",
+    "COUNTER_RESETS", "LOG_PREEMPTION_WARNINGS",
     "LOG_INCIDENTS",
     "STATE", "STATE_LEVEL", "KV_EXHAUSTION_IMMINENT", "THRASHING_EPISODES", "EPISODE_PREEMPTIONS",
     "EPISODE_RECOMPUTED_TOKENS", "KV_CACHE_USAGE", "KV_CACHE_CAPACITY_BLOCKS",
@@ -137,6 +138,18 @@ LOG_INCIDENTS = _c(
 PREEMPTIONS_OBSERVED = _c(
     "kvwatch_preemptions_observed", E,
     "preemptions seen since the sidecar started, corrected for vLLM restarts",
+)  # fmt: skip
+STALLS_OBSERVED = _c(
+    "kvwatch_stalls_observed", (*E, "cause"),
+    "streams' gaps above the stall line (5x the median gap, at least 0.25 s) in vLLM's "
+    "inter-token latency histogram since the sidecar started, by what the server did in that "
+    "scrape window: preemption (the counter rose), prefill (prompt tokens computed), other "
+    "(neither); fractional where a bucket straddles the line",
+)  # fmt: skip
+STALL_SECONDS_OBSERVED = _c(
+    "kvwatch_stall_seconds_observed", (*E, "cause"),
+    "seconds of those stalls (each gap the middle of its bucket; a twin's in its simulated "
+    "seconds), by cause as kvwatch_stalls_observed",
 )  # fmt: skip
 COUNTER_RESETS = _c("kvwatch_counter_resets", E, "vLLM counter resets seen (restarts)")
 STATE = _g(
@@ -358,7 +371,8 @@ ENGINE_GAUGES: tuple[tuple[Metric, str], ...] = (
 
 METRICS: tuple[Metric, ...] = (
     TARGET_UP, VLLM_METRICS_PRESENT, ENGINE_ALIVE, SCRAPES, SCRAPE_ERRORS, EXPOSITION_PARSE_ERRORS,
-    REJECTED_SAMPLES, SCRAPE_DURATION, TIME_SCALE, PREEMPTIONS_OBSERVED, COUNTER_RESETS,
+    REJECTED_SAMPLES, SCRAPE_DURATION, TIME_SCALE, PREEMPTIONS_OBSERVED, STALLS_OBSERVED,
+    STALL_SECONDS_OBSERVED, COUNTER_RESETS,
     LOG_PREEMPTION_WARNINGS, LOG_INCIDENTS, STATE, STATE_LEVEL, KV_EXHAUSTION_IMMINENT,
     PREFIX_CACHE_THRASHING, THRASHING_EPISODES, EPISODE_PREEMPTIONS, EPISODE_RECOMPUTED_TOKENS,
     *(m for m, _ in ENGINE_GAUGES),

@@ -21,6 +21,7 @@ from kvwatch.sidecar.judge.detect import (
 from kvwatch.sidecar.judge.episodes import Episode, EpisodeTracker
 from kvwatch.sidecar.judge.prefix_cache import PrefixCacheView, prefix_cache_thrashing
 from kvwatch.sidecar.judge.signals import EngineSignals, derive
+from kvwatch.sidecar.judge.stall_seconds import StallTally
 from kvwatch.sidecar.judge.timeline import COUNTERS, Timeline
 from kvwatch.sidecar.metrics.observe import CacheConfig, EngineKey, EngineObservation
 from kvwatch.sizing.archconfig import Architecture
@@ -76,6 +77,7 @@ class EngineJudge:
         self.episodes = EpisodeTracker(target, *key)
         self.episode_count = episodes_before
         self.signals: EngineSignals | None = None
+        self.stalls = StallTally()  # stall seconds by cause, from the ITL histogram
         # since when (unix) the forecast has said the cache runs out within exhaustion_warn_s
         # while the engine is below saturated: KvwatchKvExhaustionImminent's condition
         self.exhaustion_imminent_since: float | None = None
@@ -217,10 +219,13 @@ class EngineJudge:
         obs: EngineObservation,
         fallback: CacheConfig | None,
         policy: str | None = None,
+        time_scale: float | None = None,
     ) -> Judged:
-        """One scrape of this engine; `policy`: the server's --scheduling-policy, where known."""
+        """One scrape of this engine; `policy`: the server's --scheduling-policy, where known;
+        `time_scale`: a twin's (its gaps are judged on its simulated clock)."""
         step = self.timeline.add(now, obs)
         rejected = step is None
+        self.stalls.add(obs.itl_buckets, step, time_scale)
         if step is None:
             step = dict.fromkeys(COUNTERS, 0.0)
         sig = derive(self.timeline, now, self.th, fallback, self._growth_for(obs.cache or fallback))

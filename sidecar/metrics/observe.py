@@ -154,6 +154,8 @@ class EngineObservation:
     output_len_count: float | None = None
     ttft_seconds_sum: float | None = None
     ttft_count: float | None = None
+    # every stream's gaps (cumulative histogram): the stalls between scrapes (judge/stall_seconds)
+    itl_buckets: Buckets = ()
 
     def calibration_reading(self, t: float, scale: float = 1.0) -> Reading:
         """What `kvwatch calibrate` reads of it (timing/server_slices.py): the requests held
@@ -229,6 +231,7 @@ def observe(exp: Exposition) -> dict[EngineKey, EngineObservation]:
     keys = set(kv) | set(running) | set(waiting) | set(preempt) | set(gen)
     rejected = per_first_engine(_gauge(exp, ADMISSION_REJECTIONS), keys)
     itl_sum, itl_count = _sum_count(exp.family(ITL))
+    itl_buckets = _buckets(exp.family(ITL))
     prompt_sum, prompt_count = _sum_count(exp.family(REQUEST_PROMPT_TOKENS))
     output_sum, output_count = _sum_count(exp.family(REQUEST_GENERATION_TOKENS))
     ttft_sum, ttft_count = _sum_count(exp.family(TTFT))
@@ -265,6 +268,7 @@ def observe(exp: Exposition) -> dict[EngineKey, EngineObservation]:
             admission_rejections_total=rejected.get(k),
             itl_seconds_sum=itl_sum.get(k),
             itl_count=itl_count.get(k),
+            itl_buckets=itl_buckets.get(k, ()),
             prompt_len_sum=prompt_sum.get(k),
             prompt_len_count=prompt_count.get(k),
             output_len_sum=output_sum.get(k),

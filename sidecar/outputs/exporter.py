@@ -72,6 +72,9 @@ class StateCollector(Collector):
                 labels = [t.target, e.model_name, e.engine]
                 sig = e.signals
                 add(cat.PREEMPTIONS_OBSERVED, labels, sig.preemptions_observed)
+                for cause, c in e.stalls.items():
+                    add(cat.STALLS_OBSERVED, [*labels, cause], c.stalls)
+                    add(cat.STALL_SECONDS_OBSERVED, [*labels, cause], c.seconds)
                 add(cat.COUNTER_RESETS, labels, sig.counter_resets)
                 add(cat.THRASHING_EPISODES, labels, e.episodes)
                 if not (t.up and e.present):

@@ -150,6 +150,7 @@ class TargetState:
                 exhaustion_imminent_since_unix=ej.exhaustion_imminent_since,
                 prefix_cache_thrashing_since_unix=ej.prefix_thrashing_since,
                 prefix_cache_reasons=ej.prefix_reasons,
+                stalls=dict(ej.stalls.counts),
             )
             for key, ej in self.engines.items()
             if ej.signals is not None
@@ -285,7 +286,7 @@ class SidecarState:
                 if ej is None:
                     before = self._episode_counts.get((url, *key), 0)
                     ej = ts.engines[key] = EngineJudge(url, key, self.th, before, self.model)
-                judged = ej.observe(judge_now, unix, obs, fallback, policy)
+                judged = ej.observe(judge_now, unix, obs, fallback, policy, ts.time_scale)
                 if judged.rejected:
                     ts.rejected["implausible_jump"] += 1
                 if judged.transition is not None:

@@ -18,6 +18,7 @@ from kvwatch.sidecar.judge.liveness import Liveness
 from kvwatch.sidecar.judge.pipeline import Transition
 from kvwatch.sidecar.judge.prefix_curve import PrefixCurveView
 from kvwatch.sidecar.judge.signals import EngineSignals
+from kvwatch.sidecar.judge.stall_seconds import SERVER_CAUSES, StallCount
 from kvwatch.sidecar.kvevents.sequence import FeedStats
 from kvwatch.sidecar.logs.follow import FollowStats
 from kvwatch.sidecar.logs.incidents import Incident
@@ -52,6 +53,8 @@ class EngineView:
     # the prefix cache has lost reusable prefixes since then (sidecar/judge/prefix_cache.py)
     prefix_cache_thrashing_since_unix: float | None = None
     prefix_cache_reasons: tuple[str, ...] = ()
+    # stalls in the ITL histogram since the sidecar began, by cause (judge/stall_seconds.py)
+    stalls: Mapping[str, StallCount] = field(default_factory=dict)
 
     @property
     def state(self) -> str:
@@ -160,6 +163,7 @@ def engine_json(e: EngineView) -> dict[str, Any]:
         "exhaustion_imminent_since_unix": e.exhaustion_imminent_since_unix,
         "prefix_cache_thrashing_since_unix": e.prefix_cache_thrashing_since_unix,
         "prefix_cache_reasons": list(e.prefix_cache_reasons),
+        "stalls": {cause: asdict(c) for cause, c in e.stalls.items()},
     }
 
 
@@ -386,9 +390,27 @@ def _engine_from_json(e: object) -> EngineView:
                 e.get("prefix_cache_thrashing_since_unix")
             ),
             prefix_cache_reasons=tuple(str(r) for r in e.get("prefix_cache_reasons") or ()),
+            stalls=_stalls(e.get("stalls")),
         )
     except (KeyError, TypeError, ValueError, OverflowError) as err:
         raise ValueError(f"an engine without a readable {str(err)[:200]}") from None
+
+
+def _stalls(v: object) -> dict[str, StallCount]:
+    """Stalls by cause (absent in an older sidecar's document: none); a cause this release
+    does not know is left out, a count that is not a finite number from 0 refused."""
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise ValueError("stalls is not an object")
+    out = {}
+    for cause in SERVER_CAUSES:
+        if cause in v:
+            c = _typed(StallCount, v[cause])
+            if c.stalls < 0 or c.seconds < 0:
+                raise ValueError(f"stalls.{cause}: below 0")
+            out[cause] = c
+    return out
 
 
 def _count(v: object) -> int:

@@ -124,6 +124,9 @@ def test_preempting_load_then_quiet(
             pytest.fail(f"rates did not return to zero: {s}")
         assert _value(s, "kvwatch_kv_cache_usage_ratio") == 0
         assert _value(s, "kvwatch_preemptions_observed_total") >= 1
+        # the victims' waits, read from the ITL histogram in the windows the counter rose
+        stalled = {x.labels["cause"]: x.value for x in s["kvwatch_stall_seconds_observed_total"]}
+        assert stalled.get("preemption", 0.0) > 1.0, stalled
         assert _value(s, "kvwatch_log_lines_total") > 50
         assert _value(s, "kvwatch_kv_cache_capacity_blocks") == 40
 
