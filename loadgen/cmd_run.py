@@ -92,6 +92,7 @@ def _trace_replay(
     return TraceReplay(
         ns.trace, ns.trace_format, ns.trace_block_tokens, ns.trace_speed, window, ns.requests,
         ns.duration, ns.trace_length_scale, max_model_len, time_scale or 1.0,
+        getattr(ns, "trace_speed_end", None),
     )  # fmt: skip
 
 

@@ -233,6 +233,10 @@ def _trace_args(g: Any) -> None:
                    help="the trace's format (default: told from the file)")  # fmt: skip
     g.add_argument("--trace-speed", type=positive_finite, default=1.0, metavar="X",
                    help="replay X times as fast (0.5: half as fast) (1)")  # fmt: skip
+    g.add_argument("--trace-speed-end", type=positive_finite, metavar="Y",
+                   help="the speed at the replay's end: it moves evenly in replay time from "
+                   "--trace-speed to Y, a ramp with the trace's own arrivals (1 to 4: the "
+                   "last requests come 4 times as fast as recorded)")  # fmt: skip
     g.add_argument("--trace-window", metavar="START:END",
                    help="only the requests between these trace seconds")  # fmt: skip
     g.add_argument("--trace-length-scale", type=positive_finite, default=1.0, metavar="F",

@@ -142,7 +142,9 @@ def trace_text(fmt: str, rng: random.Random) -> str:
     return "\n".join(rows) + "\n"
 
 
-def check_trace(path: Path, fmt: str | None, speed: float, scale: float) -> None:
+def check_trace(
+    path: Path, fmt: str | None, speed: float, scale: float, speed_end: float | None = None
+) -> None:
     """Read and planned: a TraceError of one line, or requests every later step can use."""
     from kvwatch.loadgen.workload.trace import (
         MAX_TOKENS,
@@ -154,7 +156,9 @@ def check_trace(path: Path, fmt: str | None, speed: float, scale: float) -> None
 
     try:
         trace = read_trace(path, fmt)
-        plan = plan_replay(trace, speed=speed, length_scale=scale, max_model_len=4096)
+        plan = plan_replay(
+            trace, speed=speed, length_scale=scale, max_model_len=4096, speed_end=speed_end
+        )
     except TraceError as e:
         assert "\n" not in str(e) and str(e), repr(e)
         return

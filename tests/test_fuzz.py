@@ -253,9 +253,16 @@ def test_vllm_spec_answers_size_or_say_why_in_one_line(doc: Any) -> None:
     rng=st.randoms(use_true_random=False),
     speed=st.sampled_from([1.0, 2.0, 0.001, 1e-300, 1e300]),
     scale=st.sampled_from([1.0, 0.25, 1e-6, 1e6]),
+    speed_end=st.sampled_from([None, 4.0, 0.5, 1e-300, 1e300, 0.0, math.nan]),
 )
 def test_traces_of_every_format_replay_or_say_why_in_one_line(
-    fmt: str, named: bool, rng: random.Random, speed: float, scale: float, tmp_path: Path
+    fmt: str,
+    named: bool,
+    rng: random.Random,
+    speed: float,
+    scale: float,
+    speed_end: float | None,
+    tmp_path: Path,
 ) -> None:
     """Rows of the three formats with hostile fields (ints past a float, zoned and naive times
     mixed, priorities past 64 bits, NaN): read and planned, or one TraceError line."""
@@ -263,7 +270,7 @@ def test_traces_of_every_format_replay_or_say_why_in_one_line(
 
     path = tmp_path / f"trace.{'csv' if fmt == 'azure' else 'jsonl'}"
     path.write_text(trace_text(fmt, rng))
-    check_trace(path, fmt if named else None, speed, scale)
+    check_trace(path, fmt if named else None, speed, scale, speed_end)
 
 
 @settings(

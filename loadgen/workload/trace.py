@@ -298,8 +298,10 @@ def read_trace(
 @dataclass(frozen=True)
 class ReplayPlan:
     """What is replayed: the requests in the window (up to the cap), times from the window's
-    first request, divided by `speed`; lengths (and the block size) times `length_scale`, and
-    a request still longer than `max_model_len` clipped to it (prompt first kept whole)."""
+    first request, divided by `speed` (or, with `speed_end`, by a speed that moves evenly from
+    `speed` to `speed_end` in replay time: a ramp with the trace's own shape); lengths (and the
+    block size) times `length_scale`, and a request still longer than `max_model_len` clipped
+    to it (prompt first kept whole)."""
 
     requests: tuple[TraceRequest, ...]
     offsets_s: tuple[float, ...]  # send times, seconds from the replay's start
@@ -309,6 +311,21 @@ class ReplayPlan:
     window_s: tuple[float, float] | None
     clipped: int  # requests shortened to fit max_model_len
     left_out: int  # requests outside the window (read or only counted) or over the cap
+    speed_end: float | None = None  # the speed at the replay's end (None: `speed` throughout)
+
+
+def replay_offsets(times: list[float], speed: float, speed_end: float | None) -> list[float]:
+    """Seconds from the replay's start for trace seconds `times` (from the first request): at
+    `speed` throughout, or at a speed that moves evenly in replay time from `speed` to
+    `speed_end` over the whole replay. The replay lasts D = 2 T / (speed + speed_end) for a
+    trace span T, and a trace time x is reached at the t where speed t + (speed_end -
+    speed) t^2 / 2D = x (the stable root: 2x / (speed + sqrt(speed^2 + 4ax)))."""
+    if speed_end is None or speed_end == speed or not times or times[-1] <= 0:
+        return [x / speed for x in times]
+    span = times[-1]
+    a = (speed_end - speed) * (speed + speed_end) / (4.0 * span)  # (s1 - s0) / 2D
+    # speed^2 + 4 a x stays at least min(speed, speed_end)^2 for x within the span
+    return [2.0 * x / (speed + math.sqrt(max(speed * speed + 4.0 * a * x, 0.0))) for x in times]
 
 
 def _scaled(n: int, k: float) -> int:
@@ -323,9 +340,12 @@ def plan_replay(
     max_duration_s: float | None = None,
     length_scale: float = 1.0,
     max_model_len: int | None = None,
+    speed_end: float | None = None,
 ) -> ReplayPlan:
     if not (speed > 0 and math.isfinite(speed)):
         raise TraceError(f"trace speed {speed!r}: a positive number (2 = twice as fast)")
+    if speed_end is not None and not (speed_end > 0 and math.isfinite(speed_end)):
+        raise TraceError(f"trace end speed {speed_end!r}: a positive number")
     if not (length_scale > 0 and math.isfinite(length_scale)):
         raise TraceError(f"length scale {length_scale!r}: a positive number")
     picked = list(trace.requests)
@@ -337,7 +357,7 @@ def plan_replay(
         if not picked:
             raise TraceError(f"{trace.path}: no request between {lo:g} s and {hi:g} s")
     zero = picked[0].at_s
-    offsets = [(r.at_s - zero) / speed for r in picked]
+    offsets = replay_offsets([r.at_s - zero for r in picked], speed, speed_end)
     if not all(math.isfinite(o) for o in offsets):
         raise TraceError(f"trace speed {speed:g}: the trace's send times stretch past any clock")
     if max_duration_s is not None:
@@ -362,7 +382,7 @@ def plan_replay(
         out.append(replace(r, input_tokens=inp, output_tokens=gen))
     return ReplayPlan(
         tuple(out), tuple(offsets), block, speed, length_scale, window_s, clipped,
-        len(trace.requests) + trace.outside_window - len(out),
+        len(trace.requests) + trace.outside_window - len(out), speed_end,
     )  # fmt: skip
 
 
@@ -408,6 +428,7 @@ class TraceReplay:
     length_scale: float = 1.0
     max_model_len: int | None = None
     time_scale: float = 1.0  # a kvwatch twin's: the trace's times stretch with its card's
+    speed_end: float | None = None  # the speed rises (or falls) evenly to this one
 
     def plan(self) -> tuple[Trace, ReplayPlan]:
         """Read and planned once per process: the command checks it, builds the stage, the
@@ -424,6 +445,7 @@ class TraceReplay:
         return trace, plan_replay(
             trace, self.speed / self.time_scale, self.window_s, self.max_requests,
             self.max_duration_s, self.length_scale, self.max_model_len,
+            None if self.speed_end is None else self.speed_end / self.time_scale,
         )  # fmt: skip
 
 
@@ -451,6 +473,7 @@ def replay_report(
         "left_out": plan.left_out,
         "clipped": plan.clipped,
         "speed": replay.speed,
+        "speed_end": replay.speed_end,
         "time_scale": replay.time_scale,
         "window_s": list(plan.window_s) if plan.window_s else None,
         "length_scale": plan.length_scale,

@@ -18,6 +18,7 @@ from kvwatch.loadgen.workload.trace import (
     implied_hit_rate,
     plan_replay,
     read_trace,
+    replay_offsets,
 )
 from kvwatch.loadgen.workload.trace_prompts import trace_prompts
 
@@ -144,6 +145,25 @@ class TestPlan:
         timed = plan_replay(tr, max_duration_s=3.0)
         assert timed.offsets_s[-1] < 3.0 and len(timed.requests) == 10
 
+    @pytest.mark.parametrize(("start", "end"), [(1.0, 3.0), (4.0, 0.5)])
+    def test_a_speed_that_moves_evenly_from_start_to_end(self, start: float, end: float) -> None:
+        times = [x / 10 for x in range(1001)]  # ten requests a second for 100 s
+        got = replay_offsets(times, start, end)
+        assert got[-1] == pytest.approx(2 * 100 / (start + end))  # the mean speed's time
+        assert 0.1 / (got[1] - got[0]) == pytest.approx(start, rel=0.03)
+        assert 0.1 / (got[-1] - got[-2]) == pytest.approx(end, rel=0.03)
+        half = got[-1] / 2  # halfway through the replay it runs at the mean of the two
+        i = next(k for k, t in enumerate(got) if t >= half)
+        assert 0.1 / (got[i + 1] - got[i]) == pytest.approx((start + end) / 2, rel=0.03)
+        assert got == sorted(got) and replay_offsets(times, 2.0, None) == [x / 2 for x in times]
+
+    def test_a_rising_replay_of_the_published_slice(self) -> None:
+        tr = read_trace(AZURE)
+        plan = plan_replay(tr, speed=1.0, speed_end=3.0)
+        span = tr.requests[-1].at_s - tr.requests[0].at_s
+        assert plan.speed_end == 3.0 and plan.offsets_s[-1] == pytest.approx(span / 2)
+        assert len(plan.requests) == 120
+
     def test_lengths_scale_with_their_blocks_and_clip_to_the_context(self) -> None:
         tr = read_trace(MOONCAKE)
         plan = plan_replay(tr, length_scale=0.05, max_model_len=4096)
@@ -160,6 +180,8 @@ class TestPlan:
         [
             ({"speed": 0.0}, "speed"),
             ({"speed": float("inf")}, "speed"),
+            ({"speed_end": 0.0}, "end speed"),
+            ({"speed_end": float("nan")}, "end speed"),
             ({"length_scale": -1.0}, "length scale"),
             ({"length_scale": 0.01}, "at least 8"),
             ({"window_s": (5.0, 5.0)}, "START < END"),
