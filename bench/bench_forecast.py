@@ -102,11 +102,26 @@ HELD_OUT = (
 )
 
 
-def _load(base: str, run_dir: Path, seed: int, stage: str, lengths: tuple[int, int]) -> None:
+def _load(
+    base: str,
+    run_dir: Path,
+    seed: int,
+    stage: str,
+    lengths: tuple[int, int],
+    trace: tuple[str, ...] = (),
+) -> None:
+    """`trace`: loadgen's trace arguments, sent instead of the stage and lengths."""
+    load = trace or (
+        "--stage",
+        stage,
+        "--input-len",
+        str(lengths[0]),
+        "--output-len",
+        str(lengths[1]),
+    )
     subprocess.run(
         [sys.executable, "-m", "kvwatch", "loadgen", "run", "--url", base, "--run-dir",
-         str(run_dir), "--no-progress", "--stage", stage,
-         "--input-len", str(lengths[0]), "--output-len", str(lengths[1]), "--seed", str(seed)],
+         str(run_dir), "--no-progress", *load, "--seed", str(seed)],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
 
@@ -136,6 +151,9 @@ class Recipe:
     # a ramp is scraped this long after the cache ran out (the twin's: long enough for the
     # thrashing state to be judged)
     after_full_s: float = 5.0
+    # loadgen's trace arguments (`--trace FILE --trace-speed X --trace-speed-end Y ...`): a
+    # recorded trace replayed instead of the stage, judged as a ramp when its speed rises
+    trace: tuple[str, ...] = ()
 
 
 @contextmanager
@@ -167,9 +185,17 @@ def record(recipe: Recipe, runs: int, first: int = 0) -> None:
                 rate, _ = asyncio.run(rate_for_in_flight(base, recipe.in_flight, seed=100 + n))
                 stage = f"constant:rate={rate:.3f}@90s"
             quota(recipe.throttle)
+            if recipe.trace:
+                stage = "ramp trace " + " ".join(recipe.trace)
             try:
                 rows, full_at = _record_run(
-                    base, stage, recipe.idle_s, 100 + n, recipe.lengths, recipe.after_full_s
+                    base,
+                    stage,
+                    recipe.idle_s,
+                    100 + n,
+                    recipe.lengths,
+                    recipe.after_full_s,
+                    recipe.trace,
                 )
             finally:
                 quota(None)
@@ -245,12 +271,18 @@ def _cpu_quota(session: int | None) -> Iterator[Callable[[float | None], None]]:
 
 
 def _record_run(
-    base: str, stage: str, idle_s: float, seed: int, lengths: tuple[int, int], after_s: float
+    base: str,
+    stage: str,
+    idle_s: float,
+    seed: int,
+    lengths: tuple[int, int],
+    after_s: float,
+    trace: tuple[str, ...] = (),
 ) -> tuple[list[dict], float | None]:
     """Scrape every 0.5 s, `idle_s` before the load starts (t = 0) and until it ends or, on a
     ramp, `after_s` after the cache ran out: the rows, and when it ran out."""
     run_dir = Path(tempfile.mkdtemp())
-    load = threading.Thread(target=_load, args=(base, run_dir, seed, stage, lengths))
+    load = threading.Thread(target=_load, args=(base, run_dir, seed, stage, lengths, trace))
     t0 = time.monotonic() + idle_s
     rows: list[dict] = []
     full_at, before = None, None
@@ -662,7 +694,8 @@ def evaluate_twin(name: str, th: Thresholds) -> None:
     judges the fixture's, plus the states' timing and the victims the twin's log named. Which
     runs chose #44's countdown and which are held out: docs/detection.md."""
     kinds = (("ramp", "even ramps"), ("poisson", "Poisson ramps"),
-             ("bursty", "bursty ramps (gamma gaps, cv 2; held out)"))  # fmt: skip
+             ("bursty", "bursty ramps (gamma gaps, cv 2; held out)"),
+             ("trace", "traces replayed at a rising speed (held out)"))  # fmt: skip
     for kind, title in kinds:
         ramps = _ramps(f"twin-{name}-{kind}", th)
         if not ramps:
@@ -698,9 +731,24 @@ def _recipe(ns: argparse.Namespace) -> Recipe:
     if ns.stage is not None:
         stage = ns.stage
     in_flight = 2.0 if ns.steady_in_flight is None else ns.steady_in_flight
+    trace: tuple[str, ...] = ()
+    if ns.trace is not None:
+        trace = (
+            "--trace",
+            str(ns.trace),
+            "--trace-speed",
+            str(ns.trace_speed),
+            "--trace-length-scale",
+            str(ns.trace_length_scale),
+        )
+        if ns.trace_speed_end is not None:
+            trace += ("--trace-speed-end", str(ns.trace_speed_end))
+        if ns.trace_window:
+            trace += ("--trace-window", ns.trace_window)
+        kind = "trace"
     return Recipe(
         stage, ns.prefix or kind, ns.nice, in_flight, ns.idle, ns.cpu_hog, ns.throttle,
-        ns.twin, (ns.input_len, ns.output_len), ns.after_full,
+        ns.twin, (ns.input_len, ns.output_len), ns.after_full, trace,
     )  # fmt: skip
 
 
@@ -753,6 +801,12 @@ def main() -> None:
         "llama-3.1-8b:h100:16777216000 (8,000 blocks); with --stage and the lengths below",
     )  # fmt: skip
     r.add_argument("--stage", help="the loadgen stage to send instead of the default ramp")
+    r.add_argument("--trace", type=Path, help="replay this trace instead (loadgen --trace)")
+    r.add_argument("--trace-speed", type=float, default=1.0, metavar="X")
+    r.add_argument("--trace-speed-end", type=float, metavar="Y",
+                   help="the speed rises from X to Y: the trace's arrivals as a ramp")  # fmt: skip
+    r.add_argument("--trace-length-scale", type=float, default=1.0, metavar="F")
+    r.add_argument("--trace-window", metavar="START:END")
     r.add_argument("--input-len", type=int, default=30, help="prompt tokens (30)")
     r.add_argument("--output-len", type=int, default=300, help="output tokens (300)")
     r.add_argument(
