@@ -98,7 +98,7 @@ HELD_OUT: dict[str, tuple[int, list[list[str]], tuple[str, ...]]] = {
                  ("--max-model-len", "8192")),
     "trace-azure": (GIB, [["--trace", str(TRACES / "azure-llm-conv-2023-first120.csv"),
                            "--trace-speed", "3"]],
-                    ("--max-model-len", "8192")),
+                    ("--max-model-len", "4096")),
     "trace-mooncake": (4 * GIB, [["--trace", str(TRACES / "mooncake-conversation-first120.jsonl"),
                                   "--trace-length-scale", "0.1"]],
                        ("--max-model-len", "16384")),

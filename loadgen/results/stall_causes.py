@@ -23,7 +23,9 @@ while a request that was preempted, or left out of the steps, stops alone as the
 - with the others, prompt tokens computed meanwhile: `prefill` (prefill interference);
 - with the others, neither: `host` (the server decoded nothing new: the API server or this
   client was behind);
-- no server samples around it, or no other stream in flight to compare with: `unknown`.
+- no other stream in flight to compare with (the last turns of a session load): `preempted`
+  where the counter rose, else `prefill` where prompt tokens were computed, else `unknown`;
+- no server samples around it: `unknown`.
 Held to the twin's step trace, which knows each step's composition: bench/bench_stall_causes.py.
 """
 
@@ -252,8 +254,13 @@ def _alone_or_not(
         i = bisect.bisect_right(times, lo)
         flowing += i + 1 < len(times) and times[i + 1] < hi
     preempted = counters.preemptions.rose(start_unix + s, start_unix + e, lag_s)
-    if preempted is None or not in_flight:
+    if preempted is None:
         return "unknown"
+    if not in_flight:  # no other stream to compare with: what the server's counters say
+        if preempted:
+            return "preempted"
+        prompts = counters.prompt.rose(start_unix + s, start_unix + e, lag_s)
+        return "prefill" if prompts else "unknown"
     if flowing / in_flight >= _ALONE:
         return "preempted" if preempted else "queue"
     return _TOGETHER

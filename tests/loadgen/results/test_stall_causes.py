@@ -98,13 +98,15 @@ def test_streams_stalled_together_name_the_step_that_held_them() -> None:
         assert [r["stall_causes"] for r in recs] == [[cause]] * 4
 
 
-def test_no_samples_or_no_one_to_compare_with_is_unknown() -> None:
-    alone = [_stream(0.0, [0.05] * 20 + [1.5] + [0.05] * 20, [[1.0, 2.5]])]
-    attribute_stalls(alone, ServerCounters(_rows((0, 0, 0), (4, 1, 0))), 1000)
-    assert alone[0]["stall_causes"] == ["unknown"]
+def test_with_no_one_to_compare_with_the_counters_say_or_it_is_unknown() -> None:
+    """The last turns of a session load stream alone: the counter that rose names it."""
+    for rise, prompts, cause in ((1, 0, "preempted"), (0, 500, "prefill"), (0, 0, "unknown")):
+        alone = [_stream(0.0, [0.05] * 20 + [1.5] + [0.05] * 20, [[1.0, 2.5]])]
+        attribute_stalls(alone, ServerCounters(_rows((0, 0, 0), (4, rise, prompts))), 1000)
+        assert alone[0]["stall_causes"] == [cause], (rise, prompts)
     recs = [_stream(0.0, [0.05] * 20 + [1.5] + [0.05] * 20, [[1.0, 2.5]]),
             _stream(0.0, STEADY)]  # fmt: skip
-    attribute_stalls(recs, ServerCounters([]), 1000)
+    attribute_stalls(recs, ServerCounters([]), 1000)  # no samples around it
     assert recs[0]["stall_causes"] == ["unknown"]
 
 
