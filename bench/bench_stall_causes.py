@@ -26,10 +26,12 @@ Held out (the rules were chosen on the four above; these are part 2's kinds, jud
   trace-mooncake 4 GiB, Mooncake's conversation slice (tests/data/traces, 42 s) at a tenth of
                  its lengths (prompts of 700-8,700 tokens sharing prefixes by `hash_ids`)
 
-Beside each load a sidecar (`kvwatch sidecar --target`, 1 s scrapes) judges stall seconds by
-cause from the server's side alone (sidecar/judge/stall_seconds.py: preemption, prefill,
-other); the row holds its figures against the true seconds of the same causes (the clients'
-stalls, wall seconds divided by the time scale: the sidecar judges a twin on its clock).
+Beside each load the bench scrapes the twin's /metrics once a second (`{load}-scrapes.jsonl`)
+and replays the scrapes through the sidecar's own state (SidecarState.record_scrape, as its
+scrape loop feeds it), which judges stall seconds by cause from the server's side alone
+(sidecar/judge/stall_seconds.py: preemption, prefill, other); the row holds its figures
+against the true seconds of the same causes (the clients' stalls, wall seconds divided by the
+time scale: the sidecar judges a twin on its clock). `--rejudge` replays them again.
 
 Results: bench/results/stall-causes.json, docs/loadgen.md. Twin figures, wall time (time scale
 `--time-scale`, default 2: this machine's API server keeps up with the card).
@@ -45,6 +47,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -56,8 +59,11 @@ from kvwatch.loadgen.results.stall_causes import CAUSES, ServerCounters, attribu
 from kvwatch.loadgen.results.stall_truth import truth_causes
 from kvwatch.loadgen.results.step_trace import read_step_trace
 from kvwatch.sidecar.judge.stall_seconds import MIN_S, SERVER_CAUSES
+from kvwatch.sidecar.metrics.exposition import parse_exposition
+from kvwatch.sidecar.metrics.scrape import ScrapeOutcome
+from kvwatch.sidecar.metrics.twin import read_time_scale
+from kvwatch.sidecar.state.sidecar_state import SidecarState
 from kvwatch.twin.serve import start_twin
-from tests.sidecar.running import running_sidecar
 
 HERE = Path(__file__).resolve().parent
 GIB = 2**30
@@ -112,12 +118,19 @@ _SELF_TIMED = ("--requests", "--stage", "--trace")
 
 
 def _run(
-    name: str, seconds: float, time_scale: float, work: Path, budget: int | None = None
+    name: str,
+    seconds: float,
+    time_scale: float,
+    work: Path,
+    budget: int | None = None,
+    long_prefill: int | None = None,
 ) -> dict[str, Any]:
     kv, loads, vllm_args = ALL[name]
     if budget is not None:  # the prompt budget advised, as `advise --run` gave it
         i = vllm_args.index("--max-num-batched-tokens")
         vllm_args = (*vllm_args[: i + 1], str(budget), *vllm_args[i + 2 :])
+    if long_prefill is not None:  # the advice's other lever: each long prompt's chunk capped
+        vllm_args = (*vllm_args, "--long-prefill-token-threshold", str(long_prefill))
     trace = work / f"{name}-steps.jsonl"
     with (
         start_twin(
@@ -129,7 +142,7 @@ def _run(
             step_trace=trace,
             vllm_args=("--kv-cache-memory-bytes", str(kv), *vllm_args),
         ) as twin,
-        running_sidecar(["--target", twin.base_url, "--interval", "1"]) as sidecar,
+        _Scraper(twin.base_url, work / f"{name}-scrapes.jsonl"),
     ):
         procs = []
         for i, load in enumerate(loads):
@@ -143,9 +156,7 @@ def _run(
             _, err = p.communicate(timeout=seconds * 10 + 300)
             if p.returncode not in (0, 1):
                 raise SystemExit(f"{name}: loadgen failed ({p.returncode}): {err[-800:]!r}")
-        time.sleep(2.5)  # the trace is flushed a second apart; the sidecar's last scrape
-        state = httpx.get(sidecar + "/api/state", timeout=10).json()
-    (work / f"{name}-sidecar.json").write_text(json.dumps(state))
+        time.sleep(2.5)  # the trace is flushed a second apart; the last scrapes
     row = _judge(name, work, rejudge=False)
     row["vllm_args"] = list(vllm_args)
     row["clients"] = [_client(work / f"{name}-{i}") for i in range(len(loads))]
@@ -204,21 +215,66 @@ def _judge(name: str, work: Path, rejudge: bool) -> dict[str, Any]:
     }
 
 
+class _Scraper:
+    """The server's /metrics once a second, each body with its monotonic time, to a file."""
+
+    def __init__(self, base_url: str, path: Path) -> None:
+        self.url, self.path = base_url + "/metrics", path
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with self.path.open("w") as out, httpx.Client(timeout=10) as client:
+            while not self._stop.is_set():
+                t = time.monotonic()
+                try:
+                    body = client.get(self.url).text
+                except httpx.HTTPError:
+                    body = None  # a scrape the sidecar would have counted as failed
+                out.write(json.dumps({"t": t, "body": body}) + "\n")
+                self._stop.wait(max(0.0, 1.0 - (time.monotonic() - t)))
+
+    def __enter__(self) -> _Scraper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _sidecar_stalls(path: Path) -> dict[str, float]:
+    """The recorded scrapes replayed through the sidecar's state: its stall seconds by cause."""
+    url = "http://twin"
+    state = SidecarState([url])
+    last = 0.0
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        last, body = float(row["t"]), row["body"]
+        outcome = (
+            ScrapeOutcome(0.01, error_reason="connect", error="no answer")
+            if body is None
+            else ScrapeOutcome(0.01, parse_exposition(body), time_scale=read_time_scale(body))
+        )
+        state.record_scrape(url, last, outcome)
+    said = dict.fromkeys(SERVER_CAUSES, 0.0)
+    for t in state.view(last).targets:
+        for e in t.engines:
+            for cause, c in e.stalls.items():
+                said[cause] += c.seconds
+    return said
+
+
 def _server_view(
     name: str, work: Path, clients: int, steps: list[Any], time_scale: float
 ) -> dict[str, Any] | None:
     """The sidecar's stall seconds by cause against the true seconds of every client's stalls
     as the server can tell causes apart (SERVER_VIEW), on the twin's clock; only the stalls of
     0.25 s or more of it, the sidecar's floor (the clients' is 0.25 s of wall time)."""
-    path = work / f"{name}-sidecar.json"
+    path = work / f"{name}-scrapes.jsonl"
     if not path.exists():
         return None
-    state = json.loads(path.read_text())
-    said = dict.fromkeys(SERVER_CAUSES, 0.0)
-    for t in state["targets"]:
-        for e in t["engines"]:
-            for cause, c in (e.get("stalls") or {}).items():
-                said[cause] += c["seconds"]
+    said = _sidecar_stalls(path)
     true = dict.fromkeys(SERVER_CAUSES, 0.0)
     for i in range(clients):
         run_dir = work / f"{name}-{i}"
@@ -249,6 +305,12 @@ def main() -> None:
     )
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--time-scale", type=float, default=2.0)
+    ap.add_argument(
+        "--long-prefill",
+        type=int,
+        metavar="TOKENS",
+        help="add --long-prefill-token-threshold TOKENS (the advice's other lever)",
+    )
     ap.add_argument("--budget", type=int, metavar="TOKENS",
                     help="this --max-num-batched-tokens instead (the advice's rerun)")  # fmt: skip
     ap.add_argument("--keep", type=Path, metavar="DIR", help="leave the runs and traces here")
@@ -263,7 +325,7 @@ def main() -> None:
             if ns.rejudge:
                 row = _judge(name, ns.rejudge, rejudge=True)
             else:
-                row = _run(name, ns.seconds, ns.time_scale, work, ns.budget)
+                row = _run(name, ns.seconds, ns.time_scale, work, ns.budget, ns.long_prefill)
             out.append(row)
             share = row["agreement"]
             print(f"{name}: {row['stalls']} stalls, {row['agree']} agree "
@@ -275,15 +337,18 @@ def main() -> None:
             if (sv := row["server_view"]) is not None:
                 said = {k: round(v, 1) for k, v in sv["sidecar_seconds"].items()}
                 true = {k: round(v, 1) for k, v in sv["true_seconds"].items()}
-                print(f"  sidecar's stall seconds {said}, truly {true}", flush=True)
+                share = sv["matched_share"]
+                print(f"  sidecar's stall seconds {said}, truly {true}; matched "
+                      f"{'-' if share is None else f'{share:.0%}'}", flush=True)  # fmt: skip
     result = {"time_scale": ns.time_scale, "seconds": ns.seconds,
               "date": time.strftime("%Y-%m-%d"), "runs": out}  # fmt: skip
     if ns.rejudge:
         return
     dest = HERE / "results" / "stall-causes.json"
-    if ns.only or ns.budget or ns.held_out:
+    if ns.only or ns.budget or ns.held_out or ns.long_prefill:
         tag = "-".join(ns.only) if ns.only else ("held-out" if ns.held_out else "")
         tag += f"-budget-{ns.budget}" if ns.budget else ""
+        tag += f"-long-prefill-{ns.long_prefill}" if ns.long_prefill else ""
         dest = dest.with_name(f"stall-causes-{tag.strip('-')}.json")
     dest.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {dest}")

@@ -513,8 +513,9 @@ def test_any_itl_histogram_gives_finite_stall_seconds_or_none(
     from kvwatch.sidecar.judge.stall_seconds import StallTally
 
     tally = StallTally()
-    for buckets in scrapes:
-        tally.add(tuple(buckets), {"preemptions_total": preempted, "prompt_tokens_total": 1.0})
+    for i, buckets in enumerate(scrapes):
+        step = {"preemptions_total": preempted, "prompt_tokens_total": 1.0}
+        tally.add(float(i), tuple(buckets), step)
     for c in tally.counts.values():
         assert math.isfinite(c.stalls) and c.stalls >= 0, c
         assert math.isfinite(c.seconds) and c.seconds >= 0, c

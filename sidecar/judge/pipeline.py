@@ -225,7 +225,7 @@ class EngineJudge:
         `time_scale`: a twin's (its gaps are judged on its simulated clock)."""
         step = self.timeline.add(now, obs)
         rejected = step is None
-        self.stalls.add(obs.itl_buckets, step, time_scale)
+        self.stalls.add(now, obs.itl_buckets, step, time_scale)
         if step is None:
             step = dict.fromkeys(COUNTERS, 0.0)
         sig = derive(self.timeline, now, self.th, fallback, self._growth_for(obs.cache or fallback))

@@ -1,5 +1,5 @@
 """Stall seconds by cause from the ITL histogram: the line, straddled buckets, restarts, a
-twin's clock and a broken histogram."""
+twin's clock, a preemption that began a gap scrapes earlier, and a broken histogram."""
 
 from __future__ import annotations
 
@@ -24,10 +24,11 @@ def hist(gaps: dict[float, float]) -> tuple[tuple[float, float], ...]:
 
 
 EMPTY = hist({})
+NOW = (100.0, 101.0)  # the window's scrapes
 
 
 def test_gaps_far_above_the_median_are_stalls_counted_at_their_bucket_middle() -> None:
-    got = window_stalls(EMPTY, hist({0.025: 200, 2.5: 3, 0.05: 10}), 0, 0)
+    got = window_stalls(EMPTY, hist({0.025: 200, 2.5: 3, 0.05: 10}), 0)
     assert got is not None
     assert got.stalls == pytest.approx(3)
     assert got.seconds == pytest.approx(3 * (1.0 + 2.5) / 2)
@@ -35,17 +36,36 @@ def test_gaps_far_above_the_median_are_stalls_counted_at_their_bucket_middle() -
 
 
 @pytest.mark.parametrize(
-    ("preempted", "computed", "cause"),
-    [(2, 5000, "preemption"), (0, 5000, "prefill"), (0, 0, "other")],
+    ("rises", "computed", "cause"),
+    [
+        ([(100.0, 101.0)], 5000, "preemption"),  # the counter rose in this window
+        ([(99.2, 100.0)], 0, "preemption"),  # a 1-2.5 s gap ending now began then
+        ([(96.0, 97.0)], 5000, "prefill"),  # too early for any gap of this window
+        ([], 5000, "prefill"),
+        ([], 0, "other"),
+    ],
 )
-def test_the_window_is_the_cause(preempted: float, computed: float, cause: str) -> None:
-    got = window_stalls(EMPTY, hist({0.025: 100, 1.0: 4}), preempted, computed)
+def test_the_cause_is_a_preemption_that_could_have_begun_a_gap_else_the_prompts(
+    rises: list[tuple[float, float]], computed: float, cause: str
+) -> None:
+    got = window_stalls(EMPTY, hist({0.025: 100, 2.5: 4}), computed, rises=rises, window=NOW)
     assert got is not None and got.cause == cause
+
+
+def test_a_long_gap_looks_further_back() -> None:
+    # a 10-20 s gap that ended now began at most 20 s before the window's start
+    rises = [(85.0, 86.0)]
+    assert window_stalls(EMPTY, hist({0.025: 100, 20.0: 1}), 0, rises=rises, window=NOW).cause == (  # type: ignore[union-attr]
+        "preemption"
+    )
+    assert window_stalls(EMPTY, hist({0.025: 100, 2.5: 1}), 0, rises=rises, window=NOW).cause == (  # type: ignore[union-attr]
+        "other"
+    )
 
 
 def test_a_bucket_across_the_line_counts_its_share_above_it() -> None:
     # median 0.025 -> line max(5 x 0.025, 0.25) = 0.25, inside (0.2, 0.3]: half of it counts
-    got = window_stalls(EMPTY, hist({0.025: 100, 0.3: 10}), 0, 0)
+    got = window_stalls(EMPTY, hist({0.025: 100, 0.3: 10}), 0)
     assert got is not None
     assert got.stalls == pytest.approx(5)
     assert got.seconds == pytest.approx(5 * 0.275)
@@ -53,58 +73,58 @@ def test_a_bucket_across_the_line_counts_its_share_above_it() -> None:
 
 def test_the_line_follows_a_slow_median() -> None:
     # every gap 0.3-0.4 s: the median's bound 0.4 puts the line at 2 s; 1 s gaps are no stall
-    assert window_stalls(EMPTY, hist({0.4: 100, 1.0: 5}), 0, 0) is None
-    got = window_stalls(EMPTY, hist({0.4: 100, 5.0: 5}), 0, 0)
+    assert window_stalls(EMPTY, hist({0.4: 100, 1.0: 5}), 0) is None
+    got = window_stalls(EMPTY, hist({0.4: 100, 5.0: 5}), 0)
     assert got is not None and got.stalls == pytest.approx(5)
 
 
 def test_gaps_past_the_last_bound_count_as_that_bound() -> None:
-    got = window_stalls(EMPTY, hist({0.025: 100, math.inf: 2}), 1, 0)
+    got = window_stalls(EMPTY, hist({0.025: 100, math.inf: 2}), 0)
     assert got is not None and got.seconds == pytest.approx(2 * 80.0)
 
 
 def test_a_twins_gaps_are_judged_on_its_clock() -> None:
     # at time scale 2 the 0.3-0.4 s wall gaps are 0.15-0.2 s of the card's: under the line
     before = hist({0.025: 100})
-    after = hist({0.025: 300, 0.4: 5})
-    assert window_stalls(before, after, 0, 0, scale=2.0) is None
-    got = window_stalls(before, hist({0.025: 300, 2.5: 2}), 0, 0, scale=2.0)
+    assert window_stalls(before, hist({0.025: 300, 0.4: 5}), 0, scale=2.0) is None
+    got = window_stalls(before, hist({0.025: 300, 2.5: 2}), 0, scale=2.0)
     assert got is not None and got.seconds == pytest.approx(2 * (0.5 + 1.25) / 2)
 
 
 def test_only_the_gaps_since_the_last_scrape_count() -> None:
-    before = hist({0.025: 100, 2.5: 3})
-    after = hist({0.025: 200, 2.5: 4})
-    got = window_stalls(before, after, 0, 0)
+    got = window_stalls(hist({0.025: 100, 2.5: 3}), hist({0.025: 200, 2.5: 4}), 0)
     assert got is not None and got.stalls == pytest.approx(1)
 
 
 def test_a_restart_counts_from_zero_and_other_bounds_are_a_restart() -> None:
     before = hist({0.025: 1000, 2.5: 30})
-    after = hist({0.025: 50, 2.5: 2})  # the total fell: vLLM restarted
-    got = window_stalls(before, after, 0, 0)
+    got = window_stalls(before, hist({0.025: 50, 2.5: 2}), 0)  # the total fell: a restart
     assert got is not None and got.stalls == pytest.approx(2)
     custom = ((0.1, 50.0), (1.0, 50.0), (10.0, 52.0), (math.inf, 52.0))
-    got = window_stalls(before, custom, 0, 0)
+    got = window_stalls(before, custom, 0)
     assert got is not None and got.stalls == pytest.approx(2)
 
 
 def test_no_gap_in_the_window_is_no_window() -> None:
     h = hist({0.025: 100, 2.5: 3})
-    assert window_stalls(h, h, 5, 0) is None
+    assert window_stalls(h, h, 0, rises=[NOW], window=NOW) is None
 
 
-def test_the_tally_sums_by_cause_and_counts_what_it_cannot_read() -> None:
+def test_the_tally_sums_by_cause_remembers_rises_and_counts_what_it_cannot_read() -> None:
     t = StallTally()
     step = {"preemptions_total": 0.0, "prompt_tokens_computed_total": 0.0}
-    assert t.add(hist({0.025: 100, 2.5: 9}), step) is None  # the first scrape: history
-    t.add(hist({0.025: 200, 2.5: 10}), {**step, "preemptions_total": 3})
-    t.add(hist({0.025: 300, 2.5: 12}), {**step, "prompt_tokens_computed_total": 900})
-    t.add(hist({0.025: 400, 2.5: 12}), step)  # no stall: nothing added
-    t.add(hist({0.025: 500, 2.5: 13}), None)  # the timeline refused the point: skipped
+    assert t.add(0.0, hist({0.025: 100, 2.5: 9}), step) is None  # the first scrape: history
+    t.add(1.0, hist({0.025: 200, 2.5: 9}), {**step, "preemptions_total": 3})  # no gap yet
+    # the victims' gaps land a scrape later: they began with that preemption
+    t.add(2.0, hist({0.025: 300, 2.5: 10}), step)
+    t.add(3.0, hist({0.025: 400, 2.5: 10}), step)  # no stall: nothing added
+    t.add(4.0, hist({0.025: 500, 2.5: 10}), step)
+    # 1-2.5 s gaps ending in (4, 5] began after 1.5: not with the preemption of (0, 1]
+    t.add(5.0, hist({0.025: 600, 2.5: 12}), {**step, "prompt_tokens_computed_total": 900})
+    t.add(6.0, hist({0.025: 700, 2.5: 13}), None)  # the timeline refused the point: skipped
     broken = ((0.1, 10.0), (1.0, 5.0), (math.inf, 20.0))  # cumulative counts that fall
-    t.add(broken, step)
-    t.add(((0.1, 10.0), (1.0, math.nan), (math.inf, 20.0)), step)
+    t.add(7.0, broken, step)
+    t.add(8.0, ((0.1, 10.0), (1.0, math.nan), (math.inf, 20.0)), step)
     assert t.counts["preemption"].stalls == pytest.approx(1)
     assert t.counts["prefill"].stalls == pytest.approx(2)
     assert t.counts["other"].stalls == 0
@@ -114,6 +134,6 @@ def test_the_tally_sums_by_cause_and_counts_what_it_cannot_read() -> None:
 
 def test_a_server_without_the_histogram_adds_nothing() -> None:
     t = StallTally()
-    for _ in range(3):
-        assert t.add((), {"preemptions_total": 1.0}) is None
+    for i in range(3):
+        assert t.add(float(i), (), {"preemptions_total": 1.0}) is None
     assert t.total_seconds() == 0 and t.broken == 0
