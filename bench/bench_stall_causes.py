@@ -315,7 +315,8 @@ def main() -> None:
                     help="this --max-num-batched-tokens instead (the advice's rerun)")  # fmt: skip
     ap.add_argument("--keep", type=Path, metavar="DIR", help="leave the runs and traces here")
     ap.add_argument("--rejudge", type=Path, metavar="DIR",
-                    help="judge the runs kept in DIR again with today's code; no twin")  # fmt: skip
+                    help="judge the runs kept in DIR again with today's code (no twin) and "
+                    "write the results file again")  # fmt: skip
     ns = ap.parse_args()
     out = []
     with tempfile.TemporaryDirectory(prefix="kvwatch-stalls-") as tmp:
@@ -324,6 +325,8 @@ def main() -> None:
         for name in ns.only or list(HELD_OUT if ns.held_out else LOADS):
             if ns.rejudge:
                 row = _judge(name, ns.rejudge, rejudge=True)
+                n_clients = len(ALL[name][1])
+                row["clients"] = [_client(ns.rejudge / f"{name}-{i}") for i in range(n_clients)]
             else:
                 row = _run(name, ns.seconds, ns.time_scale, work, ns.budget, ns.long_prefill)
             out.append(row)
@@ -337,13 +340,14 @@ def main() -> None:
             if (sv := row["server_view"]) is not None:
                 said = {k: round(v, 1) for k, v in sv["sidecar_seconds"].items()}
                 true = {k: round(v, 1) for k, v in sv["true_seconds"].items()}
-                share = sv["matched_share"]
-                print(f"  sidecar's stall seconds {said}, truly {true}; matched "
-                      f"{'-' if share is None else f'{share:.0%}'}", flush=True)  # fmt: skip
+                share, ratio = sv["matched_share"], sv["total_ratio"]
+                print(f"  sidecar's stall seconds {said}, truly {true}; causes matched "
+                      f"{'-' if share is None else f'{share:.0%}'}, seconds "
+                      f"{'-' if ratio is None else f'{ratio:.2f}x'}", flush=True)  # fmt: skip
     result = {"time_scale": ns.time_scale, "seconds": ns.seconds,
               "date": time.strftime("%Y-%m-%d"), "runs": out}  # fmt: skip
-    if ns.rejudge:
-        return
+    if ns.rejudge:  # the kept runs judged again: the file the run wrote, now with today's code
+        result["rejudged"] = str(ns.rejudge)
     dest = HERE / "results" / "stall-causes.json"
     if ns.only or ns.budget or ns.held_out or ns.long_prefill:
         tag = "-".join(ns.only) if ns.only else ("held-out" if ns.held_out else "")

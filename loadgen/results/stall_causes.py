@@ -2,10 +2,12 @@
 cause per stall read from what the server and the other streams did meanwhile.
 
 vLLM never says which request it preempted, and its counter (`vllm:num_preemptions_total`) rises
-when a victim next produces output: when the victim's stall ends. So a stall counts as
-preempting when the server's counter rose between the last sample taken before the stream
-stopped and the first sample taken `lag_s` or more after it resumed (the update may trail the
-token a little). Samples are the run's timeline (once a second) with the snapshots before and
+with the victim's next output: under vLLM 0.32's async scheduling that is the token it had in
+flight when it was preempted, at the start of its stall (on the twin the counter rose in the
+second of the step that preempted, 182 times of 182); without async scheduling, when it
+resumes. So a stall counts as preempting when the server's counter rose anywhere between the
+last sample taken before the stream stopped and the first sample taken `lag_s` or more after
+it resumed (the update may trail the token a little). Samples are the run's timeline (once a second) with the snapshots before and
 after the run at its ends.
 
 This is coincidence, not proof: in a stretch where the server preempts, a stall of another

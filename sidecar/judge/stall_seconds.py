@@ -4,26 +4,25 @@ The load generator names one cause per stall from what a client sees (loadgen/re
 stall_causes.py). A sidecar has no streams, but vLLM's inter-token latency histogram holds every
 gap of every stream: between two scrapes, the gaps that landed above the stall line are the
 stalls of that window (each is observed when it ends), and the counters say what the server did:
-- a gap of the window could have begun when the preemption counter rose (a rise between two
-  scrapes no earlier than the window's start less the gap's bucket bound): `preemption`, and
-  the window's other stalls with it (the victim resumes in a step that recomputes it, and every
-  stream waits for that step: the client's `preempted` and `recompute` together). vLLM 0.32
-  counts a preemption with the victim's next output, which under async scheduling is its last
-  token before the stall: on the twin the counter rose in the same second as the step that
-  preempted, 182 of 182 (bench/bench_stall_causes.py, thrash), seconds before the victim's
-  long gap lands in the histogram;
-- else prompt tokens computed in the window (counted with a prompt's first token: the step
-  that ends the others' stall): `prefill` (prompts batched beside the decodes);
+- a gap that held a preemption: vLLM counts one with the victim's next output, which under
+  async scheduling is its last token before the gap (on the twin, vLLM 0.32, the counter rose
+  in the same second as the step that preempted, 182 times of 182, seconds before the
+  victim's gap lands in the histogram) and without it the first after; so a rise between two
+  scrapes that meets (window start - the gap's upper bound, window end], one gap per
+  preemption, the longest gaps first: `preemption` (the client's `preempted`; the streams
+  held behind a victim's recompute are not told apart from the prompts' stalls);
+- another gap, where prompt tokens were computed in the window (counted with a prompt's first
+  token: the step that ends the others' stall): `prefill` (prompts batched beside decodes);
 - neither: `other` (the client's `queue`, `host` and `unknown`: nothing on the server says).
 
-The stall line is the client's (loadgen/results/records.py StallRule): 5x the window's median
-gap and at least 0.25 s, on the judges' clock (a twin's gaps divided by its time scale). A
+The stall line is the client's (loadgen/results/records.py StallRule): 5x the median gap and at
+least 0.25 s, the median over every gap since the server started (the client takes each
+stream's own), on the judges' clock (a twin's gaps divided by its time scale). A
 histogram knows a gap only to its bucket: a bucket that straddles the line counts the share of
 it above the line (linear within the bucket, as Prometheus' histogram_quantile reads one), and
 each gap counts as the middle of its part of the bucket; gaps past the last finite bound count
-as that bound (at least). A scrape window is one cause: where a window held a preemption's
-stall and a prefill, every stall in it is the preemption's. The bench that holds this to the
-client's view and the twin's step trace: bench/bench_stall_causes.py (docs/detection.md).
+as that bound (at least). Each bucket of a window takes one cause. The bench that holds this to
+the client's view and the twin's step trace: bench/bench_stall_causes.py (docs/detection.md).
 """
 
 from __future__ import annotations
@@ -35,7 +34,9 @@ from dataclasses import dataclass, field
 
 from kvwatch.sidecar.metrics.observe import Buckets
 
-__all__ = ["MIN_S", "SERVER_CAUSES", "StallCount", "StallTally", "StallWindow", "window_stalls"]
+__all__ = [
+    "MIN_S", "SERVER_CAUSES", "Rise", "StallCount", "StallTally", "StallWindow", "window_stalls",
+]  # fmt: skip
 
 SERVER_CAUSES = ("preemption", "prefill", "other")
 FACTOR = 5.0  # x the window's median gap (StallRule.factor)
@@ -53,11 +54,17 @@ class StallCount:
 
 @dataclass(frozen=True)
 class StallWindow:
-    """What one scrape window held: gaps over the stall line, their seconds, and its cause."""
+    """What one scrape window held: the gaps over the stall line and their seconds, by cause."""
 
-    stalls: float
-    seconds: float
-    cause: str
+    by_cause: Mapping[str, StallCount]
+
+    @property
+    def stalls(self) -> float:
+        return math.fsum(c.stalls for c in self.by_cause.values())
+
+    @property
+    def seconds(self) -> float:
+        return math.fsum(c.seconds for c in self.by_cause.values())
 
 
 def _valid(b: Buckets) -> bool:
@@ -98,12 +105,30 @@ def _median_bound(cum: Buckets) -> float:
     return finite[-1] if finite else MIN_S
 
 
-def _began_with_preemption(
-    rises: Sequence[tuple[float, float]], t0: float, t1: float, hi: float
-) -> bool:
-    """Whether a gap up to `hi` long that ended in (t0, t1] could have begun at a preemption:
-    a rise of the counter between two scrapes (a, b] with a < t1 and b > t0 - hi."""
-    return any(a < t1 and b > t0 - hi for a, b in rises)
+@dataclass
+class Rise:
+    """The preemption counter rose by `left` (what no gap has claimed yet) between scrapes at
+    `a` and `b`: each preemption is one victim's gap."""
+
+    a: float
+    b: float
+    left: float
+
+
+def _claim(rises: Sequence[Rise], t0: float, t1: float, hi: float, n: float) -> float:
+    """How many of `n` gaps up to `hi` long that ended in (t0, t1] were victims: each holds a
+    preemption, counted with its last token before the gap (async scheduling) or its first
+    after it, so in a rise that meets (t0 - hi, t1] and is not yet claimed; the oldest rises
+    first. Claims what it finds."""
+    got = 0.0
+    for r in rises:
+        if got >= n:
+            break
+        if r.left > 0 and r.a < t1 and r.b > t0 - hi:
+            take = min(r.left, n - got)
+            r.left -= take
+            got += take
+    return got
 
 
 def window_stalls(
@@ -111,43 +136,51 @@ def window_stalls(
     after: Buckets,
     prompt_computed: float,
     scale: float = 1.0,
-    rises: Sequence[tuple[float, float]] = (),
+    rises: Sequence[Rise] = (),
     window: tuple[float, float] = (0.0, 0.0),
 ) -> StallWindow | None:
     """The stalls among the gaps between two scrapes at `window` (t0, t1] of the ITL
-    histogram (`scale`: a twin's time scale, its gaps divided by it); `rises`: the spans
-    between scrapes in which the preemption counter rose, on the same clock. None when the
+    histogram (`scale`: a twin's time scale, its gaps divided by it); `rises`: where the
+    preemption counter rose, on the same clock (the victims found claim theirs). None when the
     histogram is absent or broken, or no gap landed in the window."""
     cum = _delta(before, after)
     if cum is None or cum[-1][1] <= 0:
         return None
     k = scale if scale > 0 and math.isfinite(scale) else 1.0
     cum = tuple((le / k, n) for le, n in cum)
-    line = max(FACTOR * _median_bound(cum), MIN_S)
-    stalls = seconds = 0.0
+    # the norm is the server's, over every gap since it started (a stream is judged against
+    # its own life by the client): a minute of prefill freezes is a minute of stalls, not a
+    # new normal, as it would be against the window's own median
+    line = max(FACTOR * _median_bound(after) / k, MIN_S)
+    otherwise = "prefill" if prompt_computed > 0 else "other"
+    parts: list[tuple[float, float, float]] = []  # (upper bound, gaps, seconds each)
     lo, below = 0.0, 0.0
-    t0, t1 = window
-    preempting = False
     for hi, n in cum:
         count = n - below
         if count > 0 and hi > line:
-            preempting = preempting or _began_with_preemption(rises, t0, t1, hi)
+            start = max(lo, line)
             if math.isinf(hi):  # past the last finite bound: at least that long
-                stalls, seconds = stalls + count, seconds + count * max(lo, line)
+                parts.append((hi, count, start))
             else:
-                start = max(lo, line)
                 part = count * (hi - start) / (hi - lo) if hi > lo else count
-                stalls, seconds = stalls + part, seconds + part * (start + hi) / 2.0
+                parts.append((hi, part, (start + hi) / 2.0))
         lo, below = hi, n
-    if stalls <= 0 or not math.isfinite(seconds):
+    acc: dict[str, tuple[float, float]] = {}
+
+    def add(cause: str, n: float, each: float) -> None:
+        if n > 0:
+            got = acc.get(cause, (0.0, 0.0))
+            acc[cause] = (got[0] + n, got[1] + n * each)
+
+    t0, t1 = window
+    for hi, n, each in reversed(parts):  # the longest gaps claim the victims first
+        victims = _claim(rises, t0, t1, hi, n)
+        add("preemption", victims, each)
+        add(otherwise, n - victims, each)
+    total = sum(n for n, _ in acc.values())
+    if total <= 0 or not all(math.isfinite(sec) for _, sec in acc.values()):
         return None
-    if preempting:
-        cause = "preemption"
-    elif prompt_computed > 0:
-        cause = "prefill"
-    else:
-        cause = "other"
-    return StallWindow(stalls, seconds, cause)
+    return StallWindow({c: StallCount(n, sec) for c, (n, sec) in acc.items()})
 
 
 @dataclass
@@ -160,7 +193,7 @@ class StallTally:
     broken: int = 0  # windows whose histogram could not be read (counted, never guessed)
     _last: Buckets = ()
     _last_t: float | None = None
-    _rises: deque[tuple[float, float]] = field(default_factory=deque)
+    _rises: deque[Rise] = field(default_factory=deque)
 
     def add(
         self,
@@ -174,9 +207,10 @@ class StallTally:
         the window is skipped)."""
         before, self._last = self._last, buckets
         t0, self._last_t = self._last_t, t
-        if step is not None and t0 is not None and step.get("preemptions_total", 0.0) > 0:
-            self._rises.append((t0, t))
-        while self._rises and self._rises[0][1] < t - KEEP_RISES_S:
+        rose = 0.0 if step is None else step.get("preemptions_total", 0.0)
+        if t0 is not None and rose > 0:
+            self._rises.append(Rise(t0, t, rose))
+        while self._rises and (self._rises[0].b < t - KEEP_RISES_S or not self._rises[0].left):
             self._rises.popleft()
         if not buckets:
             return None
@@ -191,12 +225,15 @@ class StallTally:
         got = window_stalls(before, buckets, computed or 0.0, scale or 1.0, self._rises, (t0, t))
         if got is None:
             return None
-        c = self.counts[got.cause]
-        summed = StallCount(c.stalls + got.stalls, c.seconds + got.seconds)
-        if not (math.isfinite(summed.stalls) and math.isfinite(summed.seconds)):
+        summed = {
+            cause: StallCount(self.counts[cause].stalls + c.stalls,
+                              self.counts[cause].seconds + c.seconds)
+            for cause, c in got.by_cause.items()
+        }  # fmt: skip
+        if not all(math.isfinite(c.stalls) and math.isfinite(c.seconds) for c in summed.values()):
             self.broken += 1  # counts past any server's: a broken exporter
             return None
-        self.counts[got.cause] = summed
+        self.counts.update(summed)
         return got
 
     def total_seconds(self) -> float:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from kvwatch.sidecar.judge.stall_seconds import StallTally, window_stalls
+from kvwatch.sidecar.judge.stall_seconds import Rise, StallTally, StallWindow, window_stalls
 
 # vLLM's default inter-token latency bounds (vllm/v1/metrics/buckets.py)
 BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
@@ -27,40 +27,59 @@ EMPTY = hist({})
 NOW = (100.0, 101.0)  # the window's scrapes
 
 
+def causes(got: StallWindow | None) -> dict[str, float]:
+    assert got is not None
+    return {c: round(n.stalls, 6) for c, n in got.by_cause.items()}
+
+
 def test_gaps_far_above_the_median_are_stalls_counted_at_their_bucket_middle() -> None:
     got = window_stalls(EMPTY, hist({0.025: 200, 2.5: 3, 0.05: 10}), 0)
     assert got is not None
     assert got.stalls == pytest.approx(3)
     assert got.seconds == pytest.approx(3 * (1.0 + 2.5) / 2)
-    assert got.cause == "other"
+    assert causes(got) == {"other": 3}
 
 
 @pytest.mark.parametrize(
-    ("rises", "computed", "cause"),
+    ("rise", "computed", "want"),
     [
-        ([(100.0, 101.0)], 5000, "preemption"),  # the counter rose in this window
-        ([(99.2, 100.0)], 0, "preemption"),  # a 1-2.5 s gap ending now began then
-        ([(96.0, 97.0)], 5000, "prefill"),  # too early for any gap of this window
-        ([], 5000, "prefill"),
-        ([], 0, "other"),
+        ((99.9, 100.5, 4), 5000, {"preemption": 4}),  # scraped across the window's start
+        ((99.2, 100.0, 4), 0, {"preemption": 4}),  # 1-2.5 s gaps ending now began then
+        ((99.9, 100.5, 1), 5000, {"preemption": 1, "prefill": 3}),  # one victim a preemption
+        ((96.0, 97.0, 4), 5000, {"prefill": 4}),  # too early for any gap of this window
+        ((100.0, 101.0, 4), 0, {"preemption": 4}),  # counted at the resume (no async scheduling)
+        ((101.0, 102.0, 4), 0, {"other": 4}),  # after the gaps ended
+        (None, 5000, {"prefill": 4}),
+        (None, 0, {"other": 4}),
     ],
 )
-def test_the_cause_is_a_preemption_that_could_have_begun_a_gap_else_the_prompts(
-    rises: list[tuple[float, float]], computed: float, cause: str
+def test_a_gap_is_a_victims_where_it_could_hold_an_unclaimed_preemption(
+    rise: tuple[float, float, float] | None, computed: float, want: dict[str, float]
 ) -> None:
+    rises = [] if rise is None else [Rise(*rise)]
     got = window_stalls(EMPTY, hist({0.025: 100, 2.5: 4}), computed, rises=rises, window=NOW)
-    assert got is not None and got.cause == cause
+    assert causes(got) == want
+
+
+def test_the_longest_gaps_claim_the_victims_and_a_claimed_rise_is_spent() -> None:
+    rises = [Rise(99.5, 100.0, 1)]
+    got = window_stalls(EMPTY, hist({0.025: 100, 0.5: 3, 2.5: 1}), 0, rises=rises, window=NOW)
+    assert got is not None
+    assert got.by_cause["preemption"].seconds == pytest.approx(1.75)  # the 1-2.5 s gap
+    assert got.by_cause["other"].stalls == pytest.approx(3)
+    assert rises[0].left == 0
+    again = window_stalls(EMPTY, hist({0.025: 100, 2.5: 1}), 0, rises=rises, window=NOW)
+    assert causes(again) == {"other": 1}
 
 
 def test_a_long_gap_looks_further_back() -> None:
     # a 10-20 s gap that ended now began at most 20 s before the window's start
-    rises = [(85.0, 86.0)]
-    assert window_stalls(EMPTY, hist({0.025: 100, 20.0: 1}), 0, rises=rises, window=NOW).cause == (  # type: ignore[union-attr]
-        "preemption"
-    )
-    assert window_stalls(EMPTY, hist({0.025: 100, 2.5: 1}), 0, rises=rises, window=NOW).cause == (  # type: ignore[union-attr]
-        "other"
-    )
+    got = window_stalls(EMPTY, hist({0.025: 100, 20.0: 1}), 0, rises=[Rise(85.0, 86.0, 1)],
+                        window=NOW)  # fmt: skip
+    assert causes(got) == {"preemption": 1}
+    got = window_stalls(EMPTY, hist({0.025: 100, 2.5: 1}), 0, rises=[Rise(85.0, 86.0, 1)],
+                        window=NOW)  # fmt: skip
+    assert causes(got) == {"other": 1}
 
 
 def test_a_bucket_across_the_line_counts_its_share_above_it() -> None:
@@ -107,7 +126,7 @@ def test_a_restart_counts_from_zero_and_other_bounds_are_a_restart() -> None:
 
 def test_no_gap_in_the_window_is_no_window() -> None:
     h = hist({0.025: 100, 2.5: 3})
-    assert window_stalls(h, h, 0, rises=[NOW], window=NOW) is None
+    assert window_stalls(h, h, 0, rises=[Rise(*NOW, 1)], window=NOW) is None
 
 
 def test_the_tally_sums_by_cause_remembers_rises_and_counts_what_it_cannot_read() -> None:
