@@ -52,6 +52,7 @@ class Judged:
     transition: Transition | None = None
     episode: Episode | None = None
     rejected: bool = False  # a counter jumped implausibly: its increase was left out
+    histogram_refused: bool = False  # the ITL histogram could not be true: no stalls read
 
 
 class EngineJudge:
@@ -225,12 +226,14 @@ class EngineJudge:
         `time_scale`: a twin's (its gaps are judged on its simulated clock)."""
         step = self.timeline.add(now, obs)
         rejected = step is None
+        broken = self.stalls.broken
         self.stalls.add(now, obs.itl_buckets, step, time_scale)
+        refused = self.stalls.broken > broken
         if step is None:
             step = dict.fromkeys(COUNTERS, 0.0)
         sig = derive(self.timeline, now, self.th, fallback, self._growth_for(obs.cache or fallback))
         if sig is None:
-            return Judged(rejected=rejected)
+            return Judged(rejected=rejected, histogram_refused=refused)
         ev = gather_evidence(self.timeline, sig, now, self.th, policy)
         raw, reasons = judge(ev, self.th, self.detector.level)
         sig = self.signals = replace(
@@ -260,4 +263,4 @@ class EngineJudge:
         )
         if ep is not None and opened:
             self.episode_count += 1
-        return Judged(transition, ep, rejected)
+        return Judged(transition, ep, rejected, refused)

@@ -39,7 +39,7 @@ __all__ = [
 ]  # fmt: skip
 
 SERVER_CAUSES = ("preemption", "prefill", "other")
-FACTOR = 5.0  # x the window's median gap (StallRule.factor)
+FACTOR = 5.0  # x the server's median gap (StallRule.factor: x the stream's own)
 MIN_S = 0.25  # and at least this (StallRule.min_s)
 KEEP_RISES_S = 600.0  # how far back a preemption may have begun a gap (longer: past +Inf's 80 s)
 
@@ -214,7 +214,9 @@ class StallTally:
             self._rises.popleft()
         if not buckets:
             return None
-        if not before or step is None or t0 is None:
+        if not before or step is None or t0 is None or not _valid(before):
+            # no window to read (the first scrape, a point refused, or a broken one before
+            # it): this scrape starts the history afresh, counted only if broken itself
             if not _valid(buckets):
                 self.broken += 1
             return None

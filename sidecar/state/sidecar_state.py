@@ -289,6 +289,8 @@ class SidecarState:
                 judged = ej.observe(judge_now, unix, obs, fallback, policy, ts.time_scale)
                 if judged.rejected:
                     ts.rejected["implausible_jump"] += 1
+                if judged.histogram_refused:
+                    ts.rejected["broken_histogram"] += 1
                 if judged.transition is not None:
                     self.transitions.append(judged.transition)
                 if judged.episode is not None:

@@ -127,6 +127,26 @@ class TestValuesAreCheckedWhereTheyEnter:
         assert t.rejected_samples["not_finite"] == 2 and t.rejected_samples["implausible_jump"] >= 1
         assert 'kvwatch_rejected_samples_total{reason="duplicate",target="http://a"}' in text
 
+    def test_an_itl_histogram_that_cannot_be_true_is_a_counted_refusal(self) -> None:
+        """Bucket counts that fall from one bound to the next: no stalls read from it, and the
+        scrape says so; a true one after it is read again."""
+
+        def itl(counts: list[int]) -> str:
+            bounds = ["0.025", "1.0", "2.5", "+Inf"]
+            return "".join(f'vllm:inter_token_latency_seconds_bucket{{{E},le="{le}"}} {n}\n'
+                           for le, n in zip(bounds, counts, strict=True))  # fmt: skip
+
+        state = SidecarState(["http://a"])
+        bodies = [itl([100, 100, 100, 100]), itl([200, 150, 210, 210]), itl([300, 300, 310, 310]),
+                  itl([400, 400, 420, 420])]  # fmt: skip
+        for t, hist in enumerate(bodies, 1):
+            body = vllm_body(pre=str(t)) + hist
+            state.record_scrape("http://a", float(t), ScrapeOutcome(0.01, parse_exposition(body)))
+        (t,) = state.view(4.0).targets
+        assert t.rejected_samples["broken_histogram"] == 1
+        (e,) = t.engines
+        assert sum(c.stalls for c in e.stalls.values()) == pytest.approx(10)
+
     @settings(max_examples=300, deadline=None)
     @given(st.lists(st.sampled_from(["NaN", "+Inf", "-Inf", "-1", "1e300", "0.5", "7", "1e12"]),
                     min_size=6, max_size=6))  # fmt: skip
