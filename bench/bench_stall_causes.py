@@ -287,9 +287,11 @@ def _server_view(
                 if (e - s) / time_scale >= MIN_S:
                     true[SERVER_VIEW[cause]] += (e - s) / time_scale
     total_said, total_true = sum(said.values()), sum(true.values())
-    # seconds given the cause the steps show, as a share of the true seconds (per cause, the
-    # smaller of the two sides: a cause over-said in one place cannot make up for another)
-    matched = sum(min(said[c], true[c]) for c in SERVER_CAUSES)
+    # seconds given the cause the steps show, as a share of the true seconds: the sidecar's
+    # seconds scaled to the true total first (so that over-counting all of them hides no
+    # misattribution), then per cause the smaller of the two sides
+    k = total_true / total_said if total_said else 0.0
+    matched = sum(min(said[c] * k, true[c]) for c in SERVER_CAUSES)
     return {"sidecar_seconds": said, "true_seconds": true,
             "total_ratio": total_said / total_true if total_true else None,
             "matched_share": matched / total_true if total_true else None}  # fmt: skip
