@@ -7,8 +7,8 @@ flight when it was preempted, at the start of its stall (on the twin the counter
 second of the step that preempted, 182 times of 182); without async scheduling, when it
 resumes. So a stall counts as preempting when the server's counter rose anywhere between the
 last sample taken before the stream stopped and the first sample taken `lag_s` or more after
-it resumed (the update may trail the token a little). Samples are the run's timeline (once a second) with the snapshots before and
-after the run at its ends.
+it resumed (the update may trail the token a little). Samples are the run's timeline (once a
+second) with the snapshots before and after the run at its ends.
 
 This is coincidence, not proof: in a stretch where the server preempts, a stall of another
 cause counts too. The useful reading is the other way round: a stall with no preemption around
