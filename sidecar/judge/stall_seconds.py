@@ -191,6 +191,7 @@ class StallTally:
         default_factory=lambda: {c: StallCount() for c in SERVER_CAUSES}
     )
     broken: int = 0  # windows whose histogram could not be read (counted, never guessed)
+    seen: bool = False  # the server exports the histogram (else nothing is said, not zeros)
     _last: Buckets = ()
     _last_t: float | None = None
     _rises: deque[Rise] = field(default_factory=deque)
@@ -214,6 +215,7 @@ class StallTally:
             self._rises.popleft()
         if not buckets:
             return None
+        self.seen = True
         if not before or step is None or t0 is None or not _valid(before):
             # no window to read (the first scrape, a point refused, or a broken one before
             # it): this scrape starts the history afresh, counted only if broken itself

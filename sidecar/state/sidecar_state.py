@@ -150,7 +150,7 @@ class TargetState:
                 exhaustion_imminent_since_unix=ej.exhaustion_imminent_since,
                 prefix_cache_thrashing_since_unix=ej.prefix_thrashing_since,
                 prefix_cache_reasons=ej.prefix_reasons,
-                stalls=dict(ej.stalls.counts),
+                stalls=dict(ej.stalls.counts) if ej.stalls.seen else {},
             )
             for key, ej in self.engines.items()
             if ej.signals is not None

@@ -155,4 +155,4 @@ def test_a_server_without_the_histogram_adds_nothing() -> None:
     t = StallTally()
     for i in range(3):
         assert t.add(float(i), (), {"preemptions_total": 1.0}) is None
-    assert t.total_seconds() == 0 and t.broken == 0
+    assert t.total_seconds() == 0 and t.broken == 0 and not t.seen
