@@ -32,7 +32,7 @@ from typing import Any
 
 __all__ = [
     "FORMATS", "TraceError", "TraceRequest", "Trace", "ReplayPlan", "TraceReplay", "read_trace",
-    "plan_replay", "implied_hit_rate", "replay_report",
+    "plan_replay", "replay_offsets", "implied_hit_rate", "replay_report",
 ]  # fmt: skip
 
 FORMATS = ("mooncake", "azure", "kvwatch")
