@@ -95,9 +95,11 @@ def rule_groups(
         "pressure": f"{cat.REC_KV_USAGE.name} > {th.pressure_kv:g}",
         # as the sidecar judges it: the cache ran out (sampled full, or vLLM preempted,
         # which it does only when a running request cannot get a block) while requests
-        # waited. A spike fills the cache between scrapes, and the preemption counter
-        # rises when the victim runs again, after the queue has drained: so waiting
-        # counts over the same minute as the preemptions.
+        # waited. A spike fills the cache between scrapes, and vLLM counts a preemption
+        # with the victim's next output: under async scheduling (the default on a GPU)
+        # that is the token it had in flight, in the second it was preempted; without it
+        # (the CPU fixture) when the victim runs again, after the queue may have drained.
+        # So waiting counts over the same minute as the preemptions.
         # Requests refused at --max-num-queued-reqs count as waiting; vLLM counts them per
         # model (no engine label), so they match on instance and model.
         "saturated": f"({ran_out} and on({_BY}) {waited} >= {th.saturated_waiting:g}) or "

@@ -51,6 +51,7 @@ import json
 import math
 import os
 import random
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -109,8 +110,10 @@ def _load(
     stage: str,
     lengths: tuple[int, int],
     trace: tuple[str, ...] = (),
+    extra: tuple[str, ...] = (),
 ) -> None:
-    """`trace`: loadgen's trace arguments, sent instead of the stage and lengths."""
+    """`trace`: loadgen's trace arguments, sent instead of the stage and lengths; `extra`:
+    more of loadgen's arguments (`--sessions --turns 4 ...`), sent with the stage."""
     load = trace or (
         "--stage",
         stage,
@@ -118,6 +121,7 @@ def _load(
         str(lengths[0]),
         "--output-len",
         str(lengths[1]),
+        *extra,
     )
     subprocess.run(
         [sys.executable, "-m", "kvwatch", "loadgen", "run", "--url", base, "--run-dir",
@@ -154,6 +158,9 @@ class Recipe:
     # loadgen's trace arguments (`--trace FILE --trace-speed X --trace-speed-end Y ...`): a
     # recorded trace replayed instead of the stage, judged as a ramp when its speed rises
     trace: tuple[str, ...] = ()
+    # more of loadgen's arguments sent with the stage, e.g. multi-turn sessions
+    # (`--sessions --turns 4 --turn-input-len 200`: the stage's rate is then sessions a second)
+    extra: tuple[str, ...] = ()
 
 
 @contextmanager
@@ -196,10 +203,11 @@ def record(recipe: Recipe, runs: int, first: int = 0) -> None:
                     recipe.lengths,
                     recipe.after_full_s,
                     recipe.trace,
+                    recipe.extra,
                 )
             finally:
                 quota(None)
-            rows[0]["stage"] = stage
+            rows[0]["stage"] = " ".join((stage, *recipe.extra))
             rows[0]["throttle"] = recipe.throttle
             rows[0]["twin"] = recipe.twin
             rows[0]["lengths"] = recipe.lengths
@@ -278,11 +286,12 @@ def _record_run(
     lengths: tuple[int, int],
     after_s: float,
     trace: tuple[str, ...] = (),
+    extra: tuple[str, ...] = (),
 ) -> tuple[list[dict], float | None]:
     """Scrape every 0.5 s, `idle_s` before the load starts (t = 0) and until it ends or, on a
     ramp, `after_s` after the cache ran out: the rows, and when it ran out."""
     run_dir = Path(tempfile.mkdtemp())
-    load = threading.Thread(target=_load, args=(base, run_dir, seed, stage, lengths, trace))
+    load = threading.Thread(target=_load, args=(base, run_dir, seed, stage, lengths, trace, extra))
     t0 = time.monotonic() + idle_s
     rows: list[dict] = []
     full_at, before = None, None
@@ -695,7 +704,8 @@ def evaluate_twin(name: str, th: Thresholds) -> None:
     runs chose #44's countdown and which are held out: docs/detection.md."""
     kinds = (("ramp", "even ramps"), ("poisson", "Poisson ramps"),
              ("bursty", "bursty ramps (gamma gaps, cv 2; held out)"),
-             ("trace", "traces replayed at a rising speed (held out)"))  # fmt: skip
+             ("trace", "traces replayed at a rising speed (held out)"),
+             ("sessions", "multi-turn sessions growing in number (held out)"))  # fmt: skip
     for kind, title in kinds:
         ramps = _ramps(f"twin-{name}-{kind}", th)
         if not ramps:
@@ -749,6 +759,7 @@ def _recipe(ns: argparse.Namespace) -> Recipe:
     return Recipe(
         stage, ns.prefix or kind, ns.nice, in_flight, ns.idle, ns.cpu_hog, ns.throttle,
         ns.twin, (ns.input_len, ns.output_len), ns.after_full, trace,
+        tuple(shlex.split(ns.loadgen_args or "")),
     )  # fmt: skip
 
 
@@ -807,6 +818,11 @@ def main() -> None:
                    help="the speed rises from X to Y: the trace's arrivals as a ramp")  # fmt: skip
     r.add_argument("--trace-length-scale", type=float, default=1.0, metavar="F")
     r.add_argument("--trace-window", metavar="START:END")
+    r.add_argument(
+        "--loadgen-args", metavar="ARGS",
+        help="more of loadgen's arguments, sent with the stage, e.g. '--sessions --turns 4 "
+        "--turn-input-len 200' (the stage's rate is then sessions a second)",
+    )  # fmt: skip
     r.add_argument("--input-len", type=int, default=30, help="prompt tokens (30)")
     r.add_argument("--output-len", type=int, default=300, help="output tokens (300)")
     r.add_argument(
