@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvwatch.advise.fleet_latency import fleet_step_lines
 from kvwatch.advise.prometheus import prometheus_as_cli
@@ -21,6 +21,9 @@ from kvwatch.sizing.presets import GpuSpec
 from kvwatch.timing.calibration import Calibration, read_calibration
 from kvwatch.timing.prefill_levers import PrefillAdvice, prefill_advice, prefill_advice_by_model
 from kvwatch.timing.steptime import StepConstants, StepError, StepModel
+
+if TYPE_CHECKING:
+    from kvwatch.loadgen.results.run_files import RunFiles
 
 __all__ = ["run_advise"]
 
@@ -71,13 +74,18 @@ def run_advise(ns: argparse.Namespace) -> int:
         if ns.what_if:
             return _run_what_if(ns)
         gpu = lookup_gpu(ns.gpu) if ns.gpu else None
+        run = None
+        if ns.run:  # read once: the KV advice and the prompt budget's both stand on it
+            from kvwatch.loadgen.results.run_observed import run_for_advice
+
+            run = run_for_advice(ns.run)
         with prometheus_as_cli():
-            items, server = observed_from_source(ns)
+            items, server = observed_from_source(ns, run)
             fleets = _fleets(ns)
         results = [(name, obs, advise(obs, ns.margin, gpu, server)) for name, obs in items]
     except SizingError as e:
         raise CliError(str(e)) from None
-    prefill = _prefill(ns, gpu) if ns.run else None
+    prefill = _prefill(ns, gpu, run) if run is not None else None
     if ns.json:
         out = [
             {"name": n, "observed": _observed_dict(o), "advice": a.to_dict()} for n, o, a in results
@@ -95,16 +103,10 @@ def run_advise(ns: argparse.Namespace) -> int:
     return EXIT_FOUND if found else 0
 
 
-def _prefill(ns: argparse.Namespace, gpu: GpuSpec | None) -> PrefillAdvice | None:
+def _prefill(ns: argparse.Namespace, gpu: GpuSpec | None, run: RunFiles) -> PrefillAdvice | None:
     """The prompt-budget lever, where the run's stalls were mostly prefill interference
-    (kvwatch/sizing/prefill_levers.py): the server's budget from --max-num-batched-tokens,
+    (kvwatch/timing/prefill_levers.py): the server's budget from --max-num-batched-tokens,
     else vLLM's default for --gpu; none known, no figure."""
-    from kvwatch.loadgen.results.run_files import read_run
-
-    try:
-        run = read_run(ns.run)
-    except (OSError, ValueError):
-        return None  # the KV advice above read it, or said why it could not
     o = run.summary.overall
     ok = [r for r in run.records if r.ok and r.prompt_tokens]
     own = sum(r.prompt_tokens or 0 for r in ok) / len(ok) if ok else None

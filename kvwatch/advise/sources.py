@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from kvwatch.common.cli_kit import EXIT_UNREACHABLE, CliError
 from kvwatch.sidecar.state.views import (
@@ -29,19 +30,25 @@ from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvmath import LayerSource
 from kvwatch.sizing.levers import ServerInfo
 
+if TYPE_CHECKING:
+    from kvwatch.loadgen.results.run_files import RunFiles
+
 SIDECAR_DEADLINE_S = 10.0  # for the whole of /api/state, not each read of it
 
 __all__ = ["observed_from_source", "observed_from_engines"]
 
 
-def observed_from_source(ns: argparse.Namespace) -> tuple[list[tuple[str, Observed]], ServerInfo]:
+def observed_from_source(
+    ns: argparse.Namespace, run: RunFiles | None = None
+) -> tuple[list[tuple[str, Observed]], ServerInfo]:
     """What the source `ns` names saw, per engine, and the server's release where it is one
-    server (`--model` re-plans each engine's KV groups from the model)."""
+    server (`--model` re-plans each engine's KV groups from the model). `run`: `--run`'s
+    directory, already read by the caller (which reads it once for all of the advice)."""
     server = ServerInfo()  # one server's version, where the source tells it
     if ns.run:
-        from kvwatch.loadgen.results.run_observed import observed_from_dir
+        from kvwatch.loadgen.results.run_observed import observed_from_run, run_for_advice
 
-        observed, server = observed_from_dir(ns.run)
+        observed, server = observed_from_run(run or run_for_advice(ns.run))
         items = [(str(ns.run), observed)]
     elif ns.sidecar:
         import httpx

@@ -15,7 +15,13 @@ from kvwatch.sizing.advice import Observed, kv_bytes_per_token_from, several_gro
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.levers import ServerInfo, valid_version
 
-__all__ = ["observed_from_files", "server_from_files", "observed_from_dir"]
+__all__ = [
+    "observed_from_files",
+    "server_from_files",
+    "observed_from_dir",
+    "observed_from_run",
+    "run_for_advice",
+]
 
 
 def server_from_files(run: RunFiles) -> ServerInfo:
@@ -101,15 +107,25 @@ def observed_from_files(run: RunFiles) -> Observed:
     )
 
 
+def run_for_advice(run_dir: Path) -> RunFiles:
+    """A run directory read for the advice; SizingError, one line, where it is not a run."""
+    try:
+        return read_run(run_dir)
+    except ValueError as e:
+        raise SizingError(str(e)) from None
+
+
 def observed_from_dir(run_dir: Path) -> tuple[Observed, ServerInfo]:
     """A run directory read once for the advice: the load and the server. SizingError, one
     line, for a directory that is not a run or holds no figures to size from."""
-    try:
-        run = read_run(run_dir)
-    except ValueError as e:
-        raise SizingError(str(e)) from None
+    return observed_from_run(run_for_advice(run_dir))
+
+
+def observed_from_run(run: RunFiles) -> tuple[Observed, ServerInfo]:
+    """A run already read (`run_for_advice`): the load and the server, and the prefix cache's
+    curve where the run recorded vLLM's KV events."""
     observed = observed_from_files(run)
-    events = run_dir / KV_EVENTS_FILE
+    events = run.directory / KV_EVENTS_FILE
     if events.is_file():  # recorded with --kv-events: the prefix cache's curve
         try:
             curve, notes = curve_from_recording(events, observed.capacity_blocks)
