@@ -375,7 +375,7 @@ _STATE_WRONG: list[Any] = ["x", None, [], {}, -1, 0, True, 1e308, float("nan"), 
 def _state_doc() -> Any:
     """A real /api/state document: a sidecar's state after two scrapes of vLLM's busy body."""
     from kvwatch.sidecar.kvevents.sequence import FeedStats
-    from kvwatch.sidecar.kvevents.wire import Batch, Stored
+    from kvwatch.sidecar.kvevents.wire import Batch, Stored, block_key
     from kvwatch.sidecar.state.sidecar_state import SidecarState
     from kvwatch.sidecar.state.views import state_json
 
@@ -386,7 +386,7 @@ def _state_doc() -> Any:
         for t in (1.0, 2.0):
             state.record_scrape(url, t, ScrapeOutcome(0.01, parse_exposition(body)))
         for i in range(30):
-            keys = ((0, i % 7), (0, 100 + i))
+            keys = (block_key(0, i % 7), block_key(0, 100 + i))
             state.record_kv_batch(url, Batch(10.0 * i, (Stored(keys, None),), 0))
     return json.loads(json.dumps(state_json(state.view(2.0))))
 

@@ -49,15 +49,11 @@ _MASK = MODULUS - 1
 
 
 def spatial_hash(key: BlockKey) -> int:
-    """A 24-bit hash of a block key, the same in every process: Python's tuple hash (xxHash's
-    multiply-rotate rounds over the group and an int hash, which Python never salts), with a
-    digest's first 8 bytes standing for it (a bytes hash is salted per process). One C call:
-    the sidecar takes it for every block vLLM stores. Tested uniform on sequential, strided and
+    """A 24-bit hash of a block key, the same in every process: the key's low bits (the key is
+    Python's tuple hash of the group and the block's hash, xxHash's multiply-rotate rounds,
+    which Python never salts: wire.block_key). Tested uniform on sequential, strided and
     random hashes (tests/sidecar/judge/test_reuse_curve.py)."""
-    h = key[1]
-    if type(h) is bytes:
-        return hash((key[0], int.from_bytes(h[:8], "big"))) & _MASK
-    return hash(key) & _MASK
+    return key & _MASK
 
 
 _UNIT = 256  # below this distance bins are one block wide, above they are 1% wide
@@ -190,7 +186,7 @@ class ReuseCurve:
             self._advance(len(keys))
         samples = self._samples
         for key in keys:
-            h = spatial_hash(key)
+            h = key & _MASK  # spatial_hash, inline: it runs for every block vLLM stores
             for sample in samples:
                 if h < sample.threshold:
                     sample.follow(key, counted)

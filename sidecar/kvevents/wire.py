@@ -33,6 +33,7 @@ from kvwatch.sidecar.kvevents.bounds import MAX_EVENTS, MAX_HASH_BYTES, MAX_HASH
 
 __all__ = [
     "BlockKey",
+    "block_key",
     "Stored",
     "Removed",
     "Cleared",
@@ -49,8 +50,24 @@ class WireError(ValueError):
     """A message that is not a KV event batch; one line, safe to print."""
 
 
-# (KV cache group, block hash): a hash is only unique inside its group
-BlockKey = tuple[int, int | bytes]
+# A block: its KV cache group and hash as one 64-bit int (`block_key`)
+BlockKey = int
+
+
+def block_key(group: int, block_hash: int | bytes) -> BlockKey:
+    """One block as the sidecar keeps it: Python's tuple hash of (group, hash), a bytes hash
+    (vLLM's sha256 digests) by its first 8 bytes (a hash is only unique inside its group). The
+    same in every process (an int hash is never salted, a bytes hash is), so replicas and
+    recordings agree, and the curve's spatial sample is its low bits (reuse_curve.py). An int
+    where a (group, digest) tuple and its bytes cost 170 bytes a block held and a tuple hash
+    at every lookup: the sidecar keeps up to 655,360 blocks (block_access.py). Two blocks
+    collide with odds of 2^-64 a pair (5e-8 for a million blocks); a publisher that makes them
+    collide on purpose spoils only its own curve."""
+    if type(block_hash) is bytes:
+        return hash((group, int.from_bytes(block_hash[:8], "big")))
+    return hash((group, block_hash))
+
+
 GPU = "GPU"  # the device pool's medium (vllm/distributed/kv_events.py, MEDIUM_GPU)
 
 
@@ -145,7 +162,7 @@ def _event(raw: object) -> Event | None:
     parent = raw.get("parent_block_hash")
     if not isinstance(raw.get("token_ids"), list):
         raise WireError("a BlockStored without token_ids")
-    return Stored(_keys(raw, group), None if parent is None else (group, _hash(parent)))
+    return Stored(_keys(raw, group), None if parent is None else block_key(group, _hash(parent)))
 
 
 _ARRAY_HEADS = frozenset(range(0x90, 0xA0)) | {0xDC, 0xDD}  # msgpack's array markers
@@ -153,8 +170,8 @@ _ARRAY_HEADS = frozenset(range(0x90, 0xA0)) | {0xDC, 0xDD}  # msgpack's array ma
 
 def _keyed(group: int, hashes: list[int | bytes]) -> tuple[BlockKey, ...]:
     if len(hashes) == 1:  # most events: a decode block stored, a block evicted
-        return ((group, hashes[0]),)
-    return tuple(zip(repeat(group), hashes))
+        return (block_key(group, hashes[0]),)
+    return tuple(map(block_key, repeat(group), hashes))
 
 
 def _decode_typed(payload: bytes) -> Batch | None:
@@ -182,7 +199,7 @@ def _decode_typed(payload: bytes) -> Batch | None:
                 return None
             g, parent = e.group_idx or 0, e.parent_block_hash
             keys = _keyed(g, e.block_hashes)
-            events.append(Stored(keys, None if parent is None else (g, parent)))
+            events.append(Stored(keys, None if parent is None else block_key(g, parent)))
         elif isinstance(e, FRemoved):
             events.append(Removed(_keyed(e.group_idx or 0, e.block_hashes)))
         else:

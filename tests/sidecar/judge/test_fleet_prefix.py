@@ -12,7 +12,7 @@ from collections import OrderedDict
 from kvwatch.sidecar.judge.fleet_prefix import Replica, fleet_prefix_view
 from kvwatch.sidecar.judge.prefix_curve import PrefixCurve
 from kvwatch.sidecar.judge.reuse_curve import ReuseCurve
-from kvwatch.sidecar.kvevents.wire import Batch, Removed, Stored
+from kvwatch.sidecar.kvevents.wire import Batch, Removed, Stored, block_key
 
 
 class _Replica:
@@ -34,10 +34,10 @@ class _Replica:
         gone = []
         while len(self.cache) > self.size:
             gone.append(self.cache.popitem(last=False)[0])
-        parent = (0, blocks[hit - 1]) if hit else None
-        events.append(Stored(tuple((0, b) for b in new), parent))
+        parent = block_key(0, blocks[hit - 1]) if hit else None
+        events.append(Stored(tuple(block_key(0, b) for b in new), parent))
         if gone:
-            events.append(Removed(tuple((0, b) for b in gone)))
+            events.append(Removed(tuple(block_key(0, b) for b in gone)))
         return Batch(ts, tuple(events), 0)
 
 

@@ -11,6 +11,7 @@ from collections import OrderedDict
 import pytest
 
 from kvwatch.sidecar.judge.reuse_curve import MODULUS, ReuseCurve, spatial_hash
+from kvwatch.sidecar.kvevents.wire import block_key
 
 
 def _lru_hits(reads: list[int], size: int) -> float:
@@ -37,7 +38,7 @@ def test_exact_without_sampling() -> None:
     reads = _zipf_reads(20_000, 3_000, 1)
     curve = ReuseCurve(max_keys=10_000)
     for k in reads:
-        curve.read((0, k))
+        curve.read(block_key(0, k))
     assert curve.rate == 1.0
     for size in (1, 2, 10, 100, 255, 256, 700, 2_000):
         got = curve.hit_ratio(size)
@@ -51,7 +52,7 @@ def test_sampled_stays_near_the_truth(seed: int) -> None:
     reads = [k + 100_000 * seed for k in _zipf_reads(120_000, 40_000, seed)]
     curve = ReuseCurve(max_keys=2_000)
     for k in reads:
-        curve.read((0, k))
+        curve.read(block_key(0, k))
     assert curve.rate < 0.1  # it had to sample
     assert curve.followed <= 2_000
     for size in (2_000, 8_000, 20_000):  # measured: within 2.0 points on five seeds
@@ -60,9 +61,9 @@ def test_sampled_stays_near_the_truth(seed: int) -> None:
 
 def test_uncounted_reads_move_recency_only() -> None:
     curve = ReuseCurve()
-    curve.read((0, 1), counted=False)  # a decode block: stored, not a query
-    curve.read((0, 2))
-    curve.read((0, 1))  # one other block since: hits from a cache of 2
+    curve.read(block_key(0, 1), counted=False)  # a decode block: stored, not a query
+    curve.read(block_key(0, 2))
+    curve.read(block_key(0, 1))  # one other block since: hits from a cache of 2
     assert curve.reads == 2
     assert curve.hit_ratio(1) == 0.0
     assert curve.hit_ratio(2) == 0.5
@@ -73,7 +74,7 @@ def test_uncounted_reads_move_recency_only() -> None:
 def test_old_traffic_goes_by_generations() -> None:
     curve = ReuseCurve(window=100)
     for i in range(250):
-        curve.read((0, i % 10))
+        curve.read(block_key(0, i % 10))
     # the answering sample started at read 100 and counted from read 150: its blocks were
     # all read while it warmed up, so none is taken as never read
     assert curve.reads == 100
@@ -81,7 +82,7 @@ def test_old_traffic_goes_by_generations() -> None:
     # the traffic moves to 20 other blocks: two windows on, the curve is theirs alone
     # (a window must be long against the distances asked about: 1M reads in the sidecar)
     for i in range(400):
-        curve.read((0, 1000 + i % 20))
+        curve.read(block_key(0, 1000 + i % 20))
     assert curve.hit_ratio(10) == 0.0 and curve.hit_ratio(20) == 1.0
 
 
@@ -90,7 +91,7 @@ def test_the_sample_rate_does_not_fall_without_end() -> None:
     every block ever seen."""
     curve = ReuseCurve(max_keys=100, window=1_000)
     for i in range(20_000):
-        curve.read((0, i))
+        curve.read(block_key(0, i))
     assert curve.rate > 100 / 2_000 * 0.5  # one sample over all 20,000: about 100 / 20,000
     assert curve.followed <= 2 * 100
 
@@ -110,7 +111,7 @@ def test_the_spatial_hash_samples_any_block_hashes_evenly(kind: str) -> None:
         "sha256 digests": [(0, rng.randbytes(32)) for _ in range(n)],
         "second group": [(1, i) for i in range(n)],
     }[kind]
-    hashes = [spatial_hash(k) for k in keys]
+    hashes = [spatial_hash(block_key(*k)) for k in keys]
     for rate in (0.01, 0.1, 0.5):
         share = sum(h < rate * MODULUS for h in hashes) / n
         assert share == pytest.approx(rate, rel=0.15), (rate, share)  # 0.01: ±5 sd
@@ -122,9 +123,10 @@ def test_the_spatial_hash_is_the_same_in_every_process() -> None:
     keys = [(0, b"\x07" * 32), (2, b"\x01\x02" * 16), (0, 12345), (1, 2**63 + 5)]
     code = (
         "from kvwatch.sidecar.judge.reuse_curve import spatial_hash; "
-        f"print([spatial_hash(k) for k in {keys!r}])"
+        "from kvwatch.sidecar.kvevents.wire import block_key; "
+        f"print([spatial_hash(block_key(*k)) for k in {keys!r}])"
     )
     for seed in ("1", "2"):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              env={**os.environ, "PYTHONHASHSEED": seed}, check=True)  # fmt: skip
-        assert out.stdout.strip() == str([spatial_hash(k) for k in keys])
+        assert out.stdout.strip() == str([spatial_hash(block_key(*k)) for k in keys])

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvwatch.sidecar.kvevents.subscriber import KvEventFeed
-from kvwatch.sidecar.kvevents.wire import Batch, Stored
+from kvwatch.sidecar.kvevents.wire import Batch, Stored, block_key
 
 pytestmark = pytest.mark.integration  # imports vLLM
 
@@ -36,14 +36,22 @@ def _batch(*hashes: int) -> object:
     return KVEventBatch(ts=time.time(), events=[stored])
 
 
+_NAME = {block_key(0, h): h for h in range(10_000)}  # a block key: its hash
+
+
 class _Got:
     def __init__(self) -> None:
         self.batches: list[Batch] = []
         self.restarts = 0
 
-    def hashes(self) -> list[int | bytes]:
+    def hashes(self) -> list[int]:
+        """The hashes the batches stored, in order; a probe's (10,000 and up) as 10**9."""
         return [
-            k[1] for b in self.batches for e in b.events if isinstance(e, Stored) for k in e.keys
+            _NAME.get(k, 10**9)
+            for b in self.batches
+            for e in b.events
+            if isinstance(e, Stored)
+            for k in e.keys
         ]
 
 

@@ -11,6 +11,7 @@ from kvwatch.sidecar.kvevents.wire import (
     Removed,
     Stored,
     WireError,
+    block_key,
     decode_batch,
     decode_fields,
     decode_seq,
@@ -35,9 +36,9 @@ def test_the_shapes_vllm_sends() -> None:
     ], None]))  # fmt: skip
     assert b.ts == 1.7e9 and b.unknown == 1
     assert b.events == (
-        Stored(((1, 11), (1, 12)), (1, 10)),
-        Stored(((0, b"\x01" * 32),), None),
-        Removed(((0, 11),)),
+        Stored((block_key(1, 11), block_key(1, 12)), block_key(1, 10)),
+        Stored((block_key(0, b"\x01" * 32),), None),
+        Removed((block_key(0, 11),)),
         Cleared(),
     )
     assert decode_seq((7).to_bytes(8, "big")) == 7
@@ -80,7 +81,8 @@ def test_a_kv_offloading_tiers_events_are_counted_and_left_out() -> None:
         {"type": "BlockRemoved", "block_hashes": [12], "medium": None},
     ], None])  # fmt: skip
     b = decode_batch(payload)
-    assert b.events == (Stored(((0, 12),), None), Removed(((0, 12),))) and b.other_tier == 2
+    key = block_key(0, 12)
+    assert b.events == (Stored((key,), None), Removed((key,))) and b.other_tier == 2
     assert decode_fields(payload) == b  # the typed reader and the field reader agree
     with pytest.raises(WireError, match="medium"):
         decode_batch(_pack([1.0, [{"type": "BlockRemoved", "block_hashes": [1], "medium": 5}]]))

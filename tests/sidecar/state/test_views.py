@@ -53,7 +53,7 @@ class TestAnotherSidecarsState:
 def test_the_fleets_prefix_figures_are_reused_for_a_few_seconds() -> None:
     """Their set union walks every replica's cached blocks: not on every view."""
     from kvwatch.sidecar.kvevents.sequence import FeedStats
-    from kvwatch.sidecar.kvevents.wire import Batch, Stored
+    from kvwatch.sidecar.kvevents.wire import Batch, Stored, block_key
     from kvwatch.sidecar.state.sidecar_state import FLEET_PREFIX_REFRESH_S
 
     state = SidecarState(["http://a", "http://b"])
@@ -61,10 +61,11 @@ def test_the_fleets_prefix_figures_are_reused_for_a_few_seconds() -> None:
         state.follow_kv_events(url, FeedStats())
         for t in (1.0, 2.0):
             state.record_scrape(url, t, ScrapeOutcome(0.01, parse_exposition(vllm_body())))
-    state.record_kv_batch("http://a", Batch(1.0, (Stored(((0, 1), (0, 2)), None),), 0))
+    two = Stored((block_key(0, 1), block_key(0, 2)), None)
+    state.record_kv_batch("http://a", Batch(1.0, (two,), 0))
     first = state.view(10.0).fleet_prefix
     assert first is not None and first.cached_blocks == 2
-    state.record_kv_batch("http://b", Batch(2.0, (Stored(((0, 1), (0, 2)), None),), 0))
+    state.record_kv_batch("http://b", Batch(2.0, (two,), 0))
     assert state.view(10.0 + FLEET_PREFIX_REFRESH_S / 2).fleet_prefix is first
     later = state.view(10.0 + FLEET_PREFIX_REFRESH_S).fleet_prefix
     assert later is not None and later.cached_blocks == 4 and later.duplicated_share == 0.5
