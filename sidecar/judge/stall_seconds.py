@@ -11,8 +11,12 @@ stalls of that window (each is observed when it ends), and the counters say what
   scrapes that meets (window start - the gap's upper bound, window end], one gap per
   preemption, the longest gaps first: `preemption` (the client's `preempted`; the streams
   held behind a victim's recompute are not told apart from the prompts' stalls);
-- another gap, where prompt tokens were computed in the window (counted with a prompt's first
-  token: the step that ends the others' stall): `prefill` (prompts batched beside decodes);
+- another gap, where prompt tokens were computed while it could have lasted: in a window that
+  meets (window start - the gap's upper bound, window end] (vLLM counts a prompt's tokens with
+  its first token, at the end of the step that held the others up, and that can be a scrape
+  before the gap lands in the histogram; its tokens-per-step histogram counts them the same
+  way, so a prompt chunked over many steps shows in neither before its last chunk):
+  `prefill` (prompts batched beside decodes);
 - neither: `other` (the client's `queue`, `host` and `unknown`: nothing on the server says).
 
 The stall line is the client's (loadgen/results/records.py StallRule): 5x the median gap and at
@@ -42,6 +46,7 @@ SERVER_CAUSES = ("preemption", "prefill", "other")
 FACTOR = 5.0  # x the server's median gap (StallRule.factor: x the stream's own)
 MIN_S = 0.25  # and at least this (StallRule.min_s)
 KEEP_RISES_S = 600.0  # how far back a preemption may have begun a gap (longer: past +Inf's 80 s)
+KEEP_PREFILLS_S = 120.0  # how far back computed prompts may have begun a gap
 
 
 @dataclass(frozen=True)
@@ -138,21 +143,32 @@ def window_stalls(
     scale: float = 1.0,
     rises: Sequence[Rise] = (),
     window: tuple[float, float] = (0.0, 0.0),
+    prefills: Sequence[tuple[float, float]] = (),
 ) -> StallWindow | None:
     """The stalls among the gaps between two scrapes at `window` (t0, t1] of the ITL
     histogram (`scale`: a twin's time scale, its gaps divided by it); `rises`: where the
-    preemption counter rose, on the same clock (the victims found claim theirs). None when the
-    histogram is absent or broken, or no gap landed in the window."""
+    preemption counter rose, on the same clock (the victims found claim theirs);
+    `prompt_computed`: prompt tokens computed in this window, `prefills`: earlier windows
+    (a, b] in which some were. None when the histogram is absent or broken, or no gap landed
+    in the window."""
     cum = _delta(before, after)
     if cum is None or cum[-1][1] <= 0:
         return None
+    t0, t1 = window
     k = scale if scale > 0 and math.isfinite(scale) else 1.0
     cum = tuple((le / k, n) for le, n in cum)
     # the norm is the server's, over every gap since it started (a stream is judged against
     # its own life by the client): a minute of prefill freezes is a minute of stalls, not a
     # new normal, as it would be against the window's own median
     line = max(FACTOR * _median_bound(after) / k, MIN_S)
-    otherwise = "prefill" if prompt_computed > 0 else "other"
+
+    def otherwise(hi: float) -> str:
+        """A gap up to `hi` long that held no preemption: prefill where prompts were computed
+        while it lasted."""
+        if prompt_computed > 0 or any(a < t1 and b > t0 - hi for a, b in prefills):
+            return "prefill"
+        return "other"
+
     parts: list[tuple[float, float, float]] = []  # (upper bound, gaps, seconds each)
     lo, below = 0.0, 0.0
     for hi, n in cum:
@@ -172,11 +188,10 @@ def window_stalls(
             got = acc.get(cause, (0.0, 0.0))
             acc[cause] = (got[0] + n, got[1] + n * each)
 
-    t0, t1 = window
     for hi, n, each in reversed(parts):  # the longest gaps claim the victims first
         victims = _claim(rises, t0, t1, hi, n)
         add("preemption", victims, each)
-        add(otherwise, n - victims, each)
+        add(otherwise(hi), n - victims, each)
     total = sum(n for n, _ in acc.values())
     if total <= 0 or not all(math.isfinite(sec) for _, sec in acc.values()):
         return None
@@ -195,6 +210,7 @@ class StallTally:
     _last: Buckets = ()
     _last_t: float | None = None
     _rises: deque[Rise] = field(default_factory=deque)
+    _prefills: deque[tuple[float, float]] = field(default_factory=deque)  # windows with prompts
 
     def add(
         self,
@@ -226,7 +242,13 @@ class StallTally:
             self.broken += 1
             return None
         computed = step.get("prompt_tokens_computed_total") or step.get("prompt_tokens_total")
-        got = window_stalls(before, buckets, computed or 0.0, scale or 1.0, self._rises, (t0, t))
+        got = window_stalls(
+            before, buckets, computed or 0.0, scale or 1.0, self._rises, (t0, t), self._prefills
+        )
+        if computed:  # after the window is judged: the next windows' gaps may have begun here
+            self._prefills.append((t0, t))
+        while self._prefills and self._prefills[0][1] < t - KEEP_PREFILLS_S:
+            self._prefills.popleft()
         if got is None:
             return None
         summed = {

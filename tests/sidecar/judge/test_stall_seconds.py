@@ -82,6 +82,28 @@ def test_a_long_gap_looks_further_back() -> None:
     assert causes(got) == {"other": 1}
 
 
+def test_prompts_computed_while_a_gap_lasted_make_it_prefill() -> None:
+    # vLLM counts a prompt with its first token, at the end of the step that held the others
+    # up; that can land a scrape before the gaps it caused do
+    earlier = [(98.0, 99.0)]
+    got = window_stalls(EMPTY, hist({0.025: 100, 2.5: 2}), 0, window=NOW, prefills=earlier)
+    assert causes(got) == {"prefill": 2}  # 1-2.5 s gaps ending in (100, 101] began after 97.5
+    got = window_stalls(EMPTY, hist({0.025: 100, 0.75: 2}), 0, window=NOW, prefills=earlier)
+    assert causes(got) == {"other": 2}  # 0.5-0.75 s gaps began after 99.25: not then
+
+
+def test_the_tally_remembers_the_windows_with_prompts() -> None:
+    t = StallTally()
+    step = {"preemptions_total": 0.0, "prompt_tokens_computed_total": 0.0}
+    t.add(0.0, hist({0.025: 100}), step)
+    t.add(1.0, hist({0.025: 200}), {**step, "prompt_tokens_computed_total": 12_000})
+    t.add(2.0, hist({0.025: 300, 2.5: 30}), step)  # the prompt's stalls, a scrape later
+    t.add(199.0, hist({0.025: 400, 2.5: 30}), step)
+    t.add(200.0, hist({0.025: 500, 2.5: 31}), step)  # long after: not that prompt's
+    assert t.counts["prefill"].stalls == pytest.approx(30)
+    assert t.counts["other"].stalls == pytest.approx(1)
+
+
 def test_a_bucket_across_the_line_counts_its_share_above_it() -> None:
     # median 0.025 -> line max(5 x 0.025, 0.25) = 0.25, inside (0.2, 0.3]: half of it counts
     got = window_stalls(EMPTY, hist({0.025: 100, 0.3: 10}), 0)
