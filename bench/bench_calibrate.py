@@ -24,7 +24,8 @@ is a figure only where the load holds still.
 twin: the twin (Llama 3.1 8B on an H100, 8 GB of KV, time scale 2 so that this machine's host
 work hides under the simulated steps) runs with hidden constants, each moved by 40% from the
 shipped ones (hbm_efficiency by 20%: +40% would pass the card's ceiling); runs of 1, 8, 32 and
-64 streams and one of longer prompts calibrate; the fitted constants are held against the hidden
+64 streams, one of longer prompts and one of long-context decodes (16 streams of 3,072 + 512)
+calibrate; the fitted constants are held against the hidden
 ones (the pure version: tests/timing/test_calibration.py). Results:
 bench/results/calibrate-{cpu,cpu-metrics,twin}.json, docs/twin.md.
 """
@@ -360,6 +361,11 @@ def twin(scale: float) -> None:
                      for c, n in ((1, 12), (8, 40), (32, 160), (64, 320))]  # fmt: skip
             loads.append(("long", ("--concurrency", "8", "--requests", "40",
                                    "--input-len", "3072", "--output-len", "128")))  # fmt: skip
+            # decodes over long contexts: the KV reads near half a step, which pins
+            # kv_efficiency (the long prompts above pin it only through TPOT beside their
+            # prefills; 2026-12-06 it came back 11% off from those alone)
+            loads.append(("longctx", ("--concurrency", "16", "--requests", "48",
+                                      "--input-len", "3072", "--output-len", "512")))  # fmt: skip
             for name, args in loads:
                 _load(url, work / name, *args)
                 runs += ["--run", str(work / name)]
