@@ -23,8 +23,12 @@ while a request that was preempted, or left out of the steps, stops alone as the
 - with the others, the counter rose: `recompute` (behind a victim's recompute: vLLM counts a
   preemption when the victim runs again, in the step that recomputes it);
 - with the others, prompt tokens computed meanwhile: `prefill` (prefill interference);
-- with the others, neither: `host` (the server decoded nothing new: the API server or this
-  client was behind);
+- with the others, neither, while the server held requests that were not this run's (its
+  running and waiting requests beyond this run's in flight, at every sample around the stall):
+  `prefill` (another client's prompts: a prompt prefilled in chunks is counted only with its
+  last chunk, so its earlier chunks' stalls show in no counter);
+- with the others, none of these: `host` (the server decoded nothing new: the API server or
+  this client was behind);
 - no other stream in flight to compare with (the last turns of a session load): `preempted`
   where the counter rose, else `prefill` where prompt tokens were computed, else `unknown`;
 - no server samples around it: `unknown`.
@@ -113,18 +117,37 @@ def mark_preempting_stalls(
 
 class ServerCounters:
     """The server's counters a cause is read from, sampled: preemptions and prompt tokens
-    computed (`vllm:prompt_tokens_by_source{source="local_compute"}`, else all prompt tokens)."""
+    computed (`vllm:prompt_tokens_by_source{source="local_compute"}`, else all prompt tokens),
+    and the requests it held (running and waiting)."""
 
     def __init__(self, rows: Sequence[dict[str, Any]]) -> None:
         self.preemptions = SampledCounter.from_rows(rows)
-        prompt = []
+        prompt, held = [], []
         for r in rows:
             v = r.get("prompt_tokens_computed_total")
             if v is None:
                 v = r.get("prompt_tokens_total")
-            if r.get("t") is not None and v is not None:
-                prompt.append((float(r["t"]), float(v)))
+            t = r.get("t")
+            if not isinstance(t, int | float):
+                continue
+            if isinstance(v, int | float):
+                prompt.append((float(t), float(v)))
+            n = [r.get("running"), r.get("waiting")]
+            if all(isinstance(x, int | float) and math.isfinite(x) for x in n):
+                held.append((float(t), float(n[0]) + float(n[1])))  # type: ignore[arg-type]
         self.prompt = SampledCounter(prompt)
+        self.held = SampledCounter(held)  # a gauge: read sample by sample, not as a rise
+
+    def held_at(self, start: float, end: float, lag_s: float) -> list[tuple[float, float]]:
+        """The (time, requests held) samples `SampledCounter.rose` would read for the span."""
+        h = self.held
+        i = bisect.bisect_right(h.times, start) - 1
+        j = bisect.bisect_left(h.times, end + lag_s)
+        if j == len(h.times) and h.times and h.times[-1] >= end:
+            j -= 1
+        if i < 0 or j >= len(h.times):
+            return []
+        return list(zip(h.times[i : j + 1], h.values[i : j + 1], strict=True))
 
 
 def token_times(record: dict[str, Any]) -> list[float]:
@@ -149,6 +172,7 @@ def attribute_stalls(
     (the module's docstring says how each is told)."""
     streams = [(r, token_times(r)) for r in records if r.get("first_token_at") is not None]
     in_flight = _InFlight([times for _, times in streams])
+    own = _OwnInFlight(records)
     judged: list[tuple[dict[str, Any], int, float, float, str]] = []
     for r in records:
         r["stall_causes"] = []
@@ -176,8 +200,37 @@ def attribute_stalls(
             r["stall_causes"][k] = "recompute"  # another client's request was the victim
         elif counters.prompt.rose(start_unix + s, start_unix + e, lag_s):
             r["stall_causes"][k] = "prefill"  # another client's prompts
+        elif _others_held(counters, own, s, e, start_unix, lag_s):
+            r["stall_causes"][k] = "prefill"  # another client's prompts, in chunks
         else:
             r["stall_causes"][k] = "host"
+
+
+class _OwnInFlight:
+    """How many of this run's requests were sent and not yet finished, at any moment."""
+
+    def __init__(self, records: list[dict[str, Any]]) -> None:
+        def at(key: str) -> list[float]:
+            return sorted(float(v) for r in records if isinstance(v := r.get(key), int | float))
+
+        self.sent, self.done = at("sent_at"), at("finished_at")
+
+    def at(self, t: float) -> int:
+        return bisect.bisect_right(self.sent, t) - bisect.bisect_right(self.done, t)
+
+
+def _others_held(
+    counters: ServerCounters,
+    own: _OwnInFlight,
+    s: float,
+    e: float,
+    start_unix: float,
+    lag_s: float,
+) -> bool:
+    """Whether the server held requests that were not this run's at every sample around the
+    stall (its running and waiting beyond this run's in flight)."""
+    held = counters.held_at(start_unix + s, start_unix + e, lag_s)
+    return bool(held) and all(n - own.at(t - start_unix) >= 1 for t, n in held)
 
 
 def _others_prompts(

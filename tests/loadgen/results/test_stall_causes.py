@@ -98,6 +98,29 @@ def test_streams_stalled_together_name_the_step_that_held_them() -> None:
         assert [r["stall_causes"] for r in recs] == [[cause]] * 4
 
 
+def test_a_shared_stall_beside_another_clients_requests_is_their_prefill() -> None:
+    """A prompt prefilled in chunks is counted only with its last chunk: while the server held
+    requests that were not this run's (another client's, queued or being prefilled) a shared
+    stall with no counter's word is theirs; with only this run's requests, the host."""
+
+    def together() -> list[dict]:
+        return [{**_stream(0.01 * i, [0.05] * 20 + [0.8] + [0.05] * 20,
+                           [[0.01 * i + 1.0, 0.01 * i + 1.8]]),
+                 "sent_at": 0.0, "finished_at": 4.0} for i in range(4)]  # fmt: skip
+
+    for held, cause in ((4, "host"), (6, "prefill")):
+        rows = [{**r, "running": held - 1, "waiting": 1} for r in _rows((0, 5, 100), (3, 5, 100))]
+        recs = together()
+        attribute_stalls(recs, ServerCounters(rows), 1000)
+        assert [r["stall_causes"] for r in recs] == [[cause]] * 4, held
+    # another client's requests at only one of the samples around it: not throughout
+    rows = [{**r, "running": n, "waiting": 0}
+            for r, n in zip(_rows((0, 5, 100), (3, 5, 100)), (6, 4), strict=True)]  # fmt: skip
+    recs = together()
+    attribute_stalls(recs, ServerCounters(rows), 1000)
+    assert recs[0]["stall_causes"] == ["host"]
+
+
 def test_with_no_one_to_compare_with_the_counters_say_or_it_is_unknown() -> None:
     """The last turns of a session load stream alone: the counter that rose names it."""
     for rise, prompts, cause in ((1, 0, "preempted"), (0, 500, "prefill"), (0, 0, "unknown")):
