@@ -84,16 +84,24 @@ class SampledCounter:
         got = self.increase(start, end, lag_s)
         return None if got is None else got[0] > 0
 
-    def increase(
-        self, start: float, end: float, lag_s: float = 0.0
-    ) -> tuple[float, float, float] | None:
-        """How much it rose over the samples `rose` reads, and their first and last times."""
+    def bracket(self, start: float, end: float, lag_s: float = 0.0) -> tuple[int, int] | None:
+        """The first and last index of the samples `rose` reads; None when none bracket it."""
         i = bisect.bisect_right(self.times, start) - 1
         j = bisect.bisect_left(self.times, end + lag_s)
         if j == len(self.times) and self.times and self.times[-1] >= end:
             j -= 1
         if i < 0 or j >= len(self.times):
             return None
+        return i, j
+
+    def increase(
+        self, start: float, end: float, lag_s: float = 0.0
+    ) -> tuple[float, float, float] | None:
+        """How much it rose over the samples `rose` reads, and their first and last times."""
+        got = self.bracket(start, end, lag_s)
+        if got is None:
+            return None
+        i, j = got
         v = self.values[i : j + 1]
         rise = sum(counter_increase(a, b) for a, b in zip(v, v[1:], strict=False))
         return rise, self.times[i], self.times[j]
@@ -141,12 +149,10 @@ class ServerCounters:
     def held_at(self, start: float, end: float, lag_s: float) -> list[tuple[float, float]]:
         """The (time, requests held) samples `SampledCounter.rose` would read for the span."""
         h = self.held
-        i = bisect.bisect_right(h.times, start) - 1
-        j = bisect.bisect_left(h.times, end + lag_s)
-        if j == len(h.times) and h.times and h.times[-1] >= end:
-            j -= 1
-        if i < 0 or j >= len(h.times):
+        got = h.bracket(start, end, lag_s)
+        if got is None:
             return []
+        i, j = got
         return list(zip(h.times[i : j + 1], h.values[i : j + 1], strict=True))
 
 
