@@ -731,6 +731,51 @@ def evaluate_twin(name: str, th: Thresholds) -> None:
         print(f"\nvictims the twin's log named: {victims}; the newest running request: {newest}")
 
 
+SIDECAR = next(n for n in FORECASTERS if n.startswith("the sidecar's"))
+TWIN_KINDS = ("ramp", "poisson", "bursty", "trace", "sessions")
+# the twin's runs #44's countdown was chosen on (docs/detection.md); every other is held out
+CHOSEN_ON = {("llama8b", "ramp"): range(3), ("llama8b", "poisson"): range(3)}
+
+
+def summary(names: list[str], th: Thresholds) -> None:
+    """#44's targets per kind of run on the held-out runs (CHOSEN_ON left out), the twins
+    `names` together and apart: the warning first on how many of the runs that ran out, its
+    median lead at 0.5 s and 1 s scrapes, the sidecar's forecast 10 s out (median relative
+    error), the thrashing state after the first preemption, and the false warnings on the
+    healthy (steady) runs."""
+    print("| kind | twin | runs | warned first, 0.5 s / 1 s | median lead, 0.5 s / 1 s | "
+          "10 s out | thrashing after the first preemption |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for kind in TWIN_KINDS:
+        rows = []
+        for name in names:
+            chosen = CHOSEN_ON.get((name, kind), range(0))
+            ramps = [r for r in _ramps(f"twin-{name}-{kind}", th) if r[0] not in chosen]
+            lags = []
+            for path in _numbered(f"twin-{name}-{kind}"):
+                if int(path.stem.rpartition("-")[2]) in chosen:
+                    continue
+                st = _states(_load_run(path), th)
+                if st["preemption"] is not None and st["thrashing"] is not None:
+                    lags.append(st["thrashing"] - st["preemption"])
+            rows.append((name, ramps, lags))
+        for name, ramps, lags in [*rows, ("all", [r for _, rr, _ in rows for r in rr],
+                                          [x for _, _, ll in rows for x in ll])]:  # fmt: skip
+            if not ramps or (name == "all" and sum(1 for _, rr, _ in rows if rr) < 2):
+                continue
+            first = {e: [lead[e] for _, _, lead in ramps] for e in (1, 2)}
+            errs = [x for _, e, _ in ramps for x in e[SIDECAR][10.0]]
+            med = {e: statistics.median(v) for e, v in first.items()}
+            print(f"| {kind} | {name} | {len(ramps)} | "
+                  f"{sum(x >= 0 for x in first[1])} / {sum(x >= 0 for x in first[2])} of "
+                  f"{len(ramps)} | "
+                  f"{med[1]:.1f} / {med[2]:.1f} s | "
+                  f"{statistics.median(errs):.0%} (n={len(errs)}) | "
+                  f"{', '.join(f'{x:+.1f}' for x in lags)} s |")  # fmt: skip
+    for name in names:
+        _steady(f"twin-{name}-steady", th)
+
+
 def _recipe(ns: argparse.Namespace) -> Recipe:
     if ns.steady_in_flight is not None:
         stage, kind = None, "steady"
@@ -829,6 +874,8 @@ def main() -> None:
         "--after-full", type=float, default=5.0, metavar="S",
         help="a ramp is scraped S seconds after the cache ran out (5; the twin's: 30)",
     )  # fmt: skip
+    sm = sub.add_parser("summary", help="#44's targets per kind over the twins' recordings")
+    sm.add_argument("names", nargs="+", metavar="NAME", help="twins, e.g. llama8b qwen3moe")
     e = sub.add_parser("evaluate")
     e.add_argument(
         "--twin", metavar="NAME",
@@ -843,6 +890,9 @@ def main() -> None:
     ns = ap.parse_args()
     if ns.cmd == "record":
         record(_recipe(ns), ns.runs, ns.first)
+        return
+    if ns.cmd == "summary":
+        summary(ns.names, Thresholds())
         return
     try:
         th = parse_overrides(ns.threshold)
