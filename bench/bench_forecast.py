@@ -743,9 +743,11 @@ def summary(names: list[str], th: Thresholds) -> None:
     median lead at 0.5 s and 1 s scrapes, the sidecar's forecast 10 s out (median relative
     error), the thrashing state after the first preemption, and the false warnings on the
     healthy (steady) runs."""
-    print("| kind | twin | runs | warned first, 0.5 s / 1 s | median lead, 0.5 s / 1 s | "
-          "10 s out | thrashing after the first preemption |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+    table = [
+        "| kind | twin | runs | warned first, 0.5 s / 1 s | median lead, 0.5 s / 1 s | "
+        "10 s out | thrashing after the first preemption |",
+        "|---|---|---|---|---|---|---|",
+    ]  # printed after the runs' own lines, which _ramps prints as it reads them
     for kind in TWIN_KINDS:
         rows = []
         for name in names:
@@ -766,12 +768,13 @@ def summary(names: list[str], th: Thresholds) -> None:
             first = {e: [lead[e] for _, _, lead in ramps] for e in (1, 2)}
             errs = [x for _, e, _ in ramps for x in e[SIDECAR][10.0]]
             med = {e: statistics.median(v) for e, v in first.items()}
-            print(f"| {kind} | {name} | {len(ramps)} | "
+            table.append(f"| {kind} | {name} | {len(ramps)} | "
                   f"{sum(x >= 0 for x in first[1])} / {sum(x >= 0 for x in first[2])} of "
                   f"{len(ramps)} | "
                   f"{med[1]:.1f} / {med[2]:.1f} s | "
                   f"{statistics.median(errs):.0%} (n={len(errs)}) | "
                   f"{', '.join(f'{x:+.1f}' for x in lags)} s |")  # fmt: skip
+    print("\n" + "\n".join(table))
     for name in names:
         _steady(f"twin-{name}-steady", th)
 

@@ -43,13 +43,13 @@ def observed_from_source(
 ) -> tuple[list[tuple[str, Observed]], ServerInfo]:
     """What the source `ns` names saw, per engine, and the server's release where it is one
     server (`--model` re-plans each engine's KV groups from the model). `run`: `--run`'s
-    directory, already read by the caller (which reads it once for all of the advice)."""
+    directory, read by the caller (which reads it once for all of the advice)."""
     server = ServerInfo()  # one server's version, where the source tells it
-    if ns.run:
-        from kvwatch.loadgen.results.run_observed import observed_from_run, run_for_advice
+    if run is not None:
+        from kvwatch.loadgen.results.run_observed import observed_from_run
 
-        observed, server = observed_from_run(run or run_for_advice(ns.run))
-        items = [(str(ns.run), observed)]
+        observed, server = observed_from_run(run)
+        items = [(str(run.directory), observed)]
     elif ns.sidecar:
         import httpx
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from kvwatch.sidecar.judge.timeline import counter_increase
 
@@ -140,9 +140,9 @@ class ServerCounters:
                 continue
             if isinstance(v, int | float):
                 prompt.append((float(t), float(v)))
-            n = [r.get("running"), r.get("waiting")]
-            if all(isinstance(x, int | float) and math.isfinite(x) for x in n):
-                held.append((float(t), float(n[0]) + float(n[1])))  # type: ignore[arg-type]
+            running, waiting = r.get("running"), r.get("waiting")
+            if _finite(running) and _finite(waiting):
+                held.append((float(t), float(running) + float(waiting)))
         self.prompt = SampledCounter(prompt)
         self.held = SampledCounter(held)  # a gauge: read sample by sample, not as a rise
 
@@ -154,6 +154,10 @@ class ServerCounters:
             return []
         i, j = got
         return list(zip(h.times[i : j + 1], h.values[i : j + 1], strict=True))
+
+
+def _finite(x: object) -> TypeGuard[int | float]:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def token_times(record: dict[str, Any]) -> list[float]:

@@ -100,3 +100,14 @@ def test_an_endpoint_it_cannot_follow_is_refused(endpoint: str) -> None:
     with pytest.raises(ValueError):
         check_endpoint(endpoint)
     assert check_endpoint("tcp://10.0.0.5:5557") and check_endpoint("ipc:///run/kv.sock")
+
+
+def test_a_block_key_is_its_group_and_hash_as_one_int() -> None:
+    digest = bytes(range(32))
+    # the value the curve's spatial sample took from (group, digest) before keys were ints
+    assert block_key(0, digest) == hash((0, int.from_bytes(digest[:8], "big")))
+    assert block_key(3, 12345) == hash((3, 12345))
+    # a hash is only unique inside its group; a digest by its first 8 bytes
+    assert block_key(0, 7) != block_key(1, 7)
+    assert block_key(0, digest) != block_key(0, bytes(reversed(digest)))
+    assert isinstance(block_key(0, digest), int)
