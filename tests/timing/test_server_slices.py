@@ -69,14 +69,17 @@ def test_slices_left_out_are_counted_by_reason_and_one_load_is_pooled() -> None:
         _slice(held=16, itl=0.05),
         _slice(preempt=2),
         _slice(preempt=1),
-        _slice(held=0.2),
+        _slice(held=0.05),
+        _slice(held=0.3, p=64, o=32),  # one stream of short requests, in the engine 30%
         _slice(gaps=MIN_GAPS - 1),
         _slice(held=float("nan")),
         Slice(0, 10, 8, 8, 400, 512, 1, 128, 1, 0, held_first=13, held_second=3),  # drain
         Slice(0, 10, 8, 8, 400, 512, 1, 128, 1, 0, held_first=7, held_second=9),  # steady
     ]
     figures, skipped = figures_from_slices(slices, 8192, 256)
-    assert len(figures) == 3
+    assert len(figures) == 4
+    one = next(f for f in figures if f.load.concurrency == 1)
+    assert (one.load.input_len, one.load.output_len) == (64, 32)
     four = next(f for f in figures if f.load.concurrency == 4)
     assert four.value == pytest.approx((400 * 0.02 + 200 * 0.03) / 600)
     assert (four.load.input_len, four.load.output_len) == (512, 128)
