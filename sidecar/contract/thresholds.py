@@ -89,6 +89,13 @@ class Thresholds:
     # The slack is one scrape at the default interval: the cache running out is seen at a
     # scrape. 2 s let one of five held-out healthy throttled runs warn (docs/detection.md).
     exhaustion_refuted_slack_s: float = 1.0
+    # ...and a forecast is proved wrong only while usage is not still rising: the mean KV usage
+    # of the last exhaustion_for_s is at most this above its mean over the exhaustion_for_s
+    # before the forecast was made. A fast fill the curve foresaw too soon ("0.4 s" at 77%, full
+    # 8 s later) is early, not wrong; without this the check dropped its warning. Chosen on the
+    # twins' recordings of 2026-12-06 (docs/detection.md): 4 missed warnings of 40 came first,
+    # no healthy run warned. 0 turns the exemption off.
+    exhaustion_refuted_rise: float = 0.02
     # Prefix-cache thrashing (sidecar/judge/prefix_cache.py): how far back the hit share the
     # cache reached is looked for, in seconds. Longer remembers a good cache through a longer
     # squeeze; shorter forgets a traffic change sooner.

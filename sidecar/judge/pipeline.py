@@ -143,9 +143,23 @@ class EngineJudge:
         made = [t for t, f in self._forecasts if f is not None and now > t + k * f + slack]
         if not made:
             return False
-        since = now - max(made)  # the newest refuted one: if the cache ran out since, it did
+        newest = max(made)
+        since = now - newest  # the newest refuted one: if the cache ran out since, it did
         full = (self.timeline.peak("kv_usage", since, now) or 0.0) >= 1.0
-        return not full and not self.timeline.increase("preemptions_total", since, now)
+        if full or self.timeline.increase("preemptions_total", since, now):
+            return False
+        rise, span = self.th.exhaustion_refuted_rise, self.th.exhaustion_for_s
+        if rise <= 0:
+            return True
+        then = self._mean_usage(newest - span, newest)
+        lately = self._mean_usage(now - span, now)
+        return then is None or lately is None or lately - then <= rise
+
+    def _mean_usage(self, start: float, end: float) -> float | None:
+        """KV usage's mean over the points in [start, end]; None without one."""
+        vals = [o.kv_usage for t, o in self.timeline.window(end - start, end)
+                if t <= end and o.kv_usage is not None]  # fmt: skip
+        return sum(vals) / len(vals) if vals else None
 
     def _remember_forecast(self, now: float, left: float | None) -> None:
         """Keep the forecasts since the newest one at least exhaustion_countdown_s old."""

@@ -235,6 +235,17 @@ def test_a_ramp_that_runs_out_is_still_warned_well_ahead(every: int) -> None:
     assert full_at is not None and fired and full_at - fired[0] > 15
 
 
+def test_a_fill_still_rising_keeps_its_warning_when_a_forecast_came_too_soon() -> None:
+    """`twin-qwen3moe-steady-0` (the MoE twin, Poisson 6.5 requests/s from idle): the curve
+    said "0.4 s" at 77% and the cache ran out 8 s later, at 23.6 s. That forecast failed while
+    usage kept rising 77% -> 98%, and the check on past forecasts dropped the warning; it
+    proves a forecast wrong only where usage has stopped rising (`exhaustion_refuted_rise`)."""
+    fired, full_at = _replay("twin-qwen3moe-steady-0", Thresholds())
+    assert full_at is not None and fired and 2 < full_at - fired[0] < 5
+    fired, _ = _replay("twin-qwen3moe-steady-0", Thresholds(exhaustion_refuted_rise=0))
+    assert not [t for t in fired if t < full_at]
+
+
 def test_a_fired_warning_whose_forecast_is_proved_wrong_lapses_like_any_other() -> None:
     """Once paged, a forecast proved wrong clears the warning after exit_after_s, not at once,
     so a forecast that comes and goes does not page twice. Without the check the band's "0 s"
