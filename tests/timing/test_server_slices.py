@@ -32,9 +32,9 @@ def _reading(t: float, held: float = 4.0, gaps: float = 0.0, **kw: float | None)
     return Reading(t=t, held=held, **values)  # type: ignore[arg-type]
 
 
-def _slice(held: float = 4, gaps: float = 400, itl: float = 0.02, p: float = 512,
-           o: float = 128, n: float = 3, preempt: float = 0) -> Slice:  # fmt: skip
-    return Slice(0, 10, held, gaps * itl, gaps, p * n, n, o * n, n, preempt)
+def _slice(held: float = 4, gaps: float = 400, itl: float = 0.02, p: float = 512, o: float = 128,
+           n: float = 3, preempt: float = 0, start: float = 0) -> Slice:  # fmt: skip
+    return Slice(start, start + 10, held, gaps * itl, gaps, p * n, n, o * n, n, preempt)
 
 
 def test_readings_become_slices_of_the_asked_length_with_the_mean_requests_held() -> None:
@@ -93,11 +93,26 @@ def test_slices_left_out_are_counted_by_reason_and_one_load_is_pooled() -> None:
     ])  # fmt: skip
 
 
-def test_a_slice_without_finished_requests_takes_the_span_lengths_and_says_so() -> None:
-    figures, _ = figures_from_slices([_slice(), _slice(held=9, n=0)], 8192, 256)
+def test_a_slice_without_finished_requests_takes_the_lengths_of_the_slices_around_it() -> None:
+    """Its requests are the load's around it: the nearest slices with finished requests on
+    both sides where they agree, the one side where only one has any; none at a boundary
+    between two loads (the mean of the span gave a long-prompt load the span's short mean)."""
+    long = _slice(p=3072, o=512, start=0)
+    figures, skipped = figures_from_slices(
+        [long, _slice(held=9, n=0, start=10), _slice(p=3072, o=512, start=20)], 8192, 256
+    )
     nine = next(f for f in figures if f.load.concurrency == 9)
-    assert (nine.load.input_len, nine.load.output_len) == (512, 128)
-    assert "lengths of the whole span" in nine.label
+    assert (nine.load.input_len, nine.load.output_len) == (3072, 512)
+    assert "lengths of the slices around" in nine.label and skipped == []
+    figures, _ = figures_from_slices([_slice(held=9, n=0, start=0), long], 8192, 256)
+    nine = next(f for f in figures if f.load.concurrency == 9)
+    assert (nine.load.input_len, nine.load.output_len) == (3072, 512)
+    figures, skipped = figures_from_slices(
+        [long, _slice(held=9, n=0, start=10), _slice(start=20)], 8192, 256
+    )
+    assert not [f for f in figures if f.load.concurrency == 9]
+    assert skipped == ["1 slice: no request finished in it, and the slices around it differ "
+                       "(a load's boundary)"]  # fmt: skip
     figures, skipped = figures_from_slices([_slice(n=0)], 8192, 256)
     assert figures == [] and "lengths unknown" in skipped[0]
 
