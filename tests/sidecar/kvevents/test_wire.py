@@ -104,9 +104,12 @@ def test_an_endpoint_it_cannot_follow_is_refused(endpoint: str) -> None:
 
 def test_a_block_key_is_its_group_and_hash_as_one_int() -> None:
     digest = bytes(range(32))
-    # the value the curve's spatial sample took from (group, digest) before keys were ints
-    assert block_key(0, digest) == hash((0, int.from_bytes(digest[:8], "big")))
-    assert block_key(3, 12345) == hash((3, 12345))
+    # the low 60 bits of the value the curve's spatial sample took from (group, digest) before
+    # keys were ints: the same sample (its low 24 bits), an int of 32 bytes, not 48
+    mask = (1 << 60) - 1
+    assert block_key(0, digest) == hash((0, int.from_bytes(digest[:8], "big"))) & mask
+    assert block_key(3, 12345) == hash((3, 12345)) & mask
+    assert 0 <= block_key(0, digest) < 1 << 60 and 0 <= block_key(5, -1) < 1 << 60
     # a hash is only unique inside its group; a digest by its first 8 bytes
     assert block_key(0, 7) != block_key(1, 7)
     assert block_key(0, digest) != block_key(0, bytes(reversed(digest)))
