@@ -659,11 +659,14 @@ def evaluate(th: Thresholds) -> None:
     _steady("steady*", th)  # steady-N, steady0-N, any steady prefix
 
 
-def _steady(pattern: str, th: Thresholds) -> None:
-    """The alert's firings on steady runs: a false alert is one on a run that never ran out."""
+def _steady(pattern: str, th: Thresholds, skip: range = range(0)) -> None:
+    """The alert's firings on steady runs (those numbered in `skip` left out): a false alert
+    is one on a run that never ran out."""
     print("\nSteady runs (a false alert: one that fired on a run whose cache never ran out)")
     healthy = false = 0
     for path in _numbered(pattern):
+        if int(path.stem.rpartition("-")[2]) in skip:
+            continue
         stage = json.loads(path.read_text().partition("\n")[0]).get("stage", "?")
         run = _load_run(path)
         full_at = _full_at(run)
@@ -735,10 +738,27 @@ SIDECAR = next(n for n in FORECASTERS if n.startswith("the sidecar's"))
 TWIN_KINDS = ("ramp", "poisson", "bursty", "trace", "sessions")
 # the twin's runs #44's countdown was chosen on (docs/detection.md); every other is held out
 CHOSEN_ON = {("llama8b", "ramp"): range(3), ("llama8b", "poisson"): range(3)}
+# the first run of each kind recorded after `exhaustion_refuted_rise` was chosen on every run
+# before it (2026-12-06, docs/detection.md): `summary --after-rise` judges only these
+AFTER_RISE = {
+    ("llama8b", "ramp"): 3, ("llama8b", "poisson"): 6, ("llama8b", "bursty"): 2,
+    ("llama8b", "trace"): 3, ("llama8b", "sessions"): 3, ("llama8b", "steady"): 5,
+    ("qwen3moe", "ramp"): 3, ("qwen3moe", "poisson"): 3, ("qwen3moe", "bursty"): 3,
+    ("qwen3moe", "trace"): 3, ("qwen3moe", "sessions"): 3, ("qwen3moe", "steady"): 3,
+}  # fmt: skip
 
 
-def summary(names: list[str], th: Thresholds) -> None:
-    """#44's targets per kind of run on the held-out runs (CHOSEN_ON left out), the twins
+def _left_out(name: str, kind: str, after_rise: bool) -> range:
+    """The run numbers `summary` leaves out: those chosen on, or with `after_rise` every one
+    recorded before AFTER_RISE's."""
+    if after_rise:
+        return range(AFTER_RISE.get((name, kind), 1 << 30))
+    return CHOSEN_ON.get((name, kind), range(0))
+
+
+def summary(names: list[str], th: Thresholds, after_rise: bool = False) -> None:
+    """#44's targets per kind of run on the held-out runs (CHOSEN_ON left out; with
+    `after_rise`, only the runs recorded after exhaustion_refuted_rise was chosen), the twins
     `names` together and apart: the warning first on how many of the runs that ran out, its
     median lead at 0.5 s and 1 s scrapes, the sidecar's forecast 10 s out (median relative
     error), the thrashing state after the first preemption, and the false warnings on the
@@ -751,7 +771,7 @@ def summary(names: list[str], th: Thresholds) -> None:
     for kind in TWIN_KINDS:
         rows = []
         for name in names:
-            chosen = CHOSEN_ON.get((name, kind), range(0))
+            chosen = _left_out(name, kind, after_rise)
             ramps = [r for r in _ramps(f"twin-{name}-{kind}", th) if r[0] not in chosen]
             lags = []
             for path in _numbered(f"twin-{name}-{kind}"):
@@ -776,7 +796,7 @@ def summary(names: list[str], th: Thresholds) -> None:
                   f"{', '.join(f'{x:+.1f}' for x in lags)} s |")  # fmt: skip
     print("\n" + "\n".join(table))
     for name in names:
-        _steady(f"twin-{name}-steady", th)
+        _steady(f"twin-{name}-steady", th, _left_out(name, "steady", after_rise))
 
 
 def _recipe(ns: argparse.Namespace) -> Recipe:
@@ -879,6 +899,12 @@ def main() -> None:
     )  # fmt: skip
     sm = sub.add_parser("summary", help="#44's targets per kind over the twins' recordings")
     sm.add_argument("names", nargs="+", metavar="NAME", help="twins, e.g. llama8b qwen3moe")
+    sm.add_argument(
+        "--after-rise", action="store_true",
+        help="only the runs recorded after exhaustion_refuted_rise was chosen (AFTER_RISE)",
+    )  # fmt: skip
+    sm.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
+                    help="as evaluate's: judge with this threshold changed")  # fmt: skip
     e = sub.add_parser("evaluate")
     e.add_argument(
         "--twin", metavar="NAME",
@@ -894,13 +920,13 @@ def main() -> None:
     if ns.cmd == "record":
         record(_recipe(ns), ns.runs, ns.first)
         return
-    if ns.cmd == "summary":
-        summary(ns.names, Thresholds())
-        return
     try:
         th = parse_overrides(ns.threshold)
     except ValueError as err:
         ap.error(str(err))
+    if ns.cmd == "summary":
+        summary(ns.names, th, ns.after_rise)
+        return
     if ns.twin:
         evaluate_twin(ns.twin, th)
     else:
