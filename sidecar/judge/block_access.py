@@ -43,10 +43,11 @@ from kvwatch.sidecar.kvevents.wire import BlockKey, Cleared, Event, Removed, Sto
 __all__ = ["Reads", "BlockTable", "TableCounts"]
 
 MAX_CHAIN = 65_536  # blocks walked up one parent chain (a 1M-token context at block size 16)
-# About 100 bytes a cached block and 110 a removed one (a 64-bit key and a dict's slot, measured
-# 2026-12-06; 190 and 200 while keys were (group, digest) tuples): 524,288 cached blocks (8M
-# tokens at 16 a block) cost about 52 MB at the most, the removed ones 14 MB; a server with more
-# blocks has its least recently used ones forgotten here (counted: `forgotten`)
+# About 100 bytes a cached block and 110 a removed one with 64-bit keys and a dict's slot
+# (measured 2026-12-06; 190 and 200 while keys were (group, digest) tuples), some 16 fewer since
+# keys are 60-bit ints of 32 bytes (wire.block_key): 524,288 cached blocks (8M tokens at 16 a
+# block) cost at most about 52 MB, the removed ones 14 MB; a server with more blocks has its
+# least recently used ones forgotten here (counted: `forgotten`)
 MAX_BLOCKS = 1 << 19
 MAX_REMOVED = 1 << 17
 _MAX_REPORTED = 4096  # reports whose request has not stored its first new block yet
