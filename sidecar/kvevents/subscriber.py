@@ -88,11 +88,10 @@ class KvEventFeed(BatchSequence):
             while not stop.is_set():
                 try:
                     frames = sub.recv_multipart()
-                except zmq.Again:
-                    frames = None
-                if frames is None:
-                    pass
-                elif len(frames) == 3:
+                except zmq.Again:  # nothing for _POLL_MS
+                    beat()
+                    continue
+                if len(frames) == 3:
                     self.take(frames[1], frames[2], recover)
                 else:
                     self.stats.refused += 1
