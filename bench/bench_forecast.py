@@ -6,6 +6,8 @@
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py record --steady-in-flight 2 --idle 3 \
         --prefix steadyn [--runs 3] [--cpu-hog] [--throttle CORES]
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py evaluate [--threshold NAME=VALUE ...]
+    PYTHONPATH=. .venv/bin/python bench/bench_forecast.py summary llama8b qwen3moe \
+        [--after-rise] [--threshold NAME=VALUE ...]
 
 `record` starts the fixture vLLM (tiny model, 40 blocks of 32 tokens), and for each run sends a
 rate ramp (0.2 to 3 requests/s over 90 s, 30 + 300 tokens) while it scrapes `/metrics` every
@@ -597,21 +599,26 @@ def _table(title: str, errors: list[Errors]) -> None:
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 
-def _numbered(prefix: str) -> list[Path]:
-    """`prefix` may be a glob: the files by prefix, then by number."""
-
-    def key(p: Path) -> tuple[str, int]:
-        name, _, n = p.stem.rpartition("-")
-        return name, int(n)
-
-    return sorted(OUT.glob(f"{prefix}-*.jsonl"), key=key)
+def _number(path: Path) -> int:
+    """A recording's run number: the N of `NAME-N.jsonl`."""
+    return int(path.stem.rpartition("-")[2])
 
 
-def _ramps(prefix: str, th: Thresholds) -> list[tuple[int, Errors, dict[int, float]]]:
-    """Each ramp that ran out: its number, the forecasters' errors, and the alert's lead time
-    at 0.5 s (every scrape) and 1 s (every other), -1 where it did not fire first."""
+def _numbered(prefix: str, skip: range = range(0)) -> list[Path]:
+    """`prefix` may be a glob: the files by prefix, then by number; those numbered in `skip`
+    left out."""
+    paths = [p for p in OUT.glob(f"{prefix}-*.jsonl") if _number(p) not in skip]
+    return sorted(paths, key=lambda p: (p.stem.rpartition("-")[0], _number(p)))
+
+
+def _ramps(
+    prefix: str, th: Thresholds, skip: range = range(0)
+) -> list[tuple[int, Errors, dict[int, float]]]:
+    """Each ramp that ran out (those numbered in `skip` left out): its number, the forecasters'
+    errors, and the alert's lead time at 0.5 s (every scrape) and 1 s (every other), -1 where
+    it did not fire first."""
     out = []
-    for path in _numbered(prefix):
+    for path in _numbered(prefix, skip):
         run = _load_run(path)
         full_at = _full_at(run)
         if full_at is None:
@@ -623,7 +630,7 @@ def _ramps(prefix: str, th: Thresholds) -> list[tuple[int, Errors, dict[int, flo
             leads[every] = -1.0 if first is None else full_at - first
         print(f"{path.name}: full at {full_at:.1f} s; alert lead {leads[1]:.1f} s "
               f"(0.5 s scrapes), {leads[2]:.1f} s (1 s)")  # fmt: skip
-        out.append((int(path.stem.rpartition("-")[2]), _errors(run, full_at), leads))
+        out.append((_number(path), _errors(run, full_at), leads))
     return out
 
 
@@ -664,9 +671,7 @@ def _steady(pattern: str, th: Thresholds, skip: range = range(0)) -> None:
     is one on a run that never ran out."""
     print("\nSteady runs (a false alert: one that fired on a run whose cache never ran out)")
     healthy = false = 0
-    for path in _numbered(pattern):
-        if int(path.stem.rpartition("-")[2]) in skip:
-            continue
+    for path in _numbered(pattern, skip):
         stage = json.loads(path.read_text().partition("\n")[0]).get("stage", "?")
         run = _load_run(path)
         full_at = _full_at(run)
@@ -772,11 +777,9 @@ def summary(names: list[str], th: Thresholds, after_rise: bool = False) -> None:
         rows = []
         for name in names:
             chosen = _left_out(name, kind, after_rise)
-            ramps = [r for r in _ramps(f"twin-{name}-{kind}", th) if r[0] not in chosen]
+            ramps = _ramps(f"twin-{name}-{kind}", th, chosen)
             lags = []
-            for path in _numbered(f"twin-{name}-{kind}"):
-                if int(path.stem.rpartition("-")[2]) in chosen:
-                    continue
+            for path in _numbered(f"twin-{name}-{kind}", chosen):
                 st = _states(_load_run(path), th)
                 if st["preemption"] is not None and st["thrashing"] is not None:
                     lags.append(st["thrashing"] - st["preemption"])
