@@ -65,6 +65,9 @@ def _following(feed: KvEventFeed) -> Iterator[None]:
     finally:
         stop.set()
         th.join(5)
+    # the loop gives up a receive after 200 ms to look at `stop`: a receive that blocked
+    # without a timeout would leave it running
+    assert not th.is_alive(), "the feed did not stop within 5 s of being asked"
 
 
 def _publisher(tmp: Path, buffer_steps: int = 100) -> object:
