@@ -97,6 +97,14 @@ class Thresholds:
     # runs not warned first now were, no healthy run gained a warning; held out, 2 of 14 later
     # runs were warned first only with it. 0 turns the exemption off.
     exhaustion_refuted_rise: float = 0.02
+    # The load's own forecast (sidecar/judge/load_forecast.py) counts only while the usage
+    # agrees the cache is filling: the usage line's band reaches 100% within this many
+    # seconds. The load's forecast extrapolates the step time from the batches it has seen to
+    # the one that fills the cache; a light trace's batches carry its long prompts' prefill and
+    # read far steeper than the full batch's, so it warned at 2-26% KV while the usage was flat
+    # or rising towards 100% in 10 minutes and more. Chosen on the twins' 80 recordings before
+    # it (120-300 s: 14 false warnings -> 2; 600: 7; docs/detection.md). 0 turns the check off.
+    exhaustion_usage_check_s: float = 300.0
     # Prefix-cache thrashing (sidecar/judge/prefix_cache.py): how far back the hit share the
     # cache reached is looked for, in seconds. Longer remembers a good cache through a longer
     # squeeze; shorter forgets a traffic change sooner.

@@ -26,6 +26,9 @@ and the cache as admissions outrun finishes; a load that fits but grows reaches 
 cache holds after (that rate - the rate now) / trend, and the blocks held follow the arrivals
 half a residence late. None: the load levels below the cache, or the figures cannot tell.
 Prefill time is left out of the residence. Pure: the caller passes the points and the time.
+The step line extrapolated from light batches of long prompts reads far too steep (their
+prefill rides in the batch), so the countdown takes this forecast only where the usage agrees
+(signals.exhaustion_seconds, `exhaustion_usage_check_s`; docs/detection.md).
 """
 
 from __future__ import annotations

@@ -89,15 +89,22 @@ class EngineSignals:
         return asdict(self)
 
 
-def exhaustion_seconds(curve: KvForecast | None, load: LoadForecast | None) -> float | None:
+def exhaustion_seconds(
+    curve: KvForecast | None, load: LoadForecast | None, usage_check_s: float = 0.0
+) -> float | None:
     """The countdown: the usage curve's where usage rises smoothly, faster and faster (a big
     cache under a growing load: the curve is exact there); elsewhere the earlier of the load's
     own forecast and the line's band (Poisson arrivals swing the usage, and the band lags;
-    the load's rate integrates the swings). docs/detection.md measures each."""
+    the load's rate integrates the swings). With `usage_check_s` > 0 the load's forecast
+    counts only where the band itself reaches 100% within that many seconds: the usage is the
+    check on the load, not its source. docs/detection.md measures each."""
     if curve is not None and curve.curved:
         return curve.seconds
-    said = [f for f in (None if curve is None else curve.seconds,
-                        None if load is None else load.seconds) if f is not None]  # fmt: skip
+    band = None if curve is None else curve.seconds
+    by_load = None if load is None else load.seconds
+    if usage_check_s > 0 and (band is None or band > usage_check_s):
+        by_load = None  # the usage is flat, falling or far from full: the load's alone
+    said = [f for f in (band, by_load) if f is not None]
     return min(said) if said else None
 
 
@@ -152,7 +159,7 @@ def derive(
         block_demand_per_step=demand,
         generation_tokens_per_s=gen_rate,
         prompt_tokens_per_s=prompt_rate,
-        seconds_to_exhaustion=exhaustion_seconds(forecast, load),
+        seconds_to_exhaustion=exhaustion_seconds(forecast, load, th.exhaustion_usage_check_s),
         kv_usage_trend_per_s=None if forecast is None else forecast.trend_per_s,
         steady_demand_blocks=None if load is None else load.steady_demand_blocks,
         load_headroom=None if load is None else load.headroom,

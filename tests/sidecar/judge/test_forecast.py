@@ -293,3 +293,18 @@ def test_a_small_caches_swings_keep_the_line() -> None:
     assert f is not None and f.seconds is not None
     slope, _, _ = line_fit(pts)
     assert f.trend_per_s == pytest.approx(slope)  # the line's, not the curve's
+
+
+@pytest.mark.parametrize("every", [1, 2])
+@pytest.mark.parametrize("name", ["twin-llama8b-steady-6", "twin-qwen3moe-steady-4"])
+def test_a_light_trace_is_not_warned_on_the_loads_forecast_alone(name: str, every: int) -> None:
+    """Azure's conversation trace at a speed that fits (window 1800-1900 s; at 0.7x on the
+    Llama twin, peak KV 30%; at 0.5x on the MoE, 26%). The load's forecast extrapolates the
+    step time of batches of 3-20 that carry long prompts' prefill to the 85 that fill the
+    cache, and said the cache would hold only 1-50% more arrivals; the usage was flat or a
+    ten-minute rise. The load's forecast counts only where the usage band reaches 100%
+    within `exhaustion_usage_check_s`."""
+    fired, full_at = _replay(name, Thresholds(), every)
+    assert full_at is None and fired == []
+    fired, _ = _replay(name, Thresholds(exhaustion_usage_check_s=0), every)
+    assert fired  # warned 1-3 times without the check

@@ -134,3 +134,10 @@ def test_the_countdown_takes_the_curve_where_it_fits_else_the_earlier() -> None:
     assert exhaustion_seconds(band, load(None)) == 40.0
     assert exhaustion_seconds(KvForecast(None, 0.0, 0.5), load(30.0)) == 30.0
     assert exhaustion_seconds(None, None) is None
+    # with the usage as the check: the load's figure counts only where the band itself
+    # reaches 100% within usage_check_s
+    assert exhaustion_seconds(band, load(30.0), 300.0) == 30.0
+    assert exhaustion_seconds(KvForecast(400.0, 0.001, 0.5), load(30.0), 300.0) == 400.0
+    assert exhaustion_seconds(KvForecast(None, 0.0, 0.5), load(30.0), 300.0) is None
+    assert exhaustion_seconds(None, load(30.0), 300.0) is None
+    assert exhaustion_seconds(KvForecast(0.0, 0.01, 1.0), load(30.0), 300.0) == 0.0
