@@ -7,7 +7,7 @@
         --prefix steadyn [--runs 3] [--cpu-hog] [--throttle CORES]
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py evaluate [--threshold NAME=VALUE ...]
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py summary llama8b qwen3moe \
-        [--after-rise] [--threshold NAME=VALUE ...]
+        [--after {rise,usage-check}] [--threshold NAME=VALUE ...]
 
 `record` starts the fixture vLLM (tiny model, 40 blocks of 32 tokens), and for each run sends a
 rate ramp (0.2 to 3 requests/s over 90 s, 30 + 300 tokens) while it scrapes `/metrics` every
@@ -743,27 +743,36 @@ SIDECAR = next(n for n in FORECASTERS if n.startswith("the sidecar's"))
 TWIN_KINDS = ("ramp", "poisson", "bursty", "trace", "sessions")
 # the twin's runs #44's countdown was chosen on (docs/detection.md); every other is held out
 CHOSEN_ON = {("llama8b", "ramp"): range(3), ("llama8b", "poisson"): range(3)}
-# the first run of each kind recorded after `exhaustion_refuted_rise` was chosen on every run
-# before it (2026-12-06, docs/detection.md): `summary --after-rise` judges only these
-AFTER_RISE = {
-    ("llama8b", "ramp"): 3, ("llama8b", "poisson"): 6, ("llama8b", "bursty"): 2,
-    ("llama8b", "trace"): 3, ("llama8b", "sessions"): 3, ("llama8b", "steady"): 5,
-    ("qwen3moe", "ramp"): 3, ("qwen3moe", "poisson"): 3, ("qwen3moe", "bursty"): 3,
-    ("qwen3moe", "trace"): 3, ("qwen3moe", "sessions"): 3, ("qwen3moe", "steady"): 3,
+# per choice made on the twins' runs, the first run of each kind recorded after it: `summary
+# --after CHOICE` judges only these (docs/detection.md says what each choice was chosen on)
+AFTER = {
+    # exhaustion_refuted_rise, chosen on every run before it (2026-12-06)
+    "rise": {
+        ("llama8b", "ramp"): 3, ("llama8b", "poisson"): 6, ("llama8b", "bursty"): 2,
+        ("llama8b", "trace"): 3, ("llama8b", "sessions"): 3, ("llama8b", "steady"): 5,
+        ("qwen3moe", "ramp"): 3, ("qwen3moe", "poisson"): 3, ("qwen3moe", "bursty"): 3,
+        ("qwen3moe", "trace"): 3, ("qwen3moe", "sessions"): 3, ("qwen3moe", "steady"): 3,
+    },
+    # exhaustion_usage_check_s, chosen on the 80 runs before it (2026-12-06, night): Azure
+    # windows 2400-2550 and 3000-3150 s at a speed meant to fit, 2400-3000 s rising 1x -> 6x
+    "usage-check": {
+        ("llama8b", "trace"): 4, ("llama8b", "steady"): 7,
+        ("qwen3moe", "trace"): 4, ("qwen3moe", "steady"): 5,
+    },
 }  # fmt: skip
 
 
-def _left_out(name: str, kind: str, after_rise: bool) -> range:
-    """The run numbers `summary` leaves out: those chosen on, or with `after_rise` every one
-    recorded before AFTER_RISE's."""
-    if after_rise:
-        return range(AFTER_RISE.get((name, kind), 1 << 30))
+def _left_out(name: str, kind: str, after: str | None) -> range:
+    """The run numbers `summary` leaves out: those chosen on, or with `after` every one
+    recorded before that choice's first (a kind it has none of is left out whole)."""
+    if after is not None:
+        return range(AFTER[after].get((name, kind), 1 << 30))
     return CHOSEN_ON.get((name, kind), range(0))
 
 
-def summary(names: list[str], th: Thresholds, after_rise: bool = False) -> None:
-    """#44's targets per kind of run on the held-out runs (CHOSEN_ON left out; with
-    `after_rise`, only the runs recorded after exhaustion_refuted_rise was chosen), the twins
+def summary(names: list[str], th: Thresholds, after: str | None = None) -> None:
+    """#44's targets per kind of run on the held-out runs (CHOSEN_ON left out; with `after`,
+    only the runs recorded after that choice of AFTER), the twins
     `names` together and apart: the warning first on how many of the runs that ran out, its
     median lead at 0.5 s and 1 s scrapes, the sidecar's forecast 10 s out (median relative
     error), the thrashing state after the first preemption, and the false warnings on the
@@ -776,7 +785,7 @@ def summary(names: list[str], th: Thresholds, after_rise: bool = False) -> None:
     for kind in TWIN_KINDS:
         rows = []
         for name in names:
-            chosen = _left_out(name, kind, after_rise)
+            chosen = _left_out(name, kind, after)
             ramps = _ramps(f"twin-{name}-{kind}", th, chosen)
             lags = []
             for path in _numbered(f"twin-{name}-{kind}", chosen):
@@ -799,7 +808,7 @@ def summary(names: list[str], th: Thresholds, after_rise: bool = False) -> None:
                   f"{', '.join(f'{x:+.1f}' for x in lags)} s |")  # fmt: skip
     print("\n" + "\n".join(table))
     for name in names:
-        _steady(f"twin-{name}-steady", th, _left_out(name, "steady", after_rise))
+        _steady(f"twin-{name}-steady", th, _left_out(name, "steady", after))
 
 
 def _recipe(ns: argparse.Namespace) -> Recipe:
@@ -903,8 +912,9 @@ def main() -> None:
     sm = sub.add_parser("summary", help="#44's targets per kind over the twins' recordings")
     sm.add_argument("names", nargs="+", metavar="NAME", help="twins, e.g. llama8b qwen3moe")
     sm.add_argument(
-        "--after-rise", action="store_true",
-        help="only the runs recorded after exhaustion_refuted_rise was chosen (AFTER_RISE)",
+        "--after", choices=sorted(AFTER),
+        help="only the runs recorded after this choice was made (AFTER): rise "
+        "(exhaustion_refuted_rise), usage-check (exhaustion_usage_check_s)",
     )  # fmt: skip
     sm.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
                     help="as evaluate's: judge with this threshold changed")  # fmt: skip
@@ -928,7 +938,7 @@ def main() -> None:
     except ValueError as err:
         ap.error(str(err))
     if ns.cmd == "summary":
-        summary(ns.names, th, ns.after_rise)
+        summary(ns.names, th, ns.after)
         return
     if ns.twin:
         evaluate_twin(ns.twin, th)

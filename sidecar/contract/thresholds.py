@@ -103,7 +103,8 @@ class Thresholds:
     # the one that fills the cache; a light trace's batches carry its long prompts' prefill and
     # read far steeper than the full batch's, so it warned at 2-26% KV while the usage was flat
     # or rising towards 100% in 10 minutes and more. Chosen on the twins' 80 recordings before
-    # it (120-300 s: 14 false warnings -> 2; 600: 7; docs/detection.md). 0 turns the check off.
+    # it (120-300 s: 14 false warnings -> 2; 600: 7); held out, Llama's light windows 2 -> 0,
+    # the MoE's 10 -> 10, no lead lost (docs/detection.md). 0 turns the check off.
     exhaustion_usage_check_s: float = 300.0
     # Prefix-cache thrashing (sidecar/judge/prefix_cache.py): how far back the hit share the
     # cache reached is looked for, in seconds. Longer remembers a good cache through a longer
