@@ -27,13 +27,7 @@ from kvwatch.common.cli_kit import CliError
 from kvwatch.sizing.budget import default_max_num_seqs
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
-from kvwatch.timing.calibration import (
-    Calibration,
-    CalibrationError,
-    Figure,
-    calibrate,
-    ttft_is_a_figure,
-)
+from kvwatch.timing.calibration import Calibration, CalibrationError, Figure, calibrate
 from kvwatch.timing.measured import Load
 
 if TYPE_CHECKING:
@@ -131,7 +125,11 @@ def _stage_figures(
     label = f"{stage}: {conc} stream{'s' if conc > 1 else ''} of {p:,} + {o:,} tokens"
     label += f" in waves of {wave}" if wave else ""
     figures = [Figure(label, load, "tpot_s", tpot)]
-    if ttft_is_a_figure(conc):
+    # a TTFT past one stream rests on how the prompts reach the engine across its steps,
+    # which the wave model does not carry: on the twin, with the hidden constants themselves,
+    # it read 24-85% slow at 8-64 streams, and fitted it pulled `mfu` 30% and `kv_efficiency`
+    # 48% off (bench_calibrate twin, docs/twin.md); one stream's pins the prefill alone
+    if conc == 1:
         figures.append(Figure(label, load, "ttft_s", ttft))
     if streams is not None and cycle > 0:  # a closed loop's steady tokens/s: N x O per cycle
         figures.append(Figure(label, load, "output_tok_s", conc * o / cycle))

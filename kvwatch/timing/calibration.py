@@ -36,7 +36,6 @@ __all__ = [
     "read_calibration",
     "calibration_from_json",
     "FORMAT",
-    "ttft_is_a_figure",
 ]
 
 FORMAT = "kvwatch-calibration/1"
@@ -46,16 +45,6 @@ _MAX_BYTES = 4 * 2**20
 
 class CalibrationError(SizingError):
     """The figures cannot calibrate, or a calibration file cannot be used; one line."""
-
-
-def ttft_is_a_figure(streams: int) -> bool:
-    """Whether a load's time to first token is fitted. Past one stream it rests on how the
-    prompts reach the engine across its steps, which the wave model does not carry: on the
-    twin, with the hidden constants themselves, it read 24-85% slow at 8-64 streams, and fitted
-    it pulled `mfu` 30% and `kv_efficiency` 48% off (the runs), and from the server's counters
-    left every constant outside 5% (bench_calibrate twin, docs/twin.md). One stream's TTFT pins
-    the prefill alone. The same rule for a load run's stages and a server's slices."""
-    return streams == 1
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,7 @@ vLLM exports no step time, but between two readings of its `/metrics` (or two po
 Prometheus history) the counters say what it did: the inter-token latency histogram's sum over
 its count is the mean gap between a stream's tokens (the TPOT the step model predicts for N
 streams, the prefills landing inside their decode included), and the time-to-first-token
-histogram's the mean TTFT (one request's prefill and its wait, a figure only where one
-request is held: calibration.ttft_is_a_figure); the
+histogram's the mean TTFT (a wave's prefill and its wait: what pins the cost of a prefill); the
 requests it holds (the running and waiting gauges), averaged over the slice, are N; the finished
 requests' prompt and output histograms give the lengths. A slice is left out, counted with why,
 when it holds a preemption (recompute is in its gaps), a counter reset (a restart), a load that
@@ -23,7 +22,7 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
-from kvwatch.timing.calibration import Figure, ttft_is_a_figure
+from kvwatch.timing.calibration import Figure
 from kvwatch.timing.measured import Load
 
 __all__ = ["Reading", "Slice", "slices_from_readings", "figures_from_slices", "MIN_GAPS",
@@ -231,7 +230,7 @@ def figures_from_slices(
             + ("" if own else " (lengths of the slices around: none finished in these)")
         )
         figures.append(Figure(label, load, "tpot_s", tpot))
-        if ttft_is_a_figure(conc) and firsts >= MIN_FIRST_TOKENS and ttft > 0:
+        if firsts >= MIN_FIRST_TOKENS and ttft > 0:  # what pins the prefill's cost
             figures.append(Figure(label, load, "ttft_s", ttft))
     skipped = [f"{n} slice{'s' if n > 1 else ''}: {r}" for r, n in why.items()]
     return figures, skipped

@@ -155,19 +155,3 @@ def test_calibrate_from_a_server_refuses_what_cannot_work_in_one_line() -> None:
         p = subprocess.run([*base, *args], capture_output=True, text=True, timeout=60)
         assert p.returncode == code and said in p.stderr, (args, p.returncode, p.stderr)
         assert len(p.stderr.strip().splitlines()) <= 2 and "Traceback" not in p.stderr
-
-
-def test_a_time_to_first_token_is_a_figure_only_where_one_request_is_held() -> None:
-    """Past one stream a TTFT rests on how the prompts reach the engine across its steps, which
-    the model does not carry (calibration.ttft_is_a_figure, as for a load run's stages): from
-    the counters it left every constant outside 5% on the twin (docs/twin.md)."""
-    from dataclasses import replace
-
-    one = replace(_slice(held=1), ttft_sum=0.5, ttft_count=10)
-    four = replace(_slice(held=4, start=20), ttft_sum=2.0, ttft_count=10)
-    figures, skipped = figures_from_slices([one, four], 8192, 1024)
-    assert skipped == []
-    assert sorted((f.load.concurrency, f.metric) for f in figures) == [
-        (1, "tpot_s"), (1, "ttft_s"), (4, "tpot_s"),
-    ]  # fmt: skip
-    assert next(f.value for f in figures if f.metric == "ttft_s") == pytest.approx(0.05)
