@@ -14,7 +14,19 @@ from kvwatch.loadgen.results.records import RequestRecord
 from kvwatch.loadgen.send.client import served_model, stream_completion
 from kvwatch.loadgen.send.http1 import Http1Pool
 
-__all__ = ["burst_prompts", "rate_for_in_flight", "run_burst"]
+__all__ = [
+    "THRASH_N", "THRASH_TOKENS", "THRASH_LOADGEN", "burst_prompts", "rate_for_in_flight",
+    "run_burst",
+]  # fmt: skip
+
+# The live tests' thrashing burst on the shared server (40 blocks of 32 tokens): 32 streams of
+# 30-token prompts admitted together at one block each, then each growing to 6 blocks where 39
+# hold 6 requests. Measured one after another on a slow machine (2026-12-07, seed 22): 32 x 300
+# took 184-189 s with 58-62 preemptions (18-19 repeated), 32 x 150 94 s with 36 (8), 32 x 100
+# 67 s with 22 (5). The seven live tests that send it spent most of their time on it.
+THRASH_N, THRASH_TOKENS = 32, 150
+# the same load through `kvwatch loadgen run` (one stage of THRASH_N at once)
+THRASH_LOADGEN = ["--input-len", "30", "--output-len", str(THRASH_TOKENS)]
 
 _WORDS = [
     "the",

@@ -21,7 +21,8 @@ def tiny_model() -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """A real vLLM (CPU) with 40 KV blocks of 32 tokens: 32 concurrent 300-token streams preempt."""
+    """A real vLLM (CPU) with 40 KV blocks of 32 tokens: 32 concurrent 150-token streams preempt
+    (tests/burst.py: THRASH_N, THRASH_TOKENS)."""
     from kvwatch.local.server import LocalVLLM, ServerConfig
 
     where = tmp_path_factory.mktemp("vllm")

@@ -6,14 +6,16 @@ import asyncio
 import json
 import subprocess
 import sys
+from typing import Any
 
 import httpx
 import pytest
 
+from kvwatch.loadgen.results.server_metrics import TimelineRecorder
 from kvwatch.local.server import LocalVLLM
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.observe import observe
-from tests.burst import run_burst
+from tests.burst import THRASH_N, THRASH_TOKENS, run_burst
 from tests.prometheus import running_prometheus, wait_for_series
 from tests.sidecar.running import running_sidecar
 
@@ -38,6 +40,20 @@ def prompt_tokens(base: str) -> tuple[float, float]:
     return e.prompt_tokens_cached_total, e.prompt_tokens_computed_total
 
 
+def held_at_once(rows: list[dict[str, Any]]) -> float:
+    """The most requests vLLM's own /metrics showed held at once (running + waiting)."""
+    return max(((r["running"] or 0.0) + (r["waiting"] or 0.0) for r in rows), default=0.0)
+
+
+def held_like(peak: float, held: float) -> bool:
+    """A source's peak demand against vLLM's own, sampled apart: within a quarter of it, and at
+    least 8 requests, more than the 6 of the burst's 6-block requests that 39 usable blocks
+    hold. How many of the 32 are held at once depends on the machine: the API server admits
+    them while it streams the first ones' tokens, and on a CI machine twice as slow the sidecar
+    read a peak of 12 (of 300-token requests) where 16 was asked."""
+    return peak >= 8 and peak >= 0.75 * held
+
+
 def test_sidecar_metrics_and_prometheus_sources(vllm_server: LocalVLLM) -> None:
     base = vllm_server.base_url
     host = base.removeprefix("http://")
@@ -47,11 +63,14 @@ def test_sidecar_metrics_and_prometheus_sources(vllm_server: LocalVLLM) -> None:
     ):
         wait_for_series(prom, '{__name__=~"vllm[:_]cache_config_info"}')
         before = prompt_tokens(base)
-        asyncio.run(run_burst(base, n=32, max_tokens=300, seed=31))
+        with TimelineRecorder(base, period_s=0.5) as own:  # vLLM's own /metrics, for the truth
+            asyncio.run(run_burst(base, n=THRASH_N, max_tokens=THRASH_TOKENS, seed=31))
+        held = held_at_once(own.rows)
         cached, computed = (a - b for a, b in zip(prompt_tokens(base), before, strict=True))
         rc, (item,) = advise("--sidecar", side)
         assert rc == 1 and item["advice"]["blocks_needed"] > 40
-        assert item["observed"]["peak_demand"] >= 16 and item["observed"]["capacity_blocks"] == 40
+        assert held_like(item["observed"]["peak_demand"], held), (item["observed"], held)
+        assert item["observed"]["capacity_blocks"] == 40
         rc, (item,) = advise("--metrics", base, "--watch", "2")
         assert item["observed"]["kv_bytes_per_token"] == 8192
         # Prometheus 2.42 negotiates OpenMetrics, so it may store the vllm_ spelling: both work
@@ -59,7 +78,7 @@ def test_sidecar_metrics_and_prometheus_sources(vllm_server: LocalVLLM) -> None:
         rc, items = advise("--prometheus", prom, "--window", "5m", "--step", "1s")
         (item,) = items
         assert rc == 1 and item["name"].startswith(host), item
-        assert item["observed"]["peak_demand"] >= 16
+        assert held_like(item["observed"]["peak_demand"], held), (item["observed"], held)
         assert item["advice"]["max_num_seqs"] >= 1 and item["advice"]["blocks_needed"] > 40
         # the 0.32 families, over the window Prometheus has (the burst): the prompt tokens
         # served from the prefix cache as vLLM counted them; no queue limit, so none refused;

@@ -15,7 +15,7 @@ import pytest
 
 from kvwatch.fleet.alertmanager import running_alertmanager, shipped_config
 from kvwatch.local.server import LocalVLLM
-from tests.burst import run_burst
+from tests.burst import THRASH_N, THRASH_TOKENS, run_burst
 from tests.prometheus import prometheus_alerting
 from tests.receiver import receiver
 from tests.sidecar.running import running_sidecar
@@ -78,7 +78,7 @@ def test_thrashing_alerts_fire_and_resolve_both_ways(vllm_server: LocalVLLM) -> 
         running_alertmanager(shipped_config(am_hook)) as am,
         prometheus_alerting(base, side, am) as prom,
     ):
-        asyncio.run(run_burst(base, n=32, max_tokens=300, seed=41))
+        asyncio.run(run_burst(base, n=THRASH_N, max_tokens=THRASH_TOKENS, seed=41))
         burst_end = time.time()
         # fired through Prometheus and Alertmanager
         vllm_warnings = {"VllmPreemptionRateHigh", "VllmRepeatedPreemptions"}

@@ -33,6 +33,7 @@ from kvwatch.dashboards.build import (
     build,
 )
 from kvwatch.local.server import LocalVLLM
+from tests.burst import THRASH_LOADGEN
 from tests.dashboards.live import (
     annotation_queries,
     fill_variables,
@@ -80,7 +81,7 @@ def test_every_panel_returns_data_in_both_spellings(vllm_server: LocalVLLM, tmp_
                 loadgen_run(
                     base, tmp_path / "load", "--sidecar", side,
                     "--stage", "concurrency:n=2#6", "--stage", "concurrency:n=32#32",
-                    "--input-len", "30", "--output-len", "300", "--seed", "13",
+                    *THRASH_LOADGEN, "--seed", "13",
                 )  # fmt: skip
                 time.sleep(6)  # the last scrapes and rule windows after the load
                 end = time.time()

@@ -4,6 +4,7 @@ two sidecars running (their starts went on in threads nobody waited for)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -43,20 +44,28 @@ def test_a_fleet_stopped_while_it_starts_leaves_nothing_running(
          "--max-model-len", "2048", "--work-dir", str(work)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        # both twins' vLLM started, neither ready yet (a start takes 15-30 s here)
-        while len(list(work.glob("replica-*-vllm.log"))) < 2:
-            assert p.poll() is None and time.monotonic() < deadline, p.communicate()[0]
-            time.sleep(0.2)
-        time.sleep(2)
-        t0 = time.monotonic()
-        p.send_signal(sig)
-        out, _ = p.communicate(timeout=60)
-        took = time.monotonic() - t0
-    finally:
-        if p.poll() is None:
-            p.kill()
+    with p:  # closes its pipe whatever happens (left open, a later test met its ResourceWarning)
+        try:
+            deadline = time.monotonic() + 60
+            # both twins' vLLM started, neither ready yet (a start takes 15-30 s here)
+            while len(list(work.glob("replica-*-vllm.log"))) < 2:
+                assert p.poll() is None and time.monotonic() < deadline, p.communicate()[0]
+                time.sleep(0.2)
+            time.sleep(2)
+            t0 = time.monotonic()
+            p.send_signal(sig)
+            try:
+                out, _ = p.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                for pid in [p.pid, *_ours(work)]:  # nothing of it left for the tests after
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                raise AssertionError(f"still running 60 s after {sig.name}:\n"
+                                     f"{p.communicate()[0][-3000:]}") from None  # fmt: skip
+            took = time.monotonic() - t0
+        finally:
+            if p.poll() is None:
+                p.kill()
     assert "Ctrl-C stops everything" not in out, out  # it was stopped before it was up
     assert took < 30, (took, out[-2000:])
     assert p.returncode in (2, 3, 130, -signal.SIGTERM), (p.returncode, out[-2000:])

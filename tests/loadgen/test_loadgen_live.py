@@ -14,6 +14,7 @@ import pytest
 from kvwatch.local.server import LocalVLLM
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.observe import observe
+from tests.burst import THRASH_LOADGEN
 
 pytestmark = pytest.mark.integration
 
@@ -89,8 +90,8 @@ def test_thrashing_run_shows_stalls_on_repeat_victims(vllm_server: LocalVLLM, tm
                                                       ) -> None:  # fmt: skip
     base = vllm_server.base_url
     p0, f0, r0 = _server_counts(base)
-    records = run(base, tmp_path, "--concurrency", "32", "--requests", "32", "--input-len", "30",
-                  "--output-len", "300", "--seed", "9")  # fmt: skip
+    records = run(base, tmp_path, "--concurrency", "32", "--requests", "32", *THRASH_LOADGEN,
+                  "--seed", "9")  # fmt: skip
     p1, f1, r1 = _server_counts(base)
     check_records(records)
     assert f1 - f0 == 32

@@ -31,7 +31,10 @@ pytestmark = pytest.mark.integration
 
 ATTAINMENT = 0.8
 ADMISSION_SHAPE = ["--input-len", "480", "--output-len", "120"]
-PREEMPTION = ["--input-len", "30", "--output-len", "300", "--slo", "e2e=30s"]
+# the KV onset's workload: 6-block requests (30 + 150 tokens), six fit in 39 blocks and seven do
+# not; its SLO loose enough to bind at no load up to 8 on any CI machine (30 s with 300-token
+# answers: a machine twice as slow met it on 6 of 8 at load 6 and 4 of 8 at load 8)
+PREEMPTION = ["--input-len", "30", "--output-len", "150", "--slo", "e2e=120s"]
 
 
 def _kvwatch(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -124,9 +127,9 @@ def test_the_kv_onset_is_where_a_rerun_starts_to_preempt(
     res = doc["result"]
     # a loose SLO: every load up to the maximum meets it, and the onset is narrowed alone
     assert res["min_fail"] is None and res["max_ok"]["load"] == 8, doc["loads"]
-    assert (res["kv_clean"]["load"], res["kv_onset"]["load"]) == (3, 4), doc["loads"]
-    # two waves each: four started together outgrow the cache in the first (44 blocks of 39),
-    # and three never do (33); more waves add a minute and no evidence
+    assert (res["kv_clean"]["load"], res["kv_onset"]["load"]) == (6, 7), doc["loads"]
+    # two waves each: seven started together outgrow the cache in the first (42 blocks of 39),
+    # and six never do (36); more waves add time and no evidence
     at_onset = _rerun(base, tmp_path / "onset", PREEMPTION, res["kv_onset"]["load"], waves=2)
     below = _rerun(base, tmp_path / "clean", PREEMPTION, res["kv_clean"]["load"], waves=2)
     assert at_onset["preemptions"] > 0 and below["preemptions"] == 0, (at_onset, below)

@@ -15,10 +15,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kvwatch.loadgen.results.server_metrics import TimelineRecorder
 from kvwatch.local.server import LocalVLLM, ServerConfig
 from kvwatch.sidecar.contract.vocabulary import ADMISSION_REJECTIONS, promql_selector
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from tests.advise.test_sources import advise
+from tests.burst import THRASH_LOADGEN
 from tests.prometheus import running_prometheus, wait_for_series
 from tests.sidecar.running import running_sidecar
 
@@ -40,14 +42,16 @@ def test_refusals_at_the_queue_limit(tiny_model: Path, tmp_path: Path) -> None:
             running_prometheus({"vllm": [base.removeprefix("http://")]}) as prom,
         ):
             wait_for_series(prom, '{__name__=~"vllm[:_]cache_config_info"}')
-            records = loadgen_run_allowing_failures(base, tmp_path / "run")
+            # the sidecar's state through the load: after it, hysteresis may have let it go
+            with TimelineRecorder(base, sidecar_url=side, period_s=0.5) as during:
+                records = loadgen_run_allowing_failures(base, tmp_path / "run")
             refused = [r for r in records if not r["ok"]]
             assert refused, "a 32-request spike into a queue of 8 must be refused in part"
             assert len(refused) < len(records), "the queue admitted nothing"
             # vLLM's count is what the client saw refused
             assert _vllm_rejections(base) == len(refused)
             seen: dict = {}
-            states: set[str] = set()
+            states = {r["state"] for r in during.rows}
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
                 state = httpx.get(side + "/api/state", timeout=5).json()
@@ -65,7 +69,7 @@ def test_refusals_at_the_queue_limit(tiny_model: Path, tmp_path: Path) -> None:
             # window has left the load behind, and the short share is rightly None then)
             share = seen["prompt_cache_hit_share_long"]
             assert share is not None and 0 <= share <= 1, seen
-            # 8 admitted requests of 11 blocks each outgrow 39 usable blocks: the cache ran out
+            # 8 admitted requests of 6 blocks each outgrow 39 usable blocks: the cache ran out
             assert states & {"saturated", "thrashing"}, states
             wait_for_series(prom, promql_selector(ADMISSION_REJECTIONS))
             _, (item,) = advise("--prometheus", prom, "--window", "5m", "--step", "1s")
@@ -82,7 +86,7 @@ def loadgen_run_allowing_failures(base: str, run_dir: Path) -> list[dict]:
     p = subprocess.run(
         [sys.executable, "-m", "kvwatch", "loadgen", "run", "--url", base, "--run-dir",
          str(run_dir), "--no-progress", "--stage", "concurrency:n=32#32",
-         "--input-len", "30", "--output-len", "300", "--seed", "13"],
+         *THRASH_LOADGEN, "--seed", "13"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert p.returncode in (0, 1), p.stdout + p.stderr

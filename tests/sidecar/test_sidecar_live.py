@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from kvwatch.local.server import LocalVLLM, ServerConfig, free_port
-from tests.burst import run_burst
+from tests.burst import THRASH_N, THRASH_TOKENS, run_burst
 from tests.sidecar.running import Sidecar, kvwatch_samples, running_sidecar
 
 pytestmark = pytest.mark.integration
@@ -95,11 +95,15 @@ def test_preempting_load_then_quiet(
         for attempt in range(2):
             t0 = time.monotonic()
             records = asyncio.run(
-                run_burst(vllm_server.base_url, n=32, max_tokens=300, seed=2 + attempt)
+                run_burst(
+                    vllm_server.base_url, n=THRASH_N, max_tokens=THRASH_TOKENS, seed=2 + attempt
+                )
             )
             took = time.monotonic() - t0
             assert all(r.ok for r in records), [r.error for r in records if not r.ok]
-            assert all(r.output_tokens == 300 for r in records), [r.output_tokens for r in records]
+            assert all(r.output_tokens == THRASH_TOKENS for r in records), [
+                r.output_tokens for r in records
+            ]
             rate = w.series("kvwatch_preemptions_per_second_short")
             if max(rate, default=0) > 0 or w.longest_gap(t0) < 3.0:
                 break
@@ -138,7 +142,7 @@ def test_restart_under_the_sidecar(tiny_model: Path, tmp_path: Path) -> None:
     args = ["--target", base, "--interval", "0.5", "--short-window", "3"]
     with running_sidecar(args) as url, _Watcher(url, period=0.3) as w:
         with LocalVLLM(cfg, log_path=tmp_path / "a.log"):
-            asyncio.run(run_burst(base, n=24, max_tokens=200, seed=3))
+            asyncio.run(run_burst(base, n=24, max_tokens=100, seed=3))
             time.sleep(1.5)
         # stopped: the sidecar says down, and drops the engine series instead of showing zeros
         time.sleep(2)
@@ -158,7 +162,7 @@ def test_restart_under_the_sidecar(tiny_model: Path, tmp_path: Path) -> None:
     ):
         values = w.series(name)
         assert values and min(values) >= 0, name
-    # 200 tokens x 24 requests cannot make more than a few thousand tokens/s here
+    # 100 tokens x 24 requests cannot make more than a few thousand tokens/s here
     assert max(w.series("kvwatch_generation_tokens_per_second")) < 5000
     observed = w.series("kvwatch_preemptions_observed_total")
     assert observed == sorted(observed), "observed preemptions went backwards"
