@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from kvwatch import __version__
@@ -54,6 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     ns = parser.parse_args(args)
+    if threading.current_thread() is threading.main_thread():
+        # the commands that run until Ctrl-C (fleet, twin, loadgen local, sidecar) say so: a
+        # script's `&` leaves SIGINT ignored and Python keeps that, so `kill -INT` went unheard
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         try:
             return int(ns.func(ns) or 0)

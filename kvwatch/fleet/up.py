@@ -45,9 +45,6 @@ def run_fleet(ns: argparse.Namespace) -> int:
     print(f"starting {ns.replicas} twin replicas of {ns.model} on a simulated {ns.gpu} "
           f"({parallel_starts(ns.replicas)} at a time) ...", flush=True)  # fmt: skip
     stop = threading.Event()
-    # it says Ctrl-C stops it: started from a script with `&`, the shell leaves SIGINT ignored
-    # and Python keeps that, so `kill -INT` went unheard and the fleet came up regardless
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         # while it starts, SIGTERM interrupts like Ctrl-C (Fleet's own handler): the starts
         # under way give up and everything started is stopped
