@@ -9,10 +9,12 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -236,6 +238,7 @@ class LocalVLLM:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_offset = 0  # where this start's lines begin: the log is appended to
         self._sigterm_before: signal._HANDLER | None = None  # see sigterm_interrupts
+        self._rpc_dir: str | None = None  # see _environment
 
     @property
     def base_url(self) -> str:
@@ -256,14 +259,18 @@ class LocalVLLM:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.log_offset = log.tell()
-            self.proc = subprocess.Popen(
-                self.config.command(port),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=self.config.environment(),
-                start_new_session=True,
-            )
+            try:
+                self.proc = subprocess.Popen(
+                    self.config.command(port),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=self._environment(),
+                    start_new_session=True,
+                )
+            except BaseException:
+                self._remove_rpc_dir()
+                raise
         if self.config.nice:
             set_autogroup_nice(self.proc.pid, self.config.nice)
         try:
@@ -272,6 +279,21 @@ class LocalVLLM:
             self.stop()
             raise
         return self
+
+    def _environment(self) -> dict[str, str]:
+        """The config's environment, with vLLM's ZMQ sockets in a folder of this start's own
+        (VLLM_RPC_BASE_PATH, unless the caller chose one): vLLM makes them in the temp folder
+        by default and a killed server leaves them there; 450 were left in /tmp by a day of
+        this project's tests (2026-12-07). `stop` removes the folder."""
+        env = self.config.environment()
+        if "VLLM_RPC_BASE_PATH" not in env:
+            self._rpc_dir = env["VLLM_RPC_BASE_PATH"] = tempfile.mkdtemp(prefix="kvwatch-rpc-")
+        return env
+
+    def _remove_rpc_dir(self) -> None:
+        if self._rpc_dir is not None:
+            shutil.rmtree(self._rpc_dir, ignore_errors=True)
+            self._rpc_dir = None
 
     def _wait_ready(self) -> None:
         assert self.proc is not None
@@ -296,6 +318,7 @@ class LocalVLLM:
         With `first_signal` SIGKILL, a crash: nothing of it gets to shut down in order."""
         proc = self.proc
         if proc is None:
+            self._remove_rpc_dir()
             return None
         pgid = proc.pid  # start_new_session: the leader's pid is the group id
         _signal_group(pgid, first_signal)
@@ -314,6 +337,7 @@ class LocalVLLM:
             while group_alive(pgid) and time.monotonic() < deadline:
                 time.sleep(0.05)
         self.proc = None
+        self._remove_rpc_dir()
         return proc.returncode
 
     def __enter__(self) -> LocalVLLM:

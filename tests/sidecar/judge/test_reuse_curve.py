@@ -130,3 +130,27 @@ def test_the_spatial_hash_is_the_same_in_every_process() -> None:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              env={**os.environ, "PYTHONHASHSEED": seed}, check=True)  # fmt: skip
         assert out.stdout.strip() == str([spatial_hash(block_key(*k)) for k in keys])
+
+
+def test_a_sample_stays_bounded_when_every_hash_is_the_same() -> None:
+    """The threshold falls by a tenth at a time and drops what is at or above it; a publisher
+    whose block keys all share their low bits would drop none at a tenth, so it falls again
+    until the sample fits (here, to following nothing)."""
+    curve = ReuseCurve(max_keys=50)
+    for i in range(200):
+        curve.read(i << 24)  # spatial hash 0 for every block
+    assert curve.followed <= 2 * 50 and curve.rate == 0.0
+    curve.read(5 << 24)  # and it goes on reading
+    assert curve.reads == 201
+
+
+def test_lowering_keeps_about_nine_tenths_and_the_clocks_in_order() -> None:
+    curve = ReuseCurve(max_keys=1_000)
+    rng = random.Random(3)
+    keys = [rng.getrandbits(60) for _ in range(5_000)]
+    for k in keys + keys[:2_000]:
+        curve.read(k)
+    s = curve._samples[0]
+    assert 800 <= len(s.last) <= 1_000
+    assert all(spatial_hash(k) < s.threshold for k in s.last)
+    assert s.times == sorted(s.last.values())
