@@ -27,7 +27,13 @@ from kvwatch.common.cli_kit import CliError
 from kvwatch.sizing.budget import default_max_num_seqs
 from kvwatch.sizing.errors import SizingError
 from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
-from kvwatch.timing.calibration import Calibration, CalibrationError, Figure, calibrate
+from kvwatch.timing.calibration import (
+    SERVER_ROBUST,
+    Calibration,
+    CalibrationError,
+    Figure,
+    calibrate,
+)
 from kvwatch.timing.measured import Load
 
 if TYPE_CHECKING:
@@ -175,7 +181,8 @@ def run_calibrate(ns: argparse.Namespace) -> int:
         figures, skipped, scale, source = _from_server(ns, batched, max_seqs)
     base = "wall" if scale == 1.0 else f"the twin's simulated seconds (time scale {scale:g})"
     try:
-        cal = calibrate(arch, gpu, ns.tp, ns.kv_dtype, figures, source, base)
+        robust = None if ns.run else SERVER_ROBUST
+        cal = calibrate(arch, gpu, ns.tp, ns.kv_dtype, figures, source, base, robust)
     except CalibrationError as e:
         hint = f" ({'; '.join(skipped[:3])})" if skipped and not ns.run else ""
         raise CliError(f"{e}{hint}") from None

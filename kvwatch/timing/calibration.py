@@ -36,11 +36,17 @@ __all__ = [
     "read_calibration",
     "calibration_from_json",
     "FORMAT",
+    "SERVER_ROBUST",
 ]
 
 FORMAT = "kvwatch-calibration/1"
 _PIN_SHIFT = 0.02  # a constant that moves no figure by 2% when doubled is not pinned
 _MAX_BYTES = 4 * 2**20
+# A server's figures are slices of whatever traffic it had: a few catch a wave's prefill or a
+# load moving (one 3-s slice of 18 streams read a TPOT three times its neighbours', the twin,
+# 2026-12-06). Past 10% (the spread of one load run twice on shared cores) a figure's pull
+# grows linearly, not squared. The run path's figures are steady states and keep least squares.
+SERVER_ROBUST = 0.1
 
 
 class CalibrationError(SizingError):
@@ -143,8 +149,11 @@ def calibrate(
     figures: list[Figure],
     source: str,
     time_base: str = "wall",
+    robust: float | None = None,
 ) -> Calibration:
-    """Fit this deployment's constants to its figures; keep the ones the figures pin."""
+    """Fit this deployment's constants to its figures; keep the ones the figures pin.
+    `robust`: a soft-L1 loss of that scale (fit.fit) for figures with outliers, as a server's
+    slices of traffic nobody controlled have (SERVER_ROBUST)."""
     loads = {(f.load.concurrency, f.load.input_len) for f in figures}
     if len(loads) < 2:
         raise CalibrationError(
@@ -163,12 +172,12 @@ def calibrate(
     measured = [f.value for f in figures]
     bounds = _candidates(arch, gpu, tp)
     try:
-        first = fit(bounds, predictions, measured, max_iterations=1200)
+        first = fit(bounds, predictions, measured, max_iterations=1200, robust=robust)
     except (StepError, ValueError) as e:
         raise CalibrationError(f"cannot fit {source}: {e}") from None
     not_pinned = _unpinned(bounds, first.values, predictions, figures)
     keep = [b for b in bounds if b.name not in not_pinned or b.name in _required(gpu)]
-    final = fit(keep, predictions, measured, max_iterations=1500) if keep else first
+    final = fit(keep, predictions, measured, max_iterations=1500, robust=robust) if keep else first
     values = {k: v for k, v in final.values.items() if k in {b.name for b in keep}}
     pred = predictions(values)
     errs = errors(pred, measured)

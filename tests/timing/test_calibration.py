@@ -15,6 +15,7 @@ import pytest
 from kvwatch.sizing.kvmath import lookup_gpu, lookup_model
 from kvwatch.timing.calibration import (
     FORMAT,
+    SERVER_ROBUST,
     CalibrationError,
     Figure,
     calibrate,
@@ -58,6 +59,25 @@ def test_hidden_constants_moved_40_percent_come_back_within_5_percent() -> None:
     assert cal.seen["concurrency"] == [1, 128]
     assert cal.outside(512, 512, 256) == ["concurrency 512 is outside the 1-128 calibrated on"]
     assert cal.outside(64, 1024, 256) == []
+
+
+def test_a_servers_stray_slice_pulls_the_constants_less() -> None:
+    """A server's figures are slices of traffic nobody controlled: one may read a wave's
+    prefill inside its token gaps. One TPOT of 16 three times too slow (32 x 512) moves
+    `kv_efficiency` 19% under least squares; the server sources' soft-L1 loss keeps every
+    constant within 6% (measured: 5.8%). It lessens such a pull, it does not remove it
+    (docs/twin.md has two and three strays)."""
+    base = StepModel(LLAMA, H100)
+    hidden = {"hbm_efficiency": base.hbm_efficiency * 0.8, "mfu": base.mfu * 1.4,
+              "kv_efficiency": base.constants.kv_efficiency * 1.4}  # fmt: skip
+    figs = _figures(StepConstants.with_overrides(hidden), (1, 8, 32, 128), (512, 4096))
+    figs[8] = Figure(figs[8].label, figs[8].load, figs[8].metric, figs[8].value * 3)
+    assert (figs[8].load.concurrency, figs[8].load.input_len, figs[8].metric) == (32, 512, "tpot_s")
+    plain = calibrate(LLAMA, H100, 1, "auto", figs, "slices")
+    robust = calibrate(LLAMA, H100, 1, "auto", figs, "slices", robust=SERVER_ROBUST)
+    assert max(abs(plain.constants[k] / v - 1) for k, v in hidden.items()) > 0.15
+    for k, v in hidden.items():
+        assert robust.constants[k] == pytest.approx(v, rel=0.06), k
 
 
 def test_what_the_loads_cannot_pin_is_named_and_left_at_its_default() -> None:
