@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -55,6 +56,17 @@ def main() -> None:
     arch, gpu = resolve_model("llama-3.1-8b"), lookup_gpu("h100")
     hidden = _hidden(StepModel(arch, gpu))
     work = Path(tempfile.mkdtemp(prefix="kvwatch-itl-waves-"))
+    try:
+        out = _measure(work, hidden)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(out, indent=1))
+    if ns.save:
+        ns.save.write_text(json.dumps(out, indent=1) + "\n")
+
+
+def _measure(work: Path, hidden: dict[str, float]) -> dict[str, Any]:
+    arch, gpu = resolve_model("llama-3.1-8b"), lookup_gpu("h100")
     with start_twin("llama-3.1-8b", "h100", work / "vllm.log", time_scale=SCALE,
                     status_dir=work, step=hidden, step_trace=work / "steps.jsonl",
                     vllm_args=("--max-model-len", "4096",
@@ -91,9 +103,7 @@ def main() -> None:
         "server_itl_ms_whole_run": round(1e3 * itl / SCALE, 3),
         "model_loop_tpot_ms": round(1e3 * predict(model, load, "tpot_s"), 3),
     }  # fmt: skip
-    print(json.dumps(out, indent=1))
-    if ns.save:
-        ns.save.write_text(json.dumps(out, indent=1) + "\n")
+    return out
 
 
 if __name__ == "__main__":
