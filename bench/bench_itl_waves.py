@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import statistics
 import subprocess
@@ -27,7 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from bench_calibrate import hidden_constants
 
+from kvwatch.sidecar.metrics.exposition import parse_exposition
+from kvwatch.sidecar.metrics.observe import observe
 from kvwatch.sizing.kvmath import lookup_gpu, resolve_model
 from kvwatch.timing.measured import Load, predict
 from kvwatch.timing.steptime import ScheduledRequest, StepConstants, StepModel
@@ -37,27 +39,13 @@ SCALE = 6.0
 STREAMS, PROMPT, OUTPUT, REQUESTS = 64, 512, 128, 320
 
 
-def _hidden(base: StepModel) -> dict[str, float]:
-    """The mirror set of bench_calibrate.py's twin proof."""
-    return {"hbm_efficiency": round(base.hbm_efficiency * 0.8, 4),
-            "kv_efficiency": round(base.constants.kv_efficiency * 1.4, 4),
-            "mfu": round(base.mfu * 1.4, 4),
-            "step_overhead_s": round(base.constants.step_overhead_s * 0.6, 7)}  # fmt: skip
-
-
-def _metric_sum(text: str, name: str) -> float:
-    return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--save", type=Path)
     ns = ap.parse_args()
-    arch, gpu = resolve_model("llama-3.1-8b"), lookup_gpu("h100")
-    hidden = _hidden(StepModel(arch, gpu))
     work = Path(tempfile.mkdtemp(prefix="kvwatch-itl-waves-"))
     try:
-        out = _measure(work, hidden)
+        out = _measure(work, hidden_constants(mirror=True))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(out, indent=1))
@@ -80,11 +68,11 @@ def _measure(work: Path, hidden: dict[str, float]) -> dict[str, Any]:
         )  # fmt: skip
         if p.returncode not in (0, 1):
             raise SystemExit(f"loadgen failed: {p.stderr[-1000:]}")
-        metrics = httpx.get(url + "/metrics", timeout=30).text
+        (seen,) = observe(parse_exposition(httpx.get(url + "/metrics", timeout=30).text)).values()
     steps = [json.loads(x) for x in (work / "steps.jsonl").read_text().splitlines() if x]
-    itl = _metric_sum(metrics, "vllm:inter_token_latency_seconds_sum") / _metric_sum(
-        metrics, "vllm:inter_token_latency_seconds_count"
-    )
+    if not seen.itl_seconds_sum or not seen.itl_count:
+        raise SystemExit("the twin exported no inter-token latency")
+    itl = seen.itl_seconds_sum / seen.itl_count
     full = [s["card_s"] / SCALE for s in steps if s["prefill"] == 0 and s["requests"] == STREAMS]
     prompts = [s for s in steps if s["prefill"] > 0]
     model = StepModel(arch, gpu, constants=StepConstants.with_overrides(hidden))
