@@ -1,8 +1,9 @@
 """Why `calibrate --metrics` misreads a closed loop: where its prefill steps go (issue #40).
 
-A twin (Llama 3.1 8B on an H100, the `bench_calibrate.py twin --mirror` constants, time scale 6)
-serves 64 streams of 512 + 128 tokens with its step trace on; then the trace's steps are split
-into pure decodes of the full batch and steps that carry prompts, and held against vLLM's own
+A twin (Llama 3.1 8B on an H100, the `bench_calibrate.py twin --constants mirror` constants,
+time scale 6) serves 64 streams of 512 + 128 tokens with its step trace on; then the trace's
+steps are split into pure decodes of the full batch and steps that carry prompts, and held
+against vLLM's own
 inter-token latency over the whole run. Streams started together stay in step, so a wave's
 prompts are prefilled together at its boundary: slices of the server's counters in mid-wave
 hold only decodes, and those across a boundary hold the prefills with fewer requests running.
@@ -45,7 +46,7 @@ def main() -> None:
     ns = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kvwatch-itl-waves-"))
     try:
-        out = _measure(work, hidden_constants(mirror=True))
+        out = _measure(work, hidden_constants("mirror"))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(out, indent=1))

@@ -254,7 +254,9 @@ def check_prometheus_answers(rng: random.Random) -> None:
 
 
 _PROM_RANGE_GOOD = {  # a plausible increase over a slice, by the query's family
-    "latency_seconds_sum": 2.0, "latency_seconds_count": 100.0, "preemptions": 0.0,
+    "iteration_tokens_total_count": 200.0, "generation_tokens_total": 3000.0,
+    "local_compute": 2000.0, "latency_seconds_sum": 2.0, "latency_seconds_count": 100.0,
+    "preemptions": 0.0,
     "prompt_tokens_sum": 500.0, "generation_tokens_sum": 300.0, "tokens_count": 5.0,
 }  # fmt: skip
 
@@ -262,7 +264,7 @@ _PROM_RANGE_GOOD = {  # a plausible increase over a slice, by the query's family
 def _prom_range_answer(rng: random.Random, query: str) -> tuple[int, bytes]:
     """A FAKE Prometheus range answer to a calibration query (in process, hostile on demand):
     series of one or two instances, plausible values with hostile ones among them."""
-    failed = _prom_failure(rng, 0.01)  # nine queries: each fails less often
+    failed = _prom_failure(rng, 0.01)  # thirteen queries: each fails less often
     if failed is not None:
         return failed
     good = next((v for k, v in _PROM_RANGE_GOOD.items() if k in query), 4.0)
@@ -343,14 +345,16 @@ _READINGS_DOC: list[Any] = []
 def check_sidecar_readings(rng: random.Random) -> None:
     """`calibrate --sidecar` on a sidecar's /api/readings with one to three fields given any
     value: figures a fit can take, or one ReadingsError line."""
-    from kvwatch.sidecar.contract.readings import ReadingsError, readings_from_json
+    from kvwatch.sidecar.contract.readings import FIELDS, ReadingsError, readings_from_json
     from kvwatch.timing.server_slices import figures_from_slices, slices_from_readings
 
     if not _READINGS_DOC:
         _READINGS_DOC.append(_readings_doc())
     doc = json.loads(json.dumps(_READINGS_DOC[0]))
     places = _places(doc)
-    places += [("engines", 0, "readings", rng.randrange(40), rng.randrange(11)) for _ in range(9)]
+    width = len(FIELDS)
+    places += [("engines", 0, "readings", rng.randrange(40), rng.randrange(width))
+               for _ in range(9)]  # fmt: skip
     _spoil(doc, places, rng, rng.randint(1, 3))
     try:
         per_engine, scales = readings_from_json(doc)

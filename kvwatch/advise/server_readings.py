@@ -23,8 +23,12 @@ import httpx
 from kvwatch.common.cli_kit import EXIT_UNREACHABLE, CliError
 from kvwatch.common.promql import prometheus_range, series_by_labels
 from kvwatch.sidecar.contract.vocabulary import (
+    GENERATION_TOKENS,
+    ITERATION_TOKENS,
     ITL,
     PREEMPTIONS,
+    PROMPT_TOKENS,
+    PROMPT_TOKENS_BY_SOURCE,
     REQUEST_GENERATION_TOKENS,
     REQUEST_PROMPT_TOKENS,
     RUNNING,
@@ -81,7 +85,8 @@ async def watch_metrics(
                 into.scrapes += 1
                 for (model, engine), obs in observe(out.exposition).items():
                     name = f"{model or 'model'} engine {engine or '0'}"
-                    reading = obs.calibration_reading(t, into.scale)
+                    # in the figures' clock: a twin's simulated seconds, as its gaps are
+                    reading = obs.calibration_reading(t / into.scale, into.scale)
                     into.readings.setdefault(name, []).append(reading)
             now = time.monotonic()
             if now - start >= watch_s:
@@ -105,8 +110,8 @@ def watch(
     if into.failed_scrapes:
         notes.append(f"{into.failed_scrapes} of the scrapes failed and were left out")
     out: dict[str, list[Slice]] = {}
-    for name, readings in into.readings.items():
-        slices, skipped = slices_from_readings(readings, slice_s)
+    for name, readings in into.readings.items():  # slices of `slice_s` wall seconds
+        slices, skipped = slices_from_readings(readings, slice_s / into.scale)
         out[name] = slices
         notes += [f"{name}: {s}" for s in skipped]
     return out, into.scale, notes
@@ -192,6 +197,10 @@ def slices_from_prometheus(
                     for k, pts in got[0].items()}  # fmt: skip
 
         running = held_mean(rng)
+        # the fewest running any scrape in the slice saw: a slice that emptied is no busy span
+        emptied = series(
+            f"sum by ({_BY}) (min_over_time({promql_selector(RUNNING, match)}[{rng}]))"
+        )
         half = f"{max(1, round(slice_s / 2))}s"
         first, second = held_mean(half, f" offset {half}"), held_mean(half)
         if not running:
@@ -212,6 +221,12 @@ def slices_from_prometheus(
         o_count = increase(REQUEST_GENERATION_TOKENS, "count")
         ttft_sum, ttft_count = increase(TTFT, "sum"), increase(TTFT, "count")
         preempt = series(f"sum by ({_BY}) (increase({promql_selector(PREEMPTIONS, match)}[{rng}]))")
+        steps = increase(ITERATION_TOKENS, "count")
+        generated = increase(GENERATION_TOKENS, "")
+        local = 'source="local_compute"' + (f",{match}" if match else "")
+        computed = series(f"sum by ({_BY}) (increase("
+                          f"{promql_selector(PROMPT_TOKENS_BY_SOURCE, local)}[{rng}]))"
+                          ) or increase(PROMPT_TOKENS, "")  # fmt: skip
     instances = sorted({k[0] for k in running})
     if instance is None and len(instances) > 1:
         raise SizingError(
@@ -244,7 +259,9 @@ def slices_from_prometheus(
                     output_sum=at(o_sum) or 0.0, output_count=at(o_count) or 0.0,
                     preemptions=at(preempt) or 0.0, ttft_sum=at(ttft_sum) or 0.0,
                     ttft_count=at(ttft_count) or 0.0, held_first=at(first),
-                    held_second=at(second),
+                    held_second=at(second), steps=at(steps) or 0.0,
+                    prompt_computed=at(computed) or 0.0, generated=at(generated) or 0.0,
+                    empty_share=0.0 if (at(emptied) or 0.0) >= 1 else None,
                 )
             )  # fmt: skip
         if missing:

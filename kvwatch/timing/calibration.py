@@ -182,9 +182,10 @@ def calibrate(
     pred = predictions(values)
     errs = errors(pred, measured)
     rows = [
-        {"label": f.label, "metric": f.metric, "concurrency": f.load.concurrency,
-         "input_len": f.load.input_len, "output_len": f.load.output_len,
-         "wave": f.load.wave, "measured": f.value, "predicted": p, "error": e}
+        {"label": f.label, "metric": f.metric, "kind": f.load.kind,
+         "concurrency": f.load.concurrency, "input_len": f.load.input_len,
+         "output_len": f.load.output_len, "wave": f.load.wave, **_mix(f.load),
+         "measured": f.value, "predicted": p, "error": e}
         for f, p, e in zip(figures, pred, errs, strict=True)
     ]  # fmt: skip
     s = summary(errs)
@@ -202,6 +203,14 @@ def calibrate(
         error={"median_abs": s["median_abs"], "max_abs": s["max_abs"], "mean": s["mean"]},
         notes=notes,
     )
+
+
+def _mix(load: Load) -> dict[str, int]:
+    """A busy span's own mix, so its figure can be predicted again from the file."""
+    if load.kind != "busy_span":
+        return {}
+    return {"steps": load.steps, "generated": load.generated,
+            "prefill_tokens": load.prefill_tokens, "prefills": load.prefills}  # fmt: skip
 
 
 def _unpinned(

@@ -51,6 +51,9 @@ class Reading:
     preemptions: float | None
     ttft_sum: float | None = None
     ttft_count: float | None = None
+    steps: float | None = None  # engine steps (iteration_tokens_total's count)
+    prompt_computed: float | None = None  # prompt tokens computed (cache hits not)
+    generated: float | None = None  # tokens generated, first tokens included
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,11 @@ class Slice:
     # the requests held, mean over the slice's first and second half (None: not read)
     held_first: float | None = None
     held_second: float | None = None
+    steps: float = 0.0
+    prompt_computed: float = 0.0
+    generated: float = 0.0
+    # the share of its readings that found the server empty (None: not known)
+    empty_share: float | None = None
 
     def unsteady(self) -> bool:
         """Whether the load moved inside the slice (a closed loop's start or drain, a sweep's
@@ -96,7 +104,8 @@ _HELD_AT_LEAST = 0.1
 
 
 _COUNTERS = ("itl_sum", "itl_count", "prompt_sum", "prompt_count", "output_sum",
-             "output_count", "preemptions", "ttft_sum", "ttft_count")  # fmt: skip
+             "output_count", "preemptions", "ttft_sum", "ttft_count", "steps",
+             "prompt_computed", "generated")  # fmt: skip
 _NEEDED = {"itl_sum": "the inter-token latency histogram", "held": "the running gauge"}
 
 
@@ -135,7 +144,8 @@ def slices_from_readings(
                 second = [r.held for r in inside if r.t > mid and r.held is not None]
                 slices.append(Slice(a.t, b.t, _avg(held), **counts,
                                     held_first=_avg(first) if first else None,
-                                    held_second=_avg(second) if second else None))  # fmt: skip
+                                    held_second=_avg(second) if second else None,
+                                    empty_share=sum(h < 1 for h in held) / len(held)))  # fmt: skip
         i = j
     return slices, skipped
 
@@ -170,7 +180,13 @@ def figures_from_slices(
     across it) or only one side has any; where they differ it is left out (a load's boundary).
     Its figure's label says so. (The mean of every slice, as before, gave a 16-stream load of
     3,072-token prompts the 736 of the whole span on the twin at time scale 6, where few
-    requests finish in a 3 s slice, and the fit read its TTFT 66% off.)"""
+    requests finish in a 3 s slice, and the fit read its TTFT 66% off.)
+
+    A server that counts its steps (`vllm:iteration_tokens_total`, every V1 release) gives
+    busy spans instead (`busy_span_figures`); the steady-loop figures below are for one
+    that does not."""
+    if any(s.steps > 0 for s in slices):
+        return busy_span_figures(slices, batched_tokens, max_num_seqs, source)
     usable: list[Slice] = []
     why: dict[str, int] = {}
 
@@ -234,6 +250,112 @@ def figures_from_slices(
             figures.append(Figure(label, load, "ttft_s", ttft))
     skipped = [f"{n} slice{'s' if n > 1 else ''}: {r}" for r, n in why.items()]
     return figures, skipped
+
+
+MIN_SPAN_STEPS = 50  # a busy span of fewer engine steps is no figure
+# a slice in which more of the readings than this found the server empty is idle, not busy;
+# under it, its busy seconds are its seconds less that share (a closed loop's streams all
+# finish together at a wave's end, and a reading can find the server empty while they resend)
+EMPTY_AT_MOST = 0.25
+# a span longer than this many slices is cut: a server busy for hours gives a figure per this
+# many slices, so a load that drifts is seen as several
+MAX_SPAN_SLICES = 40
+
+
+def busy_span_figures(
+    slices: Sequence[Slice], batched_tokens: int, max_num_seqs: int, source: str = ""
+) -> tuple[list[Figure], list[str]]:
+    """The mean engine step of each busy span, with the span's own mix (`measured.py`).
+
+    A slice is busy when its readings found the server empty at most `EMPTY_AT_MOST` of the
+    time: its busy seconds over its steps are the mean step. Consecutive busy slices of one
+    request length pool into one span, whatever the requests held (the mix is the span's own):
+    a prompt's counters land in the slice where its first token came, its computation partly
+    in the slice before, so a short span that cuts a wave's prefill reads its step up to 30%
+    off (3 s slices of a 64-stream loop on the twin), a long one within 1%. Cutting spans
+    where the requests held moved by a third cut them at every wave's end, which is where the
+    prefills are (the twin's third set of hidden constants: mfu +11% so, +2% without). A busy
+    slice in which no step ended is inside a long step (a prefill of 8,192 tokens at a low
+    MFU) and stays in its span: ending the span there left the step's prompts counted in the
+    next span without its time (the twin's first set: spans read 8-23% slow). A slice that
+    preempted, was idle, or has no lengths ends the span it was in."""
+    why: dict[str, int] = {}
+    spans: list[list[tuple[Slice, float, float]]] = []
+    finished = sorted((s.start, p, o) for s in slices if _counted(s)
+                      and (p := _mean(s.prompt_sum, s.prompt_count)) is not None
+                      and (o := _mean(s.output_sum, s.output_count)) is not None)  # fmt: skip
+    current: list[tuple[Slice, float, float]] = []
+
+    def end_span(reason: str | None = None) -> None:
+        if reason:
+            why[reason] = why.get(reason, 0) + 1
+        if current:
+            spans.append(list(current))
+            current.clear()
+
+    for s in sorted(slices, key=lambda x: x.start):
+        if not _counted(s):
+            end_span("a value no server counts (negative, not a number, or past 1e18)")
+            continue
+        if s.preemptions > 0:
+            end_span("preempted in it (recompute is in its steps)")
+            continue
+        if s.empty_share is None or s.empty_share > EMPTY_AT_MOST or s.held < 1:
+            end_span(f"the server was empty at more than {EMPTY_AT_MOST:.0%} of its readings, "
+                     "or at one where the share is not known (Prometheus)")  # fmt: skip
+            continue
+        p = _mean(s.prompt_sum, s.prompt_count)
+        o = _mean(s.output_sum, s.output_count)
+        lengths = (p, o) if p is not None and o is not None else _lengths_around(finished, s.start)
+        if isinstance(lengths, str):
+            end_span(lengths)
+            continue
+        p, o = lengths
+        if not (1 <= p <= _MAX_LEN and 1 <= o <= _MAX_LEN):
+            end_span("request lengths no server has")
+            continue
+        if current:
+            last, lp, lo = current[-1]
+            if (
+                abs(s.start - last.end) > 1e-3
+                or (_coarse(p), _coarse(o)) != (_coarse(lp), _coarse(lo))
+                or len(current) == MAX_SPAN_SLICES
+            ):
+                end_span()
+        current.append((s, p, o))
+    end_span()
+    figures: list[Figure] = []
+    short = 0
+    ranked = sorted(spans, key=lambda g: -sum(s.steps for s, _, _ in g))
+    for members in ranked:
+        steps = sum(s.steps for s, _, _ in members)
+        if steps < MIN_SPAN_STEPS:
+            short += len(members)
+            continue
+        if len(figures) == MAX_FIGURES:
+            why[f"past the {MAX_FIGURES} spans with the most steps"] = why.get(
+                f"past the {MAX_FIGURES} spans with the most steps", 0) + len(members)  # fmt: skip
+            continue
+        seconds = sum((s.end - s.start) * (1 - (s.empty_share or 0.0)) for s, _, _ in members)
+        generated = sum(s.generated for s, _, _ in members)
+        computed = sum(s.prompt_computed for s, _, _ in members)
+        p = round(sum(p * s.steps for s, p, _ in members) / steps)
+        o = max(2, round(sum(o * s.steps for s, _, o in members) / steps))
+        batch = generated / steps
+        load = Load("busy_span", max(1, round(batch)), max(1, p), o, batched_tokens,
+                    max_num_seqs, steps=round(steps), generated=max(1, round(generated)),
+                    prefill_tokens=round(computed),
+                    prefills=round(sum(s.ttft_count for s, _, _ in members)))  # fmt: skip
+        n = len(members)
+        label = (
+            f"{source}{' ' if source else ''}{n} slice{'s' if n > 1 else ''} busy "
+            f"{seconds:,.1f} s: {batch:,.1f} tokens a step, {p:,} + {o:,} tokens, "
+            f"{computed:,.0f} prompt tokens computed"
+        )
+        figures.append(Figure(label, load, "step_s", seconds / steps))
+    if short:
+        why[f"in spans of fewer than {MIN_SPAN_STEPS} engine steps"] = short
+    return figures, [f"{n} slice{'s' if n > 1 else ''}: {r}" for r, n in why.items()]
 
 
 def _counted(s: Slice) -> bool:

@@ -18,7 +18,7 @@ __all__ = [
     "Kind", "Family", "FAMILIES", "PREFIXES", "WIRE_LOOKUP", "by_name",
     "KV_USAGE", "PREEMPTIONS", "PREEMPTIONS_BY_REASON", "RUNNING", "WAITING",
     "WAITING_BY_REASON", "SWAPPED", "REQUEST_PREEMPTIONS", "CACHE_CONFIG", "PROMPT_TOKENS",
-    "GENERATION_TOKENS",
+    "GENERATION_TOKENS", "ITERATION_TOKENS",
     "TTFT", "ITL", "E2E", "REQUEST_SUCCESS", "PREFIX_CACHE_QUERIES", "PREFIX_CACHE_HITS",
     "REQUEST_PROMPT_TOKENS", "REQUEST_GENERATION_TOKENS",
     "PROMPT_TOKENS_BY_SOURCE", "PROMPT_TOKENS_CACHED_BY_SOURCE", "ADMISSION_REJECTIONS",
@@ -119,6 +119,11 @@ TTFT = Family(
 ITL = Family(
     "itl_seconds", Kind.HISTOGRAM,
     ("inter_token_latency_seconds", "time_per_output_token_seconds"), "inter-token latency",
+)  # fmt: skip
+ITERATION_TOKENS = Family(
+    "iteration_tokens", Kind.HISTOGRAM, ("iteration_tokens_total",),
+    "tokens per engine step (prompt tokens counted in the step that finished the prompt): "
+    "its count is the steps the engine took",
 )  # fmt: skip
 E2E = Family(
     "e2e_seconds", Kind.HISTOGRAM, ("e2e_request_latency_seconds",), "end-to-end request latency"
@@ -240,7 +245,7 @@ KV_OFFLOAD_CONFIG = Family(
 FAMILIES: tuple[Family, ...] = (
     KV_USAGE, PREEMPTIONS, PREEMPTIONS_BY_REASON, RUNNING, WAITING, WAITING_BY_REASON, SWAPPED,
     REQUEST_PREEMPTIONS, CACHE_CONFIG, PROMPT_TOKENS, GENERATION_TOKENS, TTFT, ITL, E2E,
-    REQUEST_SUCCESS,
+    ITERATION_TOKENS, REQUEST_SUCCESS,
     PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS,
     PROMPT_TOKENS_BY_SOURCE, PROMPT_TOKENS_CACHED_BY_SOURCE, ADMISSION_REJECTIONS,
     KV_FETCH_BY_STAGE, REQUEST_PREFILL_KV_COMPUTED, KV_BLOCK_LIFETIME,

@@ -14,6 +14,7 @@ from kvwatch.sidecar.contract.vocabulary import (
     ADMISSION_REJECTIONS,
     CACHE_CONFIG,
     GENERATION_TOKENS,
+    ITERATION_TOKENS,
     ITL,
     KV_OFFLOAD_ALLOCATION_FAILURES,
     KV_OFFLOAD_CPU_CACHE_USAGE,
@@ -154,13 +155,17 @@ class EngineObservation:
     output_len_count: float | None = None
     ttft_seconds_sum: float | None = None
     ttft_count: float | None = None
+    steps_total: float | None = None  # the engine's steps (iteration_tokens_total's count)
     # every stream's gaps (cumulative histogram): the stalls between scrapes (judge/stall_seconds)
     itl_buckets: Buckets = ()
 
     def calibration_reading(self, t: float, scale: float = 1.0) -> Reading:
-        """What `kvwatch calibrate` reads of it (timing/server_slices.py): the requests held
-        (running + waiting) and its counters; the gaps divided by a twin's time scale."""
+        """What `kvwatch calibrate` reads of it (timing/server_slices.py) at `t` (in the
+        figures' clock: a twin's simulated seconds): the requests held (running + waiting) and
+        its counters; the gaps divided by a twin's time scale. The prompt tokens computed are
+        the local ones where the server says (0.32+), else every prompt token."""
         itl = self.itl_seconds_sum
+        computed = self.prompt_tokens_computed_total
         return Reading(
             t=t,
             held=None if self.running is None else self.running + (self.waiting or 0.0),
@@ -173,6 +178,9 @@ class EngineObservation:
             preemptions=self.preemptions_total,
             ttft_sum=None if self.ttft_seconds_sum is None else self.ttft_seconds_sum / scale,
             ttft_count=self.ttft_count,
+            steps=self.steps_total,
+            prompt_computed=self.prompt_tokens_total if computed is None else computed,
+            generated=self.generation_tokens_total,
         )
 
 
@@ -235,6 +243,7 @@ def observe(exp: Exposition) -> dict[EngineKey, EngineObservation]:
     prompt_sum, prompt_count = _sum_count(exp.family(REQUEST_PROMPT_TOKENS))
     output_sum, output_count = _sum_count(exp.family(REQUEST_GENERATION_TOKENS))
     ttft_sum, ttft_count = _sum_count(exp.family(TTFT))
+    _, steps = _sum_count(exp.family(ITERATION_TOKENS))
     out: dict[EngineKey, EngineObservation] = {}
     for k in keys:
         fin = finished.get(k)
@@ -275,6 +284,7 @@ def observe(exp: Exposition) -> dict[EngineKey, EngineObservation]:
             output_len_count=output_count.get(k),
             ttft_seconds_sum=ttft_sum.get(k),
             ttft_count=ttft_count.get(k),
+            steps_total=steps.get(k),
         )
     return out
 

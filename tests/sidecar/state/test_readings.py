@@ -39,6 +39,9 @@ def test_a_real_body_gives_the_counters_calibration_reads(data_dir: Path) -> Non
     assert r.itl_count == 13276 and r.itl_sum == pytest.approx(429.4102602299998 / 2)
     assert r.prompt_count == 40 and r.prompt_sum == 647
     assert r.ttft_sum == pytest.approx(9.01470685005188 / 2)
+    # what a busy span is read from: the engine's steps, the prompt tokens it computed (the
+    # local ones, 0.32+), the tokens it generated
+    assert r.steps == 2033 and r.prompt_computed == 1036 and r.generated == 13340
 
 
 def _state(data_dir: Path, scale: float | None = None) -> SidecarState:
@@ -83,13 +86,22 @@ def test_a_document_that_is_not_readings_is_one_line_and_bad_rows_are_dropped() 
     for doc in (None, [], {"format": "x"}, {"format": FORMAT, "engines": "x"}):
         with pytest.raises(ReadingsError):
             readings_from_json(doc)
-    good = [1.0, 4, 2.0, 100, 500, 5, 300, 5, 0, 1.0, 4]
+    good = [1.0, 4, 2.0, 100, 500, 5, 300, 5, 0, 1.0, 4, 120, 500, 105]
     rows = [good, [*good[:-1]], [True, *good[1:]], [float("nan"), *good[1:]],
             [1.0, -4, *good[2:]], [2.0, None, *good[2:]], "x", [1.0, 1e300, *good[2:]]]  # fmt: skip
     doc = {"format": FORMAT, "engines": [{"target": "t\nx", "engine": 1, "readings": rows}, 7]}
     per_engine, scales = readings_from_json(doc)
     assert list(per_engine) == ["t x  engine 0"]
     assert [r.t for r in per_engine["t x  engine 0"]] == [1.0, 2.0]  # a null gauge is kept
+
+
+def test_an_older_sidecars_readings_are_read_without_the_step_counts() -> None:
+    """Format 1 (before the steps, prompt tokens computed and tokens generated) still reads;
+    its slices then give the steady-loop figures."""
+    row = [1.0, 4, 2.0, 100, 500, 5, 300, 5, 0, 1.0, 4]
+    doc = {"format": "kvwatch-readings/1", "engines": [{"readings": [row, [*row, 1, 2, 3]]}]}
+    (readings,) = readings_from_json(doc)[0].values()
+    assert len(readings) == 1 and readings[0].steps is None and readings[0].itl_count == 100
 
 
 def test_an_unreachable_or_wrong_sidecar_is_one_line() -> None:
