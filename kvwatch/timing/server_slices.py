@@ -11,8 +11,13 @@ when it holds a preemption (recompute is in its gaps), a counter reset (a restar
 moved inside it (the requests held differ by more than half between its halves: a closed loop's
 start or drain, the next stage of a sweep), too few gaps to be a figure, or no request. Slices
 of one load (the same streams, lengths within 5%) are pooled into one figure, weighted by their
-gaps, so an hour of history is a few dozen figures, not hundreds. Pure: the readers live in
-`kvwatch/advise/server_readings.py`.
+gaps, so an hour of history is a few dozen figures, not hundreds.
+
+A server that counts its engine steps (`vllm:iteration_tokens_total`) is read as busy spans
+instead (`busy_span_figures`): runs of slices in which it was busy, each figure the span's
+mean step, predicted from the span's own mix, not as a steady loop (a closed loop's slices
+hold a wave's decodes or its prefills, not their mean; docs/twin.md). Pure: the readers live
+in `kvwatch/advise/server_readings.py`.
 """
 
 from __future__ import annotations
@@ -206,22 +211,15 @@ def figures_from_slices(
             skip(f"fewer than {MIN_GAPS} token gaps")
         else:
             usable.append(s)
-    finished = sorted((s.start, p, o) for s in slices if _counted(s)
-                      and (p := _mean(s.prompt_sum, s.prompt_count)) is not None
-                      and (o := _mean(s.output_sum, s.output_count)) is not None)  # fmt: skip
+    finished = _finished(slices)
     groups: dict[tuple[int, int, int, bool], list[tuple[Slice, float, float]]] = {}
     for s in usable:
-        p = _mean(s.prompt_sum, s.prompt_count)
-        o = _mean(s.output_sum, s.output_count)
-        own = p is not None and o is not None
-        lengths = (p, o) if p is not None and o is not None else _lengths_around(finished, s.start)
+        own = None not in (_mean(s.prompt_sum, s.prompt_count), _mean(s.output_sum, s.output_count))
+        lengths = _lengths(s, finished)
         if isinstance(lengths, str):
             skip(lengths)
             continue
         p, o = lengths
-        if not (1 <= p <= _MAX_LEN and 1 <= o <= _MAX_LEN):
-            skip("request lengths no server has")
-            continue
         key = (max(1, round(s.held)), _coarse(p), _coarse(o), own)
         groups.setdefault(key, []).append((s, p, o))
     ranked = sorted(groups.items(), key=lambda kv: -sum(s.itl_count for s, _, _ in kv[1]))
@@ -281,14 +279,15 @@ def busy_span_figures(
     preempted, was idle, or has no lengths ends the span it was in."""
     why: dict[str, int] = {}
     spans: list[list[tuple[Slice, float, float]]] = []
-    finished = sorted((s.start, p, o) for s in slices if _counted(s)
-                      and (p := _mean(s.prompt_sum, s.prompt_count)) is not None
-                      and (o := _mean(s.output_sum, s.output_count)) is not None)  # fmt: skip
+    finished = _finished(slices)
     current: list[tuple[Slice, float, float]] = []
+
+    def count(reason: str, n: int = 1) -> None:
+        why[reason] = why.get(reason, 0) + n
 
     def end_span(reason: str | None = None) -> None:
         if reason:
-            why[reason] = why.get(reason, 0) + 1
+            count(reason)
         if current:
             spans.append(list(current))
             current.clear()
@@ -304,16 +303,11 @@ def busy_span_figures(
             end_span(f"the server was empty at more than {EMPTY_AT_MOST:.0%} of its readings, "
                      "or at one where the share is not known (Prometheus)")  # fmt: skip
             continue
-        p = _mean(s.prompt_sum, s.prompt_count)
-        o = _mean(s.output_sum, s.output_count)
-        lengths = (p, o) if p is not None and o is not None else _lengths_around(finished, s.start)
+        lengths = _lengths(s, finished)
         if isinstance(lengths, str):
             end_span(lengths)
             continue
         p, o = lengths
-        if not (1 <= p <= _MAX_LEN and 1 <= o <= _MAX_LEN):
-            end_span("request lengths no server has")
-            continue
         if current:
             last, lp, lo = current[-1]
             if (
@@ -333,8 +327,7 @@ def busy_span_figures(
             short += len(members)
             continue
         if len(figures) == MAX_FIGURES:
-            why[f"past the {MAX_FIGURES} spans with the most steps"] = why.get(
-                f"past the {MAX_FIGURES} spans with the most steps", 0) + len(members)  # fmt: skip
+            count(f"past the {MAX_FIGURES} spans with the most steps", len(members))
             continue
         seconds = sum((s.end - s.start) * (1 - (s.empty_share or 0.0)) for s, _, _ in members)
         generated = sum(s.generated for s, _, _ in members)
@@ -354,7 +347,7 @@ def busy_span_figures(
         )
         figures.append(Figure(label, load, "step_s", seconds / steps))
     if short:
-        why[f"in spans of fewer than {MIN_SPAN_STEPS} engine steps"] = short
+        count(f"in spans of fewer than {MIN_SPAN_STEPS} engine steps", short)
     return figures, [f"{n} slice{'s' if n > 1 else ''}: {r}" for r, n in why.items()]
 
 
@@ -362,6 +355,24 @@ def _counted(s: Slice) -> bool:
     """Whether the slice's values are counts a server could give (see figures_from_slices)."""
     values = [getattr(s, f.name) for f in fields(s) if f.name not in ("start", "end")]
     return all(0 <= v <= _MAX_COUNT for v in values if v is not None)
+
+
+def _finished(slices: Sequence[Slice]) -> list[tuple[float, float, float]]:
+    """(start, mean prompt, mean output) of each slice in which requests finished, in order."""
+    return sorted((s.start, p, o) for s in slices if _counted(s)
+                  and (p := _mean(s.prompt_sum, s.prompt_count)) is not None
+                  and (o := _mean(s.output_sum, s.output_count)) is not None)  # fmt: skip
+
+
+def _lengths(s: Slice, finished: Sequence[tuple[float, float, float]]) -> tuple[float, float] | str:
+    """The slice's own mean lengths, or those around it (`_lengths_around`); or why none."""
+    p, o = _mean(s.prompt_sum, s.prompt_count), _mean(s.output_sum, s.output_count)
+    lengths = (p, o) if p is not None and o is not None else _lengths_around(finished, s.start)
+    if isinstance(lengths, str):
+        return lengths
+    if not (1 <= lengths[0] <= _MAX_LEN and 1 <= lengths[1] <= _MAX_LEN):
+        return "request lengths no server has"
+    return lengths
 
 
 def _lengths_around(
