@@ -268,6 +268,7 @@ def _prom_range_answer(rng: random.Random, query: str) -> tuple[int, bytes]:
     if failed is not None:
         return failed
     good = next((v for k, v in _PROM_RANGE_GOOD.items() if k in query), 4.0)
+    cumulative = "_over_time" not in query
     rows: list[Any] = []
     instances = ["a:1"] if rng.random() < 0.7 else ["a:1", "b:2"]
     for inst in instances:
@@ -275,9 +276,13 @@ def _prom_range_answer(rng: random.Random, query: str) -> tuple[int, bytes]:
         if rng.random() < 0.03:
             metric = rng.choice([None, [], "x"])
         values: Any = []
+        total = 0.0  # a counter is read as its values, and its growth taken between them
         for t in range(rng.randrange(13) if rng.random() < 0.2 else 12):
+            total += good * rng.uniform(0.2, 3)
             v: Any = (
-                good * rng.uniform(0.2, 3) if rng.random() < 0.85 else rng.choice(_PROM_SAMPLES)
+                (total if cumulative else good * rng.uniform(0.2, 3))
+                if rng.random() < 0.85
+                else rng.choice(_PROM_SAMPLES)
             )
             pair: Any = [1000.0 + 10 * t, str(v) if not isinstance(v, list | None) else v]
             values.append(pair if rng.random() < 0.97 else rng.choice([[], None, [1], "x"]))

@@ -5,7 +5,8 @@ load; its streams in flight (Little's law over the stage: the requests' time in 
 over the stage's span), its mean prompt and output lengths, and its mean TPOT and TTFT become
 figures for `timing/calibration.py`. A twin's run is read in the twin's simulated seconds (the
 run's time scale), and the file says so. From the server itself (`--metrics`, `--sidecar`,
-`--prometheus`): its counters cut into slices of steady load (`advise/server_readings.py`,
+`--prometheus`): its counters cut into slices, and those of a busy server pooled into spans
+whose mean step is predicted from their own mix (`advise/server_readings.py`,
 `timing/server_slices.py`). The calibration file goes to `--out`; `advise --what-if
 --calibration FILE` and `kvwatch twin --calibration FILE` predict with it.
 """

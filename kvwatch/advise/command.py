@@ -250,8 +250,9 @@ def _register_calibrate(sub: Any) -> None:
         "--slice",
         type=_SLICE,
         metavar="SECONDS",
-        help="one figure's span of time (--metrics and --sidecar 10, --prometheus 60: at least "
-        "4 of its scrape intervals)",
+        help="seconds of one slice of the counters (--metrics and --sidecar 10, --prometheus "
+        "60: at least 4 of its scrape intervals); consecutive busy slices of one request "
+        "length pool into a span, whose mean step is one figure",
     )
     c.add_argument(
         "--instance",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import httpx
@@ -161,25 +161,35 @@ def slices_from_prometheus(
 ) -> tuple[dict[str, list[Slice]], list[str]]:
     """Per (instance, engine) Prometheus scrapes, its slices of the last `window_s` seconds
     (to `end`, unix; now by default): each point of a range query at step `slice_s` is the
-    slice ending there. `instance` keeps one instance's engines."""
+    slice ending there. `instance` keeps one instance's engines.
+
+    A counter's growth in a slice is the difference of its values at the slice's two ends
+    (the last scrape at or before each), not `increase()`: windows of one step each leave the
+    scrape interval between them out, and `increase()` stretches what it saw over it, which
+    loses a burst there (vLLM counts a wave's prompt tokens at once) and inflates the slices
+    around it (the CPU bench, 4 s slices: a third of the spans read no prompt token). A
+    counter that fell (a restart) leaves its slice out."""
     end = time.time() if end is None else end
     start = end - window_s + slice_s
     rng = f"{max(1, round(slice_s))}s"
     match = "" if instance is None else f'instance="{_promql_string(instance)}"'
     notes: list[str] = []
 
-    def series(promql: str) -> dict[tuple[str, str], dict[float, float]]:
-        rows = prometheus_range(client, base, promql, start, end, slice_s)
+    def series(promql: str, since: float = start) -> dict[tuple[str, str], dict[float, float]]:
+        rows = prometheus_range(client, base, promql, since, end, slice_s)
         got = series_by_labels(rows, ("instance", "engine"))
         return {(k[0], k[1]): {t: v for t, v in pts.items() if v >= 0} for k, pts in got.items()}
 
-    def increase(fam: Family, suffix: str) -> dict[tuple[str, str], dict[float, float]]:
+    def increase(
+        fam: Family, suffix: str, matchers: str = match
+    ) -> dict[tuple[str, str], dict[float, float | None]]:
         # newest spelling first: a server in a rename writes both, and a sum would count twice
         for wire in fam.wire:
             one = Family(fam.name, fam.kind, (wire,), fam.help, fam.bounds)
-            got = series(f"sum by ({_BY}) (increase({promql_selector(one, match, suffix)}[{rng}]))")
+            got = series(f"sum by ({_BY}) ({promql_selector(one, matchers, suffix)})",
+                         start - slice_s)  # fmt: skip
             if got:
-                return got
+                return {k: _differences(pts, slice_s) for k, pts in got.items()}
         return {}
 
     with httpx.Client(timeout=30, transport=transport) as client:
@@ -220,13 +230,11 @@ def slices_from_prometheus(
         o_sum = increase(REQUEST_GENERATION_TOKENS, "sum")
         o_count = increase(REQUEST_GENERATION_TOKENS, "count")
         ttft_sum, ttft_count = increase(TTFT, "sum"), increase(TTFT, "count")
-        preempt = series(f"sum by ({_BY}) (increase({promql_selector(PREEMPTIONS, match)}[{rng}]))")
+        preempt = increase(PREEMPTIONS, "")
         steps = increase(ITERATION_TOKENS, "count")
         generated = increase(GENERATION_TOKENS, "")
-        local = 'source="local_compute"' + (f",{match}" if match else "")
-        computed = series(f"sum by ({_BY}) (increase("
-                          f"{promql_selector(PROMPT_TOKENS_BY_SOURCE, local)}[{rng}]))"
-                          ) or increase(PROMPT_TOKENS, "")  # fmt: skip
+        local = 'source="local_compute"' + (f", {match}" if match else "")
+        computed = increase(PROMPT_TOKENS_BY_SOURCE, "", local) or increase(PROMPT_TOKENS, "")
     instances = sorted({k[0] for k in running})
     if instance is None and len(instances) > 1:
         raise SizingError(
@@ -238,16 +246,21 @@ def slices_from_prometheus(
     for key, points in sorted(running.items()):
         name = f"{key[0]} engine {key[1] or '0'}"
         slices = []
-        missing = 0
+        missing = fell = 0
         for t, held in sorted(points.items()):
 
             def at(
-                d: dict[tuple[str, str], dict[float, float]],
+                d: Mapping[tuple[str, str], Mapping[float, float | None]],
                 t: float = t,
                 key: tuple[str, str] = key,
             ) -> float | None:
                 return d.get(key, {}).get(t)
 
+            counters = (itl_sum, itl_count, p_sum, p_count, o_sum, o_count, ttft_sum,
+                        ttft_count, preempt, steps, generated, computed)  # fmt: skip
+            if any(t in d.get(key, {}) and d[key][t] is None for d in counters):
+                fell += 1
+                continue
             itl, gaps = at(itl_sum), at(itl_count)
             if itl is None or gaps is None:
                 missing += 1
@@ -266,8 +279,22 @@ def slices_from_prometheus(
             )  # fmt: skip
         if missing:
             notes.append(f"{name}: {missing} slice(s) without inter-token latency in the history")
+        if fell:
+            notes.append(f"{name}: {fell} slice(s): a counter fell (the server restarted)")
         out[name] = slices
     return out, notes
+
+
+def _differences(points: dict[float, float], step_s: float) -> dict[float, float | None]:
+    """Each point's growth since the point one step before it (None: it fell, a restart);
+    points without one a step before are left out."""
+    out: dict[float, float | None] = {}
+    ts = sorted(points)
+    for a, b in zip(ts, ts[1:], strict=False):
+        if abs(b - a - step_s) <= step_s / 2:
+            grew = points[b] - points[a]
+            out[b] = grew if grew >= 0 else None
+    return out
 
 
 def _promql_string(text: str) -> str:
