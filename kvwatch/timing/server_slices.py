@@ -31,7 +31,8 @@ from kvwatch.timing.calibration import Figure
 from kvwatch.timing.measured import Load
 
 __all__ = ["Reading", "Slice", "slices_from_readings", "figures_from_slices", "MIN_GAPS",
-           "MIN_FIRST_TOKENS"]  # fmt: skip
+           "MIN_FIRST_TOKENS", "busy_span_figures", "MIN_SPAN_STEPS", "EMPTY_AT_MOST",
+           "MAX_SPAN_SLICES"]  # fmt: skip
 
 MIN_GAPS = 50  # a slice with fewer token gaps than this is no figure (a few streams' noise)
 MIN_FIRST_TOKENS = 4  # a load's time to first token is a figure from this many first tokens
