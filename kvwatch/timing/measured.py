@@ -15,15 +15,15 @@ model (`steptime.py`) the way vLLM schedules that load:
   C x O over the cycle; streams that drifted apart (a measured run says so) send in smaller
   waves, each prefilled beside the others' decodes;
 - **step** (a simulator's or paper's per-step time): one step of B requests at context L;
-- **busy span** (a server's counters over a span in which it never emptied, `kvwatch calibrate
-  --metrics/--sidecar/--prometheus`): its mean step, from the span's own mix (the steps it
-  took, the tokens they produced, the prompt tokens it computed and how many prompts), not
-  from a steady state: a closed loop's prompts come in waves, and a span of a few seconds
-  holds a wave's decodes or its prefills, not the mean of both. The span's steps produce
-  `generated / steps` tokens each (the mean batch); the prompts are computed in as few steps
-  as the token budget allows beside that batch, the other steps are decodes. Step times are
-  near linear in the batch and in the prompt tokens, so a span pooled from slices is
-  predicted from its totals. vLLM counts a step only when it produced a token
+- **busy span** (a server's counters over a span in which it was busy, `kvwatch calibrate
+  --metrics/--sidecar/--prometheus`, `server_slices.py`): its mean step, from the span's own
+  mix (the steps it took, the tokens they produced, the prompt tokens it computed and how
+  many prompts), not from a steady state: a closed loop's prompts come in waves, and a span
+  of a few seconds holds a wave's decodes or its prefills, not the mean of both. The span's
+  steps produce `generated / steps` tokens each (the mean batch); the prompts are computed in
+  as few steps as the token budget allows beside that batch, the other steps are decodes.
+  Step times are near linear in the batch and in the prompt tokens, so a span pooled from
+  slices is predicted from its totals. vLLM counts a step only when it produced a token
   (`IterationStats` only with outputs, v1/engine/async_llm.py): a step of prompt chunks alone
   is not in the count, its time is in the span, and the prefill term carries it.
 
