@@ -122,16 +122,21 @@ def test_a_slice_without_finished_requests_takes_the_lengths_of_the_slices_aroun
     assert figures == [] and "lengths unknown" in skipped[0]
 
 
+def _hidden(hbm: float, kv: float, mfu: float) -> tuple[dict[str, float], StepModel]:
+    """The shipped constants moved by these factors, and the step model that runs on them."""
+    base = StepModel(LLAMA, H100)
+    hidden = {
+        "hbm_efficiency": base.hbm_efficiency * hbm,
+        "kv_efficiency": base.constants.kv_efficiency * kv,
+        "mfu": base.mfu * mfu,
+    }
+    return hidden, StepModel(LLAMA, H100, constants=StepConstants.with_overrides(hidden))
+
+
 def test_hidden_constants_come_back_through_slices() -> None:
     """A server's slices made from hidden constants (each slice's gaps are what the step model
     says for its streams and lengths) calibrate back to them."""
-    base = StepModel(LLAMA, H100)
-    hidden = {
-        "hbm_efficiency": base.hbm_efficiency * 1.2,
-        "kv_efficiency": base.constants.kv_efficiency * 0.6,
-        "mfu": base.mfu * 0.6,
-    }
-    truth = StepModel(LLAMA, H100, constants=StepConstants.with_overrides(hidden))
+    hidden, truth = _hidden(1.2, 0.6, 0.6)
     slices = []
     for c in (1, 4, 16, 64, 128):
         for p, o in ((512, 256), (4096, 128), (16000, 64)):
@@ -235,13 +240,7 @@ def test_busy_spans_give_hidden_constants_back_where_a_steady_loop_cannot() -> N
     server's spans give the hidden constants back within 5%; the same readings without the
     step count (a server that exports none) go through the steady-loop figures, which read
     them as whole loops at each slice's requests held and miss."""
-    base = StepModel(LLAMA, H100)
-    hidden = {
-        "hbm_efficiency": base.hbm_efficiency * 0.8,
-        "kv_efficiency": base.constants.kv_efficiency * 1.4,
-        "mfu": base.mfu * 1.4,
-    }
-    truth = StepModel(LLAMA, H100, constants=StepConstants.with_overrides(hidden))
+    hidden, truth = _hidden(0.8, 1.4, 1.4)
     loads = [(1, 512, 128), (8, 512, 128), (32, 512, 128), (64, 512, 128), (8, 3072, 128),
              (16, 3072, 512)]  # fmt: skip
     readings = _engine_readings(truth, loads)
