@@ -88,6 +88,8 @@ from kvwatch.sidecar.judge.signals import derive
 from kvwatch.sidecar.judge.timeline import Timeline
 from kvwatch.sidecar.metrics.exposition import parse_exposition
 from kvwatch.sidecar.metrics.observe import EngineObservation, observe
+from kvwatch.sizing.archconfig import Architecture
+from kvwatch.sizing.kvmath import resolve_model
 from tests.burst import rate_for_in_flight
 from tests.twin.seed import VICTIM_LINE
 
@@ -359,10 +361,11 @@ def before(tl: Timeline, now: float) -> float | None:
     return s.free_tokens / s.generation_tokens_per_s
 
 
-def sidecar(tl: Timeline, now: float) -> float | None:
+def sidecar(tl: Timeline, now: float, routed_share: float = 0.0) -> float | None:
     """kvwatch's signal now (sidecar/judge/signals.py's exhaustion_seconds): the usage curve
-    where it fits, else the earlier of the load's forecast and the line's band."""
-    s = derive(tl, now, Thresholds())
+    where it fits, else the earlier of the load's forecast and the line's band. `routed_share`:
+    the served model's, as a sidecar told its `--model` reads it."""
+    s = derive(tl, now, Thresholds(), routed_share=routed_share)
     return None if s is None else s.seconds_to_exhaustion
 
 
@@ -544,6 +547,13 @@ def _load_run(path: Path) -> Run:
     return [(r["t"], next(iter(observe(parse_exposition(r["body"])).values()))) for r in rows]
 
 
+def _model(path: Path) -> Architecture | None:
+    """The twin's served model, as its sidecar's `--model` gives it (a twin's recording names
+    its twin in its first line; the fixture's give none: the sidecar reads it as unknown)."""
+    spec = json.loads(path.read_text().partition("\n")[0]).get("twin")
+    return None if not spec else resolve_model(spec.partition(":")[0])
+
+
 def _full_at(run: Run) -> float | None:
     """The first scrape at which the cache was full: usage 100% or the counter risen."""
     before = run[0][1].preemptions_total or 0.0  # earlier runs' preemptions
@@ -553,8 +563,10 @@ def _full_at(run: Run) -> float | None:
     )
 
 
-def _errors(run: Run, full_at: float) -> Errors:
-    """Each forecaster's relative errors at the scrapes the truth was a horizon away from."""
+def _errors(run: Run, full_at: float, model: Architecture | None = None) -> Errors:
+    """Each forecaster's relative errors at the scrapes the truth was a horizon away from;
+    the sidecar's told the served `model` as its `--model` would."""
+    share = 0.0 if model is None else model.moe_routed_share
     out: Errors = {n: {h: [] for h in HORIZONS} for n in FORECASTERS}
     tl = Timeline()
     for t, o in run:
@@ -565,17 +577,20 @@ def _errors(run: Run, full_at: float) -> Errors:
         for h in HORIZONS:
             if abs(remaining - h) <= TOLERANCE_S and remaining > 0:
                 for name, f in FORECASTERS.items():
-                    got = f(tl, t)
+                    got = sidecar(tl, t, share) if name == SIDECAR else f(tl, t)
                     err = 1.0 if got is None else abs(got - remaining) / remaining
                     out[name][h].append(err)
     return out
 
 
-def firings(run: Run, every: int = 1, th: Thresholds | None = None) -> list[float]:
+def firings(
+    run: Run, every: int = 1, th: Thresholds | None = None, model: Architecture | None = None
+) -> list[float]:
     """When KvwatchKvExhaustionImminent would have fired (its condition lasted its `for`),
-    replaying the scrapes (every `every`-th) through the sidecar's own judge."""
+    replaying the scrapes (every `every`-th) through the sidecar's own judge, told the served
+    `model` as its `--model` would."""
     th = th or Thresholds()
-    judge = EngineJudge("bench", ("model", "0"), th, 0)
+    judge = EngineJudge("bench", ("model", "0"), th, 0, model)
     fired: list[float] = []
     since_fired: float | None = None
     for t, o in run[::every]:
@@ -619,18 +634,18 @@ def _ramps(
     it did not fire first."""
     out = []
     for path in _numbered(prefix, skip):
-        run = _load_run(path)
+        run, model = _load_run(path), _model(path)
         full_at = _full_at(run)
         if full_at is None:
             print(f"{path.name}: the cache never ran out; skipped")
             continue
         leads = {}
         for every in (1, 2):
-            first = next(iter(firings([p for p in run if p[0] <= full_at], every, th)), None)
+            first = next(iter(firings([p for p in run if p[0] <= full_at], every, th, model)), None)
             leads[every] = -1.0 if first is None else full_at - first
         print(f"{path.name}: full at {full_at:.1f} s; alert lead {leads[1]:.1f} s "
               f"(0.5 s scrapes), {leads[2]:.1f} s (1 s)")  # fmt: skip
-        out.append((_number(path), _errors(run, full_at), leads))
+        out.append((_number(path), _errors(run, full_at, model), leads))
     return out
 
 
@@ -673,10 +688,10 @@ def _steady(pattern: str, th: Thresholds, skip: range = range(0)) -> None:
     healthy = false = 0
     for path in _numbered(pattern, skip):
         stage = json.loads(path.read_text().partition("\n")[0]).get("stage", "?")
-        run = _load_run(path)
+        run, model = _load_run(path), _model(path)
         full_at = _full_at(run)
         peak = max((o.kv_usage or 0) for _, o in run)
-        fired = {every: firings(run, every, th) for every in (1, 2)}
+        fired = {every: firings(run, every, th, model) for every in (1, 2)}
         ran_out = "never ran out" if full_at is None else f"ran out at {full_at:.0f} s"
         if full_at is None:
             healthy += 1

@@ -47,6 +47,7 @@ __all__ = [
     "CARD_CONSTANTS",
     "StepError",
     "STANDS_FOR",
+    "touched_share",
 ]
 
 
@@ -321,7 +322,7 @@ class StepModel:
         routes to k of E, so 1 - (1 - k/E)^T of them; all of them at T = 0 (a description)."""
         if tokens <= 0:
             return 1.0
-        return 1 - (1 - _routed_share(self.arch)) ** tokens
+        return touched_share(tokens, _routed_share(self.arch))
 
     def seconds(self, batch: list[ScheduledRequest]) -> float:
         """Simulated seconds of one step that computes `batch` (before the time scale)."""
@@ -386,6 +387,15 @@ class StepModel:
             "moe_layer_s": self.moe_layer_s,
             "before_v1": self.before_v1,
         }
+
+
+def touched_share(tokens: float, routed_share: float) -> float:
+    """Share of a MoE layer's routed experts that `tokens` tokens read, each routing to k of
+    E (`routed_share` k/E): 1 - (1 - k/E)^T, 0 for no tokens or a dense model. The sidecar's
+    load forecast bends its step curve by it (sidecar/judge/load_forecast.py)."""
+    if tokens <= 0 or routed_share <= 0:
+        return 0.0
+    return 1 - float((1 - routed_share) ** tokens)
 
 
 def _routed_share(a: Architecture) -> float:

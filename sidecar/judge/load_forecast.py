@@ -41,8 +41,9 @@ from dataclasses import dataclass
 from kvwatch.sidecar.judge.forecast import MIN_POINTS, line_fit, quadratic_fit
 from kvwatch.sidecar.judge.timeline import counter_increase
 from kvwatch.sidecar.metrics.observe import EngineObservation
+from kvwatch.timing.steptime import touched_share
 
-__all__ = ["WINDOW_S", "SPEED_S", "LoadForecast", "forecast_from_load"]
+__all__ = ["WINDOW_S", "SPEED_S", "LoadForecast", "StepCurve", "forecast_from_load"]
 
 WINDOW_S = 60.0  # the admission counter's span for its rate and trend
 SPEED_S = 10.0  # the span of the step time (running / generation rate)
@@ -76,8 +77,11 @@ def forecast_from_load(
     now: float,
     capacity_blocks: int | None,
     block_size: int | None,
+    routed_share: float = 0.0,
 ) -> LoadForecast | None:
-    """`points`: one engine's (monotonic seconds, observation), oldest first."""
+    """`points`: one engine's (monotonic seconds, observation), oldest first. `routed_share`:
+    a MoE model's experts per token over its routed experts (k/E; 0: dense or unknown), from
+    the served model's config: the step's growth with the batch then bends (StepCurve)."""
     if not capacity_blocks or not block_size or not points:
         return None
     last = points[-1][1]
@@ -104,18 +108,14 @@ def forecast_from_load(
     if step_now is None or not rate > 0:
         return None
     running = statistics.fmean(o.running or 0.0 for _, o in recent)
-    fixed, per_running = _step_line([(t, o) for t, o in points if t >= now - WINDOW_S], step_now)
+    step = _step_curve([(t, o) for t, o in points if t >= now - WINDOW_S], step_now, routed_share)
     per_request = (prompt + output / 2) / block_size + 0.5
     most = capacity_blocks / per_request  # the requests the cache holds at these lengths
-    holds = most / (output * (fixed + per_running * most))  # the arrival rate that fills it
+    holds = most / (output * step.at(most))  # the arrival rate that fills it
     headroom = holds / rate - 1
     # Little's law with the step time growing with the batch: N = rate x output x step(N)
-    load = rate * output
-    demand = (
-        load * fixed / (1 - load * per_running) * per_request
-        if load * per_running < 1
-        else None  # the batch would grow without bound: no level
-    )
+    level = step.level(rate * output)
+    demand = None if level is None else level * per_request  # None: it grows without bound
     residence = output * step_now
     held = (last.kv_usage or 0.0) * capacity_blocks
     seconds: float | None
@@ -127,19 +127,52 @@ def forecast_from_load(
         seconds = 0.0 if gap <= 0 else gap / max(inflow, 1e-9)
     elif trend > 0:  # it fits, and grows: the rate reaches what the cache holds, and the
         # blocks held follow the arrivals about half a residence late
-        seconds = (holds - rate) / trend + output * (fixed + per_running * most) / 2
+        seconds = (holds - rate) / trend + output * step.at(most) / 2
     else:
         seconds = None
     return LoadForecast(rate, trend, residence, per_request, demand, headroom, seconds)
 
 
-def _step_line(
-    points: Sequence[tuple[float, EngineObservation]], step_now: float
-) -> tuple[float, float]:
-    """The step time as a line in the requests running, fixed + per_running x N, fitted to
-    the window's bins of BIN_S (a bigger batch reads more KV a step, and a growing load
-    batches more prefill beside it). Where the batch has not moved enough to fit a line (a
-    steady load), the step as it is now and no growth."""
+@dataclass(frozen=True)
+class StepCurve:
+    """The time between a running request's tokens at a batch of n: fixed + per_running x n
+    + per_touched x the share of a MoE layer's experts n tokens route to (1 - (1 - k/E)^n).
+    A dense model's step grows with its batch as a line (the KV each request reads); a MoE's
+    bends over, as more of its experts are read until all are (on the twin's MoE ramps 4 ms
+    at one request, 24 ms at 40, 33 ms at 94: a line through the first 40 says 52 ms)."""
+
+    fixed: float
+    per_running: float
+    per_touched: float = 0.0
+    routed_share: float = 0.0
+
+    def at(self, n: float) -> float:
+        bent = self.per_touched * touched_share(n, self.routed_share)
+        return self.fixed + self.per_running * n + bent
+
+    def level(self, load: float) -> float | None:
+        """The batch N = load x step(N) a load of `load` (arrivals x output tokens) levels at;
+        None where the step grows as fast as the batch (no level)."""
+        if load * self.per_running >= 1:
+            return None
+        # the root of load x step(N) - N: positive at 0, concave, negative past `hi`
+        hi = load * (self.fixed + self.per_touched) / (1 - load * self.per_running)
+        if self.per_touched == 0:
+            return hi
+        lo = 0.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if load * self.at(mid) > mid else (lo, mid)
+        return (lo + hi) / 2
+
+
+def _step_curve(
+    points: Sequence[tuple[float, EngineObservation]], step_now: float, routed_share: float
+) -> StepCurve:
+    """The step against the requests running, fitted to the window's bins of BIN_S (a bigger
+    batch reads more KV a step, and a growing load batches more prefill beside it), no term
+    negative: a line, or for a MoE model the bent curve. Where the batch has not moved enough
+    to fit (a steady load), the step as it is now and no growth."""
     bins: list[tuple[float, float]] = []
     start = 0
     for k in range(1, len(points) + 1):
@@ -149,17 +182,63 @@ def _step_line(
                 bins.append((statistics.fmean(o.running or 0.0 for _, o in points[start:k]), step))
             start = k
     if len(bins) < 3:
-        return step_now, 0.0
+        return StepCurve(step_now, 0.0)
     ns = [n for n, _ in bins]
     mean_n = statistics.fmean(ns)
     if max(ns) - min(ns) < SPREAD * mean_n:
-        return step_now, 0.0
+        return StepCurve(step_now, 0.0)
+    if routed_share > 0:
+        bent = _bent_fit(bins, routed_share)
+        if bent is not None:
+            return bent
     slope, mn, ms = line_fit(bins)
     slope = max(slope, 0.0)
     fixed = ms - slope * mn
     if fixed <= 0:  # proportional through the origin at most
-        return 0.0, ms / mn
-    return fixed, slope
+        return StepCurve(0.0, ms / mn)
+    return StepCurve(fixed, slope)
+
+
+def _bent_fit(bins: Sequence[tuple[float, float]], routed_share: float) -> StepCurve | None:
+    """Least squares of step = fixed + per_running x n + per_touched x touched(n) with no
+    term negative: the best fit among the subsets of terms that keep the touched one (the
+    model is a MoE) whose least squares has none negative. None: no such subset."""
+    rows = [(1.0, n, touched_share(n, routed_share)) for n, _ in bins]
+    ys = [y for _, y in bins]
+    best: tuple[float, StepCurve] | None = None
+    for mask in ((0, 1, 2), (0, 2), (1, 2), (2,)):
+        coef = _least_squares([[r[i] for i in mask] for r in rows], ys)
+        if coef is None or min(coef) < 0:
+            continue
+        full = [0.0, 0.0, 0.0]
+        for i, c in zip(mask, coef, strict=True):
+            full[i] = c
+        sse = sum((y - sum(f * x for f, x in zip(full, r, strict=True))) ** 2
+                  for r, y in zip(rows, ys, strict=True))  # fmt: skip
+        if best is None or sse < best[0]:
+            best = (sse, StepCurve(full[0], full[1], full[2], routed_share))
+    return None if best is None else best[1]
+
+
+def _least_squares(xs: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float] | None:
+    """The normal equations solved by Gaussian elimination (at most three unknowns); None
+    where they are singular."""
+    k = len(xs[0])
+    a = [
+        [sum(r[i] * r[j] for r in xs) for j in range(k)]
+        + [sum(r[i] * y for r, y in zip(xs, ys, strict=True))]
+        for i in range(k)
+    ]
+    for c in range(k):
+        piv = max(range(c, k), key=lambda r: abs(a[r][c]))
+        if abs(a[piv][c]) < 1e-12 * max(1.0, max(abs(v) for row in a for v in row[:k])):
+            return None
+        a[c], a[piv] = a[piv], a[c]
+        for r in range(k):
+            if r != c:
+                f = a[r][c] / a[c][c]
+                a[r] = [x - f * y for x, y in zip(a[r], a[c], strict=True)]
+    return [a[i][k] / a[i][i] for i in range(k)]
 
 
 def _admitted(

@@ -245,7 +245,9 @@ class EngineJudge:
         refused = self.stalls.broken > broken
         if step is None:
             step = dict.fromkeys(COUNTERS, 0.0)
-        sig = derive(self.timeline, now, self.th, fallback, self._growth_for(obs.cache or fallback))
+        growth = self._growth_for(obs.cache or fallback)
+        share = 0.0 if self.model is None else self.model.moe_routed_share
+        sig = derive(self.timeline, now, self.th, fallback, growth, share)
         if sig is None:
             return Judged(rejected=rejected, histogram_refused=refused)
         ev = gather_evidence(self.timeline, sig, now, self.th, policy)

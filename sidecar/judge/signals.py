@@ -114,9 +114,11 @@ def derive(
     th: Thresholds,
     fallback: CacheConfig | None = None,
     growth_per_request: float | None = None,
+    routed_share: float = 0.0,
 ) -> EngineSignals | None:
     """`growth_per_request`: blocks one running request adds per step, from the model's KV
-    groups (kvplan); None: one full-attention group, 1 / block_size."""
+    groups (kvplan); None: one full-attention group, 1 / block_size. `routed_share`: a MoE
+    model's k/E (0: dense or not known), which bends the load forecast's step curve."""
     latest = tl.latest
     if latest is None:
         return None
@@ -139,7 +141,9 @@ def derive(
         demand = obs.running / block_size
     usage_pts = [(t, o.kv_usage) for t, o in tl.window(WINDOW_S, now) if o.kv_usage is not None]
     forecast = forecast_exhaustion(usage_pts, now)
-    load = forecast_from_load(tl.window(LOAD_WINDOW_S, now), now, blocks, block_size)
+    load = forecast_from_load(
+        tl.window(LOAD_WINDOW_S, now), now, blocks, block_size, routed_share
+    )
     prompt_rate = tl.rate("prompt_tokens_total", th.short_window_s, now)
     hit_share = _cache_share(tl, th.short_window_s, now)
     prefix = prefix_cache_view(

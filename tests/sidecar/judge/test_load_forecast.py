@@ -9,8 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from kvwatch.sidecar.judge.load_forecast import forecast_from_load
+from kvwatch.sidecar.judge.load_forecast import StepCurve, forecast_from_load
 from kvwatch.sidecar.metrics.observe import EngineObservation
+from kvwatch.timing.steptime import touched_share
 
 PROMPT, OUTPUT, BLOCK = 1000, 500, 16
 STEP_S = 0.02  # each running request gets a token every 20 ms
@@ -74,6 +75,62 @@ def test_a_growing_load_counts_down_to_when_its_demand_passes_the_cache() -> Non
     assert got.admissions_trend_per_s2 == pytest.approx(0.1, rel=1e-6)
     holds = 10_000 / (10.0 * got.blocks_per_request)  # 12.7 requests/s
     assert got.seconds == pytest.approx((holds - 8.0) / 0.1 + 5.0)
+
+
+SHARE = 8 / 128  # Qwen3-30B-A3B: 8 of 128 routed experts a token
+
+
+def _moe_step(n: float) -> float:
+    """A MoE's step at a batch of n, shaped as the twin's Qwen3 MoE ramps read: 3 ms fixed,
+    30 ms when every expert is read, 0.04 ms a request of KV (4 ms at 1, 34 ms at 100)."""
+    return 0.003 + 0.030 * touched_share(n, SHARE) + 0.00004 * n
+
+
+def _moe_ramp(seconds: int = 60) -> list[tuple[float, EngineObservation]]:
+    """Scrapes every 0.5 s of a batch growing from 2 to 2 + seconds / 2 requests, each
+    getting a token a step of _moe_step, admitted as Little's law has it."""
+    out, admitted, generated = [], 0.0, 0.0
+    for i in range(seconds * 2 + 1):
+        t = i * 0.5
+        n = 2 + t / 2
+        rate = n / (OUTPUT * _moe_step(n))
+        if i:
+            admitted += rate * 0.5
+            generated += n / _moe_step(n) * 0.5
+        out.append((t, EngineObservation(
+            kv_usage=0.3, running=n, prompt_tokens_total=admitted * PROMPT,
+            generation_tokens_total=generated, prompt_len_sum=50 * PROMPT,
+            prompt_len_count=50, output_len_sum=50 * OUTPUT, output_len_count=50,
+        )))  # fmt: skip
+    return out
+
+
+def test_a_moe_step_bends_where_a_line_through_light_batches_overshoots() -> None:
+    """From batches of 2 to 32, the full batch of 127 (10,000 blocks of 78.6) steps at 38
+    ms; a line through the light batches says far more, so it reads a rate the cache holds
+    at about a third of the truth. Told the model's k/E, the forecast reads it within 5%."""
+    pts = _moe_ramp()
+    now = pts[-1][0]
+    per_request = (PROMPT + OUTPUT / 2) / BLOCK + 0.5
+    most = 10_000 / per_request
+    holds = most / (OUTPUT * _moe_step(most))
+    bent = forecast_from_load(pts, now, 10_000, BLOCK, routed_share=SHARE)
+    line = forecast_from_load(pts, now, 10_000, BLOCK)
+    assert bent is not None and line is not None
+    said = {k: f.admissions_per_s * (1 + f.headroom) for k, f in (("bent", bent), ("line", line))}
+    assert said["bent"] == pytest.approx(holds, rel=0.05)
+    assert said["line"] < 0.7 * holds
+
+
+def test_a_step_curve_levels_where_littles_law_says() -> None:
+    """N = load x step(N): the line's closed form, and the bent curve's root."""
+    line = StepCurve(0.01, 0.0001)
+    assert line.level(50.0) == pytest.approx(50 * 0.01 / (1 - 50 * 0.0001))
+    assert StepCurve(0.01, 0.02).level(50.0) is None  # the step outgrows the batch: no level
+    bent = StepCurve(0.003, 0.00004, 0.030, SHARE)
+    n = bent.level(2_000.0)
+    assert n is not None and n == pytest.approx(2_000.0 * bent.at(n), rel=1e-9)
+    assert bent.at(0.0) == pytest.approx(0.003)
 
 
 def test_a_restart_inside_the_window_leaves_the_rate_whole() -> None:
@@ -141,3 +198,22 @@ def test_the_countdown_takes_the_curve_where_it_fits_else_the_earlier() -> None:
     assert exhaustion_seconds(KvForecast(None, 0.0, 0.5), load(30.0), 300.0) is None
     assert exhaustion_seconds(None, load(30.0), 300.0) is None
     assert exhaustion_seconds(KvForecast(0.0, 0.01, 1.0), load(30.0), 300.0) == 0.0
+
+
+def test_the_judge_bends_the_step_for_the_moe_its_model_names() -> None:
+    """sidecar --model: the judge passes the served model's k/E to the load's forecast."""
+    from kvwatch.sidecar.contract.thresholds import Thresholds
+    from kvwatch.sidecar.judge.pipeline import EngineJudge
+    from kvwatch.sidecar.metrics.observe import CacheConfig
+    from kvwatch.sizing.kvmath import resolve_model
+
+    cache = CacheConfig(block_size=BLOCK, num_blocks=10_000)
+    heads = {}
+    for name in ("qwen3-30b-a3b", None):
+        model = None if name is None else resolve_model(name)
+        judge = EngineJudge("t", ("m", "0"), Thresholds(), 0, model)
+        for t, o in _moe_ramp():
+            judge.observe(t, t, o, cache)
+        assert judge.signals is not None and judge.signals.load_headroom is not None
+        heads[name] = judge.signals.load_headroom
+    assert heads["qwen3-30b-a3b"] > 2 * heads[None] + 1
