@@ -61,8 +61,9 @@ def register(sub: Any) -> None:
         "--model",
         metavar="CONFIG|PRESET",
         help="the served model (its config.json, model directory or a preset): block demand "
-        "follows its KV groups (sliding windows, MLA, states); checked against the server's "
-        "own figures, a mismatch shows as model_error in /api/state",
+        "follows its KV groups (sliding windows, MLA, states), and for a MoE the load "
+        "forecast's step bends with the share of experts a batch reads; checked against the "
+        "server's own figures, a mismatch shows as model_error in /api/state",
     )
     s.add_argument(
         "--scheduling-policy",

@@ -141,9 +141,7 @@ def derive(
         demand = obs.running / block_size
     usage_pts = [(t, o.kv_usage) for t, o in tl.window(WINDOW_S, now) if o.kv_usage is not None]
     forecast = forecast_exhaustion(usage_pts, now)
-    load = forecast_from_load(
-        tl.window(LOAD_WINDOW_S, now), now, blocks, block_size, routed_share
-    )
+    load = forecast_from_load(tl.window(LOAD_WINDOW_S, now), now, blocks, block_size, routed_share)
     prompt_rate = tl.rate("prompt_tokens_total", th.short_window_s, now)
     hit_share = _cache_share(tl, th.short_window_s, now)
     prefix = prefix_cache_view(
