@@ -393,8 +393,10 @@ def touched_share(tokens: float, routed_share: float) -> float:
     """Share of a MoE layer's routed experts that `tokens` tokens read, each routing to k of
     E (`routed_share` k/E): 1 - (1 - k/E)^T, 0 for no tokens or a dense model. The sidecar's
     load forecast bends its step curve by it (sidecar/judge/load_forecast.py)."""
-    if tokens <= 0 or routed_share <= 0:
+    if not tokens > 0 or not routed_share > 0:  # NaN too
         return 0.0
+    if routed_share >= 1:  # every token reads every expert (a config can say more than all)
+        return 1.0
     return 1 - float((1 - routed_share) ** tokens)
 
 

@@ -38,6 +38,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvwatch.sidecar.contract.vocabulary import RUNNING
 from kvwatch.sidecar.judge.forecast import MIN_POINTS, line_fit, quadratic_fit
 from kvwatch.sidecar.judge.timeline import counter_increase
 from kvwatch.sidecar.metrics.observe import EngineObservation
@@ -82,6 +83,10 @@ def forecast_from_load(
     """`points`: one engine's (monotonic seconds, observation), oldest first. `routed_share`:
     a MoE model's experts per token over its routed experts (k/E; 0: dense or unknown), from
     the served model's config: the step's growth with the batch then bends (StepCurve)."""
+    # the parser bounds what a scrape says (vocabulary.RUNNING); a caller's points are held to
+    # it here too: a running count outside it leaves its scrape out
+    lo, hi = RUNNING.bounds
+    points = [(t, o) for t, o in points if o.running is None or lo <= o.running <= hi]
     if not capacity_blocks or not block_size or not points:
         return None
     last = points[-1][1]

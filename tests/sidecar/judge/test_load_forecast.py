@@ -161,13 +161,16 @@ def test_no_cache_size_or_nothing_running_is_none() -> None:
     assert forecast_from_load(idle, now, 10_000, BLOCK) is None
 
 
-def test_hostile_counters_give_a_finite_figure_or_none() -> None:
-    pts = _load(4.0)
+@pytest.mark.parametrize("share", [0.0, SHARE, 1.0, 3.0])
+@pytest.mark.parametrize("field", ["prompt_tokens_total", "generation_tokens_total", "running"])
+def test_hostile_counters_give_a_finite_figure_or_none(share: float, field: str) -> None:
+    """Also with a MoE's bent step (a config may claim more experts a token than it has)."""
+    pts = _moe_ramp() if share else _load(4.0)
     now = pts[-1][0]
     for bad in (math.inf, math.nan, -1e300, 1e300):
-        spoiled = [(t, replace(o, prompt_tokens_total=bad)) if i % 7 == 3 else (t, o)
+        spoiled = [(t, replace(o, **{field: bad})) if i % 7 == 3 else (t, o)
                    for i, (t, o) in enumerate(pts)]  # fmt: skip
-        got = forecast_from_load(spoiled, now, 10_000, BLOCK)
+        got = forecast_from_load(spoiled, now, 10_000, BLOCK, share)
         assert got is None or all(
             math.isfinite(v) for v in (got.admissions_per_s, got.steady_demand_blocks,
                                        got.headroom, got.seconds or 0.0)
