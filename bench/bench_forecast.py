@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import math
 import os
@@ -65,6 +66,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -547,10 +549,17 @@ def _load_run(path: Path) -> Run:
     return [(r["t"], next(iter(observe(parse_exposition(r["body"])).values()))) for r in rows]
 
 
+def _header(path: Path) -> dict[str, Any]:
+    """A recording's first row: its stage, its twin (if any) and the victims, with its body."""
+    with path.open() as f:
+        row: dict[str, Any] = json.loads(f.readline())
+    return row
+
+
 def _model(path: Path) -> Architecture | None:
     """The twin's served model, as its sidecar's `--model` gives it (a twin's recording names
-    its twin in its first line; the fixture's give none: the sidecar reads it as unknown)."""
-    spec = json.loads(path.read_text().partition("\n")[0]).get("twin")
+    its twin in its first row; the fixture's give none: the sidecar reads it as unknown)."""
+    spec = _header(path).get("twin")
     return None if not spec else resolve_model(spec.partition(":")[0])
 
 
@@ -567,7 +576,8 @@ def _errors(run: Run, full_at: float, model: Architecture | None = None) -> Erro
     """Each forecaster's relative errors at the scrapes the truth was a horizon away from;
     the sidecar's told the served `model` as its `--model` would."""
     share = 0.0 if model is None else model.moe_routed_share
-    out: Errors = {n: {h: [] for h in HORIZONS} for n in FORECASTERS}
+    told = {**FORECASTERS, SIDECAR: functools.partial(sidecar, routed_share=share)}
+    out: Errors = {n: {h: [] for h in HORIZONS} for n in told}
     tl = Timeline()
     for t, o in run:
         if t > full_at:
@@ -576,8 +586,8 @@ def _errors(run: Run, full_at: float, model: Architecture | None = None) -> Erro
         remaining = full_at - t
         for h in HORIZONS:
             if abs(remaining - h) <= TOLERANCE_S and remaining > 0:
-                for name, f in FORECASTERS.items():
-                    got = sidecar(tl, t, share) if name == SIDECAR else f(tl, t)
+                for name, f in told.items():
+                    got = f(tl, t)
                     err = 1.0 if got is None else abs(got - remaining) / remaining
                     out[name][h].append(err)
     return out
@@ -687,7 +697,7 @@ def _steady(pattern: str, th: Thresholds, skip: range = range(0)) -> None:
     print("\nSteady runs (a false alert: one that fired on a run whose cache never ran out)")
     healthy = false = 0
     for path in _numbered(pattern, skip):
-        stage = json.loads(path.read_text().partition("\n")[0]).get("stage", "?")
+        stage = _header(path).get("stage", "?")
         run, model = _load_run(path), _model(path)
         full_at = _full_at(run)
         peak = max((o.kv_usage or 0) for _, o in run)
@@ -746,7 +756,7 @@ def evaluate_twin(name: str, th: Thresholds) -> None:
     _steady(f"twin-{name}-steady", th)
     victims = newest = 0
     for path in _numbered(f"twin-{name}-*"):
-        head = json.loads(path.read_text().partition("\n")[0])
+        head = _header(path)
         for _, admitted, newest_then in head.get("victims") or []:
             victims += 1
             newest += admitted == newest_then

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "CURVE_GAIN", "CURVE_WINDOW_S", "MIN_POINTS", "SPREAD_K", "WINDOW_S", "KvForecast",
-    "forecast_exhaustion", "line_fit", "quadratic_fit",
+    "forecast_exhaustion", "least_squares", "line_fit", "quadratic_fit",
 ]  # fmt: skip
 
 WINDOW_S = 60.0
@@ -97,33 +97,32 @@ def _rms(pts: Sequence[tuple[float, float]], fit: Callable[[float], float]) -> f
 def quadratic_fit(pts: Sequence[tuple[float, float]]) -> tuple[float, float, float] | None:
     """Least-squares `a + b t + c t^2` through (t, value) points, t as given: (a, b, c); None
     when the points cannot fix a curve (fewer than three distinct times)."""
-    n = len(pts)
-    s1 = sum(t for t, _ in pts)
-    s2 = sum(t * t for t, _ in pts)
-    s3 = sum(t**3 for t, _ in pts)
-    s4 = sum(t**4 for t, _ in pts)
-    y0 = sum(v for _, v in pts)
-    y1 = sum(t * v for t, v in pts)
-    y2 = sum(t * t * v for t, v in pts)
-    m = ((n, s1, s2), (s1, s2, s3), (s2, s3, s4))
-    det = _det3(m)
-    if abs(det) < 1e-12 * max(1.0, abs(s4) * abs(s2) * n):
+    if len({t for t, _ in pts}) < 3:
         return None
-    cols = []
-    for i in range(3):
-        mi = tuple(
-            tuple((y0, y1, y2)[r] if c == i else m[r][c] for c in range(3)) for r in range(3)
-        )
-        cols.append(_det3(mi) / det)
-    return cols[0], cols[1], cols[2]
+    got = least_squares([(1.0, t, t * t) for t, _ in pts], [v for _, v in pts])
+    return None if got is None else (got[0], got[1], got[2])
 
 
-def _det3(m: Sequence[Sequence[float]]) -> float:
-    return (
-        m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1])
-        - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
-        + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0])
-    )
+def least_squares(xs: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float] | None:
+    """The coefficients of `ys` on the columns of `xs` (a few unknowns): the normal equations
+    solved by elimination with partial pivoting; None where they are singular."""
+    k = len(xs[0])
+    a = [
+        [sum(r[i] * r[j] for r in xs) for j in range(k)]
+        + [sum(r[i] * y for r, y in zip(xs, ys, strict=True))]
+        for i in range(k)
+    ]
+    scale = max(1.0, max(abs(v) for row in a for v in row[:k]))
+    for c in range(k):
+        piv = max(range(c, k), key=lambda r: abs(a[r][c]))
+        if abs(a[piv][c]) < 1e-12 * scale:
+            return None
+        a[c], a[piv] = a[piv], a[c]
+        for r in range(k):
+            if r != c:
+                f = a[r][c] / a[c][c]
+                a[r] = [x - f * y for x, y in zip(a[r], a[c], strict=True)]
+    return [a[i][k] / a[i][i] for i in range(k)]
 
 
 def _curve(pts: Sequence[tuple[float, float]], now: float, spread_k: float) -> KvForecast | None:

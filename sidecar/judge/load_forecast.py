@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvwatch.sidecar.contract.vocabulary import RUNNING
-from kvwatch.sidecar.judge.forecast import MIN_POINTS, line_fit, quadratic_fit
+from kvwatch.sidecar.judge.forecast import MIN_POINTS, least_squares, line_fit, quadratic_fit
 from kvwatch.sidecar.judge.timeline import counter_increase
 from kvwatch.sidecar.metrics.observe import EngineObservation
 from kvwatch.timing.steptime import touched_share
@@ -212,7 +212,7 @@ def _bent_fit(bins: Sequence[tuple[float, float]], routed_share: float) -> StepC
     ys = [y for _, y in bins]
     best: tuple[float, StepCurve] | None = None
     for mask in ((0, 1, 2), (0, 2), (1, 2), (2,)):
-        coef = _least_squares([[r[i] for i in mask] for r in rows], ys)
+        coef = least_squares([[r[i] for i in mask] for r in rows], ys)
         if coef is None or min(coef) < 0:
             continue
         full = [0.0, 0.0, 0.0]
@@ -223,27 +223,6 @@ def _bent_fit(bins: Sequence[tuple[float, float]], routed_share: float) -> StepC
         if best is None or sse < best[0]:
             best = (sse, StepCurve(full[0], full[1], full[2], routed_share))
     return None if best is None else best[1]
-
-
-def _least_squares(xs: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float] | None:
-    """The normal equations solved by Gaussian elimination (at most three unknowns); None
-    where they are singular."""
-    k = len(xs[0])
-    a = [
-        [sum(r[i] * r[j] for r in xs) for j in range(k)]
-        + [sum(r[i] * y for r, y in zip(xs, ys, strict=True))]
-        for i in range(k)
-    ]
-    for c in range(k):
-        piv = max(range(c, k), key=lambda r: abs(a[r][c]))
-        if abs(a[piv][c]) < 1e-12 * max(1.0, max(abs(v) for row in a for v in row[:k])):
-            return None
-        a[c], a[piv] = a[piv], a[c]
-        for r in range(k):
-            if r != c:
-                f = a[r][c] / a[c][c]
-                a[r] = [x - f * y for x, y in zip(a[r], a[c], strict=True)]
-    return [a[i][k] / a[i][i] for i in range(k)]
 
 
 def _admitted(

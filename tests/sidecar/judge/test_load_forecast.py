@@ -172,7 +172,7 @@ def test_hostile_counters_give_a_finite_figure_or_none(share: float, field: str)
                    for i, (t, o) in enumerate(pts)]  # fmt: skip
         got = forecast_from_load(spoiled, now, 10_000, BLOCK, share)
         assert got is None or all(
-            math.isfinite(v) for v in (got.admissions_per_s, got.steady_demand_blocks,
+            math.isfinite(v) for v in (got.admissions_per_s, got.steady_demand_blocks or 0.0,
                                        got.headroom, got.seconds or 0.0)
         )  # fmt: skip
 
