@@ -254,8 +254,11 @@ def figures_from_slices(
 MIN_SPAN_STEPS = 50  # a busy span of fewer engine steps is no figure
 # a slice in which more of the readings than this found the server empty is idle, not busy;
 # under it, its busy seconds are its seconds less that share (a closed loop's streams all
-# finish together at a wave's end, and a reading can find the server empty while they resend)
-EMPTY_AT_MOST = 0.25
+# finish together at a wave's end, and a reading can find the server empty while they resend).
+# Not a quarter: on a slow machine a 4-stream loop's resends take 2-3 of a 3 s slice's 7
+# readings, and every other slice left out cut the load into spans under 50 steps (CI of
+# d469617 lost it so); the four twin recordings read within 3.5% either way (docs/twin.md)
+EMPTY_AT_MOST = 0.5
 # a span longer than this many slices is cut: a server busy for hours gives a figure per this
 # many slices, so a load that drifts is seen as several
 MAX_SPAN_SLICES = 40

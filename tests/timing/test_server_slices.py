@@ -268,7 +268,7 @@ def _busy(start: float, held: float = 8, steps: float = 100, **kw: float) -> Sli
 
 
 def test_a_busy_span_ends_where_the_server_idled_preempted_or_the_lengths_changed() -> None:
-    slices = [_busy(0), _busy(1), _busy(2, empty_share=0.5), _busy(3), _busy(4, preemptions=1),
+    slices = [_busy(0), _busy(1), _busy(2, empty_share=0.6), _busy(3), _busy(4, preemptions=1),
               _busy(5), _busy(6, held=20, empty_share=0.2), _busy(7, prompt_sum=3072 * 4),
               _busy(9), _busy(11, steps=30), _busy(12, empty_share=None)]  # fmt: skip
     figures, skipped = figures_from_slices(slices, 8192, 256)
