@@ -14,6 +14,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvwatch.sidecar.metrics.exposition import parse_exposition
+from kvwatch.sidecar.metrics.observe import OBSERVED
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "vllm-0.32-metrics-busy.txt"
 
@@ -33,9 +34,11 @@ def main() -> None:
     ns = ap.parse_args()
     text = DATA.read_text()
     ours = _time(lambda: parse_exposition(text), ns.repeat)
+    scrape = _time(lambda: parse_exposition(text, OBSERVED), ns.repeat)
     theirs = _time(lambda: list(text_string_to_metric_families(text)), max(20, ns.repeat // 10))
     print(f"input: {DATA.name}, {len(text):,} bytes, {text.count(chr(10)):,} lines")
     print(f"kvwatch parse_exposition:          {ours * 1e3:7.3f} ms (median)")
+    print(f"  as a scrape: what observe() reads {scrape * 1e3:7.3f} ms (median)")
     print(f"prometheus_client text parser:     {theirs * 1e3:7.3f} ms (median)")
     print(f"speed-up: {theirs / ours:.1f}x")
 

@@ -85,7 +85,7 @@ async def _scrape_loop(
     cfg: SidecarConfig,
     scraped: asyncio.Event,
 ) -> None:
-    url = metrics_url(target)
+    url = httpx.URL(metrics_url(target))  # parsed once, not once a scrape
     deadline = time.monotonic()
     while True:
         # stamped when it began, as Prometheus stamps its samples: the target counts at the

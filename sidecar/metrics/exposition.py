@@ -16,8 +16,9 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import NamedTuple
 
 from kvwatch.sidecar.contract.vocabulary import WIRE_LOOKUP, Family
@@ -31,11 +32,21 @@ _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 _ESCAPE_RE = re.compile(r"\\[\\\"n]")
 _MAX_ERRORS_KEPT = 20
+# A label set's text -> its labels (read-only: every sample of that text shares them) and their
+# items as a set (the duplicate check's key). A server writes the same label sets scrape after
+# scrape, so each is parsed once, not once a scrape (half the parser's time on vLLM's body);
+# cleared whole when full, as a hostile exporter's label sets need not repeat
+_LABEL_SETS: dict[str, tuple[Mapping[str, str], frozenset[tuple[str, str]]]] = {}
+_LABEL_SETS_MAX = 4096
+_NO_LABELS: tuple[Mapping[str, str], frozenset[tuple[str, str]]] = (
+    MappingProxyType({}),
+    frozenset(),
+)
 
 
 class Sample(NamedTuple):
     suffix: str  # "" for gauges/counters; "bucket", "sum" or "count" for histograms
-    labels: dict[str, str]
+    labels: Mapping[str, str]
     value: float
 
 
@@ -113,20 +124,15 @@ def parse_lines(
     for lineno, raw in enumerate(lines, 1):  # noqa: B007 (lineno used after the loop)
         if not raw or raw[0] == "#":
             continue
-        brace = raw.find("{")
-        space = raw.find(" ")
-        if brace != -1 and (space == -1 or brace < space):
-            name = raw[:brace]
-        elif space != -1:
-            name = raw[:space]
-        else:
-            name = raw
+        # the name ends at the first space or brace (a label value may hold either); most
+        # lines end here, so this is the parser's hottest path
+        name = raw.partition(" ")[0].partition("{")[0]
         hit = lookup.get(name)
         if hit is None:
             continue
         fam, suffix = hit
         line = raw.rstrip("\r\n")
-        if name is not raw and brace != -1 and line[len(name)] == "{":
+        if line[len(name) : len(name) + 1] == "{":
             if " # " in line:  # an exemplar may close a brace of its own after the value
                 m = _LABEL_SET.match(line, len(name))
                 close = -1 if m is None else m.end() - 1
@@ -135,14 +141,22 @@ def parse_lines(
             if close == -1:
                 out._error(lineno, line, "unterminated label set")
                 continue
-            labels = _parse_labels(line[len(name) + 1 : close])
-            if labels is None:
-                out._error(lineno, line, "bad label set")
-                continue
+            text = line[len(name) + 1 : close]
+            label_set = _LABEL_SETS.get(text)
+            if label_set is None:
+                parsed = _parse_labels(text)
+                if parsed is None:
+                    out._error(lineno, line, "bad label set")
+                    continue
+                if len(_LABEL_SETS) >= _LABEL_SETS_MAX:
+                    _LABEL_SETS.clear()
+                label_set = (MappingProxyType(parsed), frozenset(parsed.items()))
+                _LABEL_SETS[text] = label_set
             rest = line[close + 1 :]
         else:
-            labels = {}
+            label_set = _NO_LABELS
             rest = line[len(name) :]
+        labels, items = label_set
         value = _parse_value(rest)
         if value is None:
             out._error(lineno, line, "bad sample value")
@@ -151,7 +165,7 @@ def parse_lines(
         if not lo <= value <= hi:  # NaN fails both
             out.rejected["out_of_range" if math.isfinite(value) else "not_finite"] += 1
             continue
-        key = (fam.name, suffix, frozenset(labels.items()))
+        key = (fam.name, suffix, items)
         first = seen.get(key)
         if first is None:
             seen[key] = (value, name)
@@ -174,6 +188,6 @@ def parse_lines(
     return out
 
 
-def parse_exposition(text: str) -> Exposition:
-    """Parse a whole `/metrics` body."""
-    return parse_lines(text.split("\n"))
+def parse_exposition(text: str, lookup: dict[str, tuple[Family, str]] = WIRE_LOOKUP) -> Exposition:
+    """Parse a whole `/metrics` body; `lookup` the sample names kept (every family's)."""
+    return parse_lines(text.split("\n"), lookup)

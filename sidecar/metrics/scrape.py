@@ -7,6 +7,7 @@ load generator's snapshots and timeline all call `scrape_once`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import httpx
 
 from kvwatch.sidecar.contract.twin_metrics import TWIN_METRICS
 from kvwatch.sidecar.metrics.exposition import Exposition, parse_exposition
+from kvwatch.sidecar.metrics.observe import OBSERVED
 from kvwatch.sidecar.metrics.twin import read_time_scale
 from kvwatch.sizing.levers import valid_version
 
@@ -66,6 +68,12 @@ def health_url(target: str) -> str:
     return str(httpx.URL(metrics_url(target)).copy_with(path="/health", query=None))
 
 
+@functools.lru_cache(maxsize=256)
+def _health(target: str) -> httpx.URL:
+    """health_url, parsed once a target: it is asked every scrape (0.2 ms a time here)."""
+    return httpx.URL(health_url(target))
+
+
 async def check_health(
     client: httpx.AsyncClient, target: str, timeout_s: float
 ) -> tuple[bool, str]:
@@ -73,7 +81,7 @@ async def check_health(
     engine is dead; a timeout or a refused connection is not ok either. Never raises."""
     try:
         async with asyncio.timeout(timeout_s):
-            r = await client.get(health_url(target), timeout=timeout_s)
+            r = await client.get(_health(target), timeout=timeout_s)
     except TimeoutError:
         return False, "timeout"
     except httpx.HTTPError as e:
@@ -100,7 +108,7 @@ async def fetch_version(client: httpx.AsyncClient, target: str, timeout_s: float
 
 async def scrape_once(
     client: httpx.AsyncClient,
-    url: str,
+    url: str | httpx.URL,
     timeout_s: float,
     headers: Mapping[str, str] | None = None,
 ) -> ScrapeOutcome:
@@ -134,6 +142,6 @@ async def scrape_once(
     except httpx.HTTPError as e:
         return fail("transport", f"{url}: {type(e).__name__}: {e}")
     text = body.decode("utf-8", "replace")
-    exp = parse_exposition(text)
+    exp = parse_exposition(text, OBSERVED)  # only what observe() reads
     scale = read_time_scale(text) if TWIN_METRICS.time_scale in text else None
     return ScrapeOutcome(time.monotonic() - t0, exposition=exp, time_scale=scale)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
@@ -12,10 +13,15 @@ from kvwatch.sidecar.contract.vocabulary import (
     KV_USAGE,
     PREEMPTIONS,
     REQUEST_PREEMPTIONS,
+    RUNNING,
     WIRE_LOOKUP,
+    Family,
     by_name,
 )
+from kvwatch.sidecar.metrics import exposition as exposition_module
+from kvwatch.sidecar.metrics import observe as observe_module
 from kvwatch.sidecar.metrics.exposition import parse_exposition
+from kvwatch.sidecar.metrics.observe import OBSERVED, observe
 
 
 def _reference(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -114,3 +120,38 @@ class TestParseExposition:
     def test_random_tails_on_known_names_never_raise(self, name: str, tail: str) -> None:
         exp = parse_exposition(name + tail)
         assert exp.error_count + sum(len(v) for v in exp.samples.values()) <= 1
+
+
+class TestWhatAScrapeKeeps:
+    """A scrape parses only what observe() reads (OBSERVED), each label set once."""
+
+    def test_observe_reads_the_same_from_the_kept_lines(self, data_dir: Path) -> None:
+        for name in ("vllm-0.32-metrics-busy.txt", "vllm-0.32-metrics-idle.txt",
+                     "vllm-0.33-metrics-offload-composed.txt"):  # fmt: skip
+            text = (data_dir / name).read_text()
+            every, kept = parse_exposition(text), parse_exposition(text, OBSERVED)
+            assert observe(kept) == observe(every), name
+            assert sum(map(len, kept.samples.values())) < sum(map(len, every.samples.values()))
+
+    def test_the_kept_families_are_those_observe_imports(self) -> None:
+        # a family observe() starts to read without adding it to _READS would read as absent
+        imported = {v for v in vars(observe_module).values() if isinstance(v, Family)}
+        assert {f for f, _ in OBSERVED.values()} == imported
+
+    def test_a_label_set_is_parsed_once_and_cannot_be_changed(self) -> None:
+        text = 'vllm:num_requests_running{model_name="m",engine="0"} 3\n'
+        (a,) = parse_exposition(text).family(RUNNING)
+        (b,) = parse_exposition(text.replace(" 3", " 4")).family(RUNNING)
+        assert a.labels is b.labels and (a.value, b.value) == (3.0, 4.0)
+        with pytest.raises(TypeError):
+            a.labels["engine"] = "1"  # type: ignore[index]
+
+    def test_label_sets_that_never_repeat_stay_bounded_and_right(self) -> None:
+        n = exposition_module._LABEL_SETS_MAX + 500
+        text = "\n".join(f'vllm:num_requests_running{{model_name="m{i}",engine="0"}} {i}'
+                         for i in range(n))  # fmt: skip
+        got = parse_exposition(text).family(RUNNING)
+        assert [(s.labels["model_name"], s.value) for s in got] == [
+            (f"m{i}", float(i)) for i in range(n)
+        ]
+        assert len(exposition_module._LABEL_SETS) <= exposition_module._LABEL_SETS_MAX
