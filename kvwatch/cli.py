@@ -23,7 +23,7 @@ from kvwatch.common.cli_kit import (
     one_line,
 )
 
-__all__ = ["main", "build_parser", "COMMAND_MODULES"]
+__all__ = ["main", "build_parser", "COMMAND_MODULES", "without_httpx_cli"]
 
 # Each module has `register(subparsers)`; the order is the order `--help` lists them in.
 COMMAND_MODULES = (
@@ -52,7 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def without_httpx_cli() -> None:
+    """Keep httpx's own command line out of this process. `import httpx` imports its CLI (rich,
+    pygments, click) wherever those are installed, as beside vLLM: 6 MB of a sidecar's 61
+    (#45's target is 60) and a third of its imports, for a command kvwatch never runs. httpx
+    catches the ImportError this gives and its `main` says the CLI is missing."""
+    sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    without_httpx_cli()
     args = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     ns = parser.parse_args(args)

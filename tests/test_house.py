@@ -253,6 +253,19 @@ def test_listing_the_commands_loads_none_of_their_work() -> None:
     assert out.stdout.strip() == "[]", out.stdout
 
 
+def test_a_command_loads_no_httpx_command_line() -> None:
+    """httpx imports its own CLI (rich, pygments, click) where they are installed, as they are
+    here beside vLLM: 6 MB of a sidecar's memory (#45). A command's process keeps it out."""
+    code = (
+        "import sys\nfrom kvwatch.cli import main\ntry: main(['--version'])\n"
+        "except SystemExit: pass\nimport httpx, kvwatch.sidecar.daemon\n"
+        "print(sorted(m for m in ('rich', 'pygments', 'click') if m in sys.modules), "
+        "callable(httpx.main))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().endswith("\n[] True"), out.stdout
+
+
 def test_a_missing_extra_names_the_install() -> None:
     err = missing_extra(ModuleNotFoundError("No module named 'pandas'", name="pandas"), "report")
     assert err is not None and err.code == 2
