@@ -38,11 +38,14 @@ from kvwatch.sidecar.store.firing_store import FiringStore
 from kvwatch.sidecar.store.outbox import Outbox
 from kvwatch.sizing.archconfig import Architecture
 
-__all__ = ["SidecarConfig", "serve_sidecar"]
+__all__ = ["SidecarConfig", "serve_sidecar", "stop_command"]
 
 _LOG_POLL_S = 0.2
 _LOG_LOOP = "log"
 _CHILD_STOP_WAIT_S = 60.0
+# after the command exited, how long what it started has to follow (vLLM's EngineCore frees its
+# GPU memory and exits once the API server has gone)
+_GROUP_STOP_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -249,14 +252,46 @@ async def _main(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    if child is not None and child.poll() is None:
-        child.terminate()  # forward the stop to the command we started
-        try:
-            code = await asyncio.to_thread(child.wait, _CHILD_STOP_WAIT_S)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            code = child.wait()
+    if child is not None:
+        code = await stop_command(child, code)
     return code
+
+
+async def stop_command(
+    child: subprocess.Popen[bytes],
+    code: int,
+    wait_s: float = _CHILD_STOP_WAIT_S,
+    group_wait_s: float = _GROUP_STOP_WAIT_S,
+) -> int:
+    """Stop the command we started and everything it started: SIGTERM to it (vLLM's API server
+    stops its EngineCore on it) and `wait_s` for it to exit; then, as it runs in a process group
+    of its own (run_and_read), `group_wait_s` for the rest of the group, and SIGKILL to what is
+    left (an EngineCore that hung, or survived a command that died). SIGKILL to the command
+    only, as before, could leave its EngineCore holding the GPU. Its exit code, or `code`."""
+    if child.poll() is None:
+        child.terminate()
+        try:
+            code = await asyncio.to_thread(child.wait, wait_s)
+        except subprocess.TimeoutExpired:
+            group_wait_s = 0.0  # it hung: no more waiting for its children
+    else:
+        code = child.returncode
+    deadline = time.monotonic() + group_wait_s
+    while _group_alive(child.pid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.pid, signal.SIGKILL)
+    if child.poll() is None:
+        code = await asyncio.to_thread(child.wait)
+    return code
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def serve_sidecar(cfg: SidecarConfig, echo: BinaryIO | None = None) -> int:

@@ -217,11 +217,14 @@ def run_and_read(
     """Start `command` with stdout and stderr merged into one pipe and read it in a thread.
 
     The output goes on to `echo` (our stdout) byte for byte, so wrapping vLLM in the sidecar
-    changes nothing in what its own log collector sees.
+    changes nothing in what its own log collector sees. The command runs in a session (and
+    process group) of its own, whose id is its PID: vLLM's EngineCore and workers are its
+    children, and the sidecar stops what is left of them by the group (daemon.stop_command).
     """
     proc = subprocess.Popen(
-        list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-    )
+        list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
     pipe = proc.stdout
     assert pipe is not None
 

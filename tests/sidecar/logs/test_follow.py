@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from kvwatch.sidecar.logs.follow import (
@@ -117,3 +121,44 @@ class TestStreams:
         assert sorted(got) == ["to err", "to out"]
         assert sorted(out.read_bytes().splitlines()) == [b"to err", b"to out"]
         assert isinstance(proc, subprocess.Popen)
+
+
+def test_a_stopped_command_leaves_none_of_its_children() -> None:
+    """`kvwatch sidecar -- vllm serve`: vLLM's EngineCore is the command's child. One that
+    outlives its parent's SIGTERM (here: ignores it) is killed with the command's group."""
+    from kvwatch.sidecar.daemon import stop_command
+
+    code = (
+        "import signal, subprocess, sys, time\n"
+        "kid = subprocess.Popen([sys.executable, '-c', "
+        "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)'])\n"
+        "print(kid.pid, flush=True)\n"
+        "time.sleep(300)\n"
+    )  # fmt: skip
+    got: list[str] = []
+    proc, thread = run_and_read([sys.executable, "-c", code], got.extend, FollowStats(), None)
+    try:
+        deadline = time.monotonic() + 30
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.05)
+        kid = int(got[0])
+        assert os.getpgid(kid) == proc.pid  # the command's own group, not the sidecar's
+        assert asyncio.run(stop_command(proc, 0, wait_s=10, group_wait_s=0.5)) == -signal.SIGTERM
+        deadline = time.monotonic() + 10
+        while _running(kid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(kid), "the command's child outlived it"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        thread.join(10)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a reaped or killed process's entry may linger as one)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
