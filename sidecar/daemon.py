@@ -335,5 +335,7 @@ def serve_sidecar(cfg: SidecarConfig, echo: BinaryIO | None = None) -> int:
         return asyncio.run(_main(cfg, state, child, f"http://{host}:{port}"))
     finally:
         stop.set()
+        if child is not None and child.poll() is None:  # _main raised before it stopped it
+            asyncio.run(stop_command(child, 1))
         server.shutdown()
         server.server_close()

@@ -60,8 +60,9 @@ __all__ = [
 # What observe() reads: every family it takes, and the histograms whose buckets it takes (of the
 # others, the sum and count). A scrape parses these lines only (OBSERVED): vLLM's body is mostly
 # buckets, and those of the TTFT, the steps, the end-to-end latency and the prefill tokens, and
-# the families the vocabulary names for PromQL alone, are read by nothing here (2 of 5 kept
-# lines of a busy 0.32 body). A test holds this to the families imported above.
+# the families the vocabulary names for PromQL alone, are read by nothing here (84 of the 162
+# samples the vocabulary keeps of a busy 0.32 body). A test holds this to the families imported
+# above.
 _READS = frozenset({
     KV_USAGE, RUNNING, WAITING, SWAPPED, PREEMPTIONS, PROMPT_TOKENS, GENERATION_TOKENS,
     WAITING_BY_REASON, PREEMPTIONS_BY_REASON, REQUEST_PREEMPTIONS, REQUEST_PROMPT_TOKENS,
