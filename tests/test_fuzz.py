@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from kvwatch.sidecar.outputs.webhooks import FIELDS, receivers_from, render
@@ -228,6 +228,16 @@ def _specs_answer(draw: st.DrawFn) -> Any:
     max_examples=max(1, EXAMPLES // 5), deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 @given(_specs_answer())
+@example(  # a state's dtypes that are not names (the fresh clone of 1eca2b7 found it)
+    {"vllm": "0.32.0",
+     "layers": [{"name": "model.layers.0.attn", "index": 0,
+                 "spec": {"type": "MambaSpec", "num_kv_heads": 2, "head_size": 64,
+                          "dtype": "uint8", "kv_quant_mode": 1, "sliding_window": 64,
+                          "shapes": [[3, 64], [2, 8, 8]], "dtypes": [[], None],
+                          "mamba_type": "MAMBA2"}}],
+     "model": {"params": 10, "hidden_size": 128, "num_layers": 2, "num_attention_heads": 2,
+               "dtype": "bfloat16", "probes": {"kv": "fp8_e4m3", "state": "float16"}}}
+)  # fmt: skip
 def test_vllm_spec_answers_size_or_say_why_in_one_line(doc: Any) -> None:
     """vLLM's spec builder's answer, or a cache file of it edited by anyone, gives layers the
     block arithmetic sizes, or one SizingError line; never another exception."""

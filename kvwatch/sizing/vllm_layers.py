@@ -267,6 +267,8 @@ def _state(spec: Mapping[str, Any], name: str, label: str, roles: _Roles) -> Sta
         or len(shapes) != len(dtypes)
     ):
         raise SizingError(f"{label}: {name} is a {mixer[:20]} state kvwatch does not size")
+    if not all(isinstance(d, str) for d in dtypes):  # a cache file edited by anyone
+        raise SizingError(f"{label}: {name}'s state dtypes {str(dtypes)[:40]} are not names")
     sizes = {"conv": 0, "ssm": 0}
     fixed = 0
     probe = roles.probes.get("state")
