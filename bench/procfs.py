@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["cpu_seconds", "session_pids", "status_kb"]
+__all__ = ["cpu_seconds", "session_pids", "status_kb", "running"]
 
 
 def _stat_fields(stat: Path) -> list[str]:
@@ -18,6 +18,14 @@ def cpu_seconds(pid: int) -> float:
     """User plus system time so far."""
     fields = _stat_fields(Path(f"/proc/{pid}/stat"))
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a killed process's entry may linger as one until reaped)."""
+    try:
+        return _stat_fields(Path(f"/proc/{pid}/stat"))[0] != "Z"
+    except OSError:
+        return False
 
 
 def session_pids(session: int) -> list[int]:

@@ -128,6 +128,9 @@ def test_a_stopped_command_leaves_none_of_its_children() -> None:
     outlives its parent's SIGTERM (here: ignores it) is killed with the command's group."""
     from kvwatch.sidecar.daemon import stop_command
 
+    sys.path.insert(0, str(Path(__file__).parents[3] / "bench"))
+    from procfs import running
+
     code = (
         "import signal, subprocess, sys, time\n"
         "kid = subprocess.Popen([sys.executable, '-c', "
@@ -145,20 +148,11 @@ def test_a_stopped_command_leaves_none_of_its_children() -> None:
         assert os.getpgid(kid) == proc.pid  # the command's own group, not the sidecar's
         assert asyncio.run(stop_command(proc, 0, wait_s=10, group_wait_s=0.5)) == -signal.SIGTERM
         deadline = time.monotonic() + 10
-        while _running(kid) and time.monotonic() < deadline:
+        while running(kid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _running(kid), "the command's child outlived it"
+        assert not running(kid), "the command's child outlived it"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
         thread.join(10)
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (a reaped or killed process's entry may linger as one)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
