@@ -7,7 +7,7 @@
         --prefix steadyn [--runs 3] [--cpu-hog] [--throttle CORES]
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py evaluate [--threshold NAME=VALUE ...]
     PYTHONPATH=. .venv/bin/python bench/bench_forecast.py summary llama8b qwen3moe \
-        [--after {rise,usage-check,moe-bend}] [--threshold NAME=VALUE ...]
+        [--after {rise,usage-check,moe-bend,bic}] [--threshold NAME=VALUE ...]
 
 `record` starts the fixture vLLM (tiny model, 40 blocks of 32 tokens), and for each run sends a
 rate ramp (0.2 to 3 requests/s over 90 s, 30 + 300 tokens) while it scrapes `/metrics` every
@@ -790,6 +790,11 @@ AFTER = {
         ("qwen3moe", "bursty"): 5, ("qwen3moe", "poisson"): 4, ("qwen3moe", "trace"): 5,
         ("qwen3moe", "sessions"): 4, ("qwen3moe", "steady"): 7,
     },
+    # the MoE step curve's terms chosen by BIC (a3daf28), on every run before it (2026-12-07,
+    # night): the MoE twin's runs recorded after it; Llama's forecast is unchanged
+    "bic": {
+        ("qwen3moe", "poisson"): 6, ("qwen3moe", "trace"): 6, ("qwen3moe", "steady"): 10,
+    },
 }  # fmt: skip
 
 
@@ -946,7 +951,7 @@ def main() -> None:
         "--after", choices=sorted(AFTER),
         help="only the runs recorded after this choice was made (AFTER): rise "
         "(exhaustion_refuted_rise), usage-check (exhaustion_usage_check_s), moe-bend (the "
-        "MoE's bent step curve)",
+        "MoE's bent step curve), bic (its terms chosen by BIC)",
     )  # fmt: skip
     sm.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
                     help="as evaluate's: judge with this threshold changed")  # fmt: skip
