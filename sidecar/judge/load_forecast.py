@@ -216,9 +216,10 @@ def _bent_fit(bins: Sequence[tuple[float, float]], routed_share: float) -> StepC
     (docs/detection.md). None: no such subset."""
     rows = [(1.0, n, touched_share(n, routed_share)) for n, _ in bins]
     ys = [y for _, y in bins]
+    m = len(ys)
     best: tuple[float, StepCurve] | None = None
     for mask in ((0, 1, 2), (0, 2), (1, 2), (2,)):
-        if len(mask) >= len(ys):
+        if len(mask) >= m:
             continue  # as many terms as bins fit them exactly, noise and all
         coef = least_squares([[r[i] for i in mask] for r in rows], ys)
         if coef is None or min(coef) < 0:
@@ -228,7 +229,6 @@ def _bent_fit(bins: Sequence[tuple[float, float]], routed_share: float) -> StepC
             full[i] = c
         sse = sum((y - sum(f * x for f, x in zip(full, r, strict=True))) ** 2
                   for r, y in zip(rows, ys, strict=True))  # fmt: skip
-        m = len(ys)
         bic = m * math.log(max(sse / m, _SSE_FLOOR)) + len(mask) * math.log(m)
         if best is None or bic < best[0]:
             best = (bic, StepCurve(full[0], full[1], full[2], routed_share))
