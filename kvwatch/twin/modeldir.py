@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ __all__ = ["TwinModelDir", "twin_model_dir", "served_config"]
 _MARKER = "kvwatch-twin.json"
 _BUILD_VERSION = 1
 BOS_ID, EOS_ID = 0, 1  # the tiny tokenizer's <s> and </s>
+_BUILDING = threading.Lock()  # one build at a time in a process (twin_model_dir)
 
 
 @dataclass(frozen=True)
@@ -77,12 +79,9 @@ def twin_model_dir(model: str, cache_dir: Path | None = None) -> TwinModelDir:
         json.dumps([_BUILD_VERSION, served], sort_keys=True).encode()
     ).hexdigest()[:12]
     target = (cache_dir or default_cache_dir()) / "twin-models" / f"{name}-{digest}"
-    marker = target / _MARKER
-    try:
-        vocab = int(json.loads(marker.read_text())["vocab"])
+    vocab = _built(target)
+    if vocab is not None:
         return TwinModelDir(target, vocab, tuple(changes))
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
 
     def fill(tmp: Path) -> int:
         (tmp / "config.json").write_text(json.dumps(served, indent=2, sort_keys=True) + "\n")
@@ -90,5 +89,20 @@ def twin_model_dir(model: str, cache_dir: Path | None = None) -> TwinModelDir:
         (tmp / _MARKER).write_text(json.dumps({"vocab": vocab, "model": model}) + "\n")
         return vocab
 
-    vocab = build_dir_atomically(target, fill)
+    # a fleet starts its replicas in threads: one builds, the others wait and read what it
+    # built. Two building at once each imported transformers, whose lazy module is not
+    # thread-safe ("cannot import name 'PreTrainedTokenizerFast'" in a fresh clone), and the
+    # second's rename removed the first's directory while its vLLM could be reading it
+    with _BUILDING:
+        vocab = _built(target)
+        if vocab is None:
+            vocab = build_dir_atomically(target, fill)
     return TwinModelDir(target, vocab, tuple(changes))
+
+
+def _built(target: Path) -> int | None:
+    """The vocabulary of a twin model directory built before; None where there is none."""
+    try:
+        return int(json.loads((target / _MARKER).read_text())["vocab"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

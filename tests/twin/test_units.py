@@ -3,6 +3,9 @@ scale as loadgen and the sidecar read it."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -239,3 +242,36 @@ def test_host_and_port_are_not_passed_through(tmp_path: Path, args: tuple[str, .
 
     with pytest.raises(SizingError, match="cannot be passed through"):
         start_twin("llama-3.1-8b", "h100", tmp_path / "log", vllm_args=args)
+
+
+_TWO_BUILDS = """
+import json, sys, threading
+from pathlib import Path
+import kvwatch.twin.modeldir as m
+real, calls, out = m.build_tokenizer, [], []
+def counted(tmp):
+    calls.append(tmp)
+    return real(tmp)
+m.build_tokenizer = counted  # the real builder, counted
+def start():
+    try:
+        out.append(m.twin_model_dir("llama-3.1-8b", Path(sys.argv[1])).vocab)
+    except Exception as e:
+        out.append(repr(e))
+threads = [threading.Thread(target=start) for _ in range(2)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(json.dumps([len(calls), out]))
+"""
+
+
+def test_replicas_starting_together_build_the_twin_model_once(tmp_path: Path) -> None:
+    """A fleet starts its replicas' twins in threads. Both built the model directory at once
+    in a fresh clone: each imported transformers (its lazy module is not thread-safe: "cannot
+    import name 'PreTrainedTokenizerFast'"), and the second's rename removed the first's
+    directory. In a fresh interpreter, as the fleet's: one builds, the other reads it."""
+    p = subprocess.run([sys.executable, "-c", _TWO_BUILDS, str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    calls, (a, b) = json.loads(p.stdout)  # the builds, and each thread's vocab or error
+    assert calls == 1 and isinstance(a, int) and a == b, p.stdout
